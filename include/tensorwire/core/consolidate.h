@@ -1,0 +1,51 @@
+// consolidate(): pack every leaf of a TensorDict into one storage, with metadata in the
+// exact structure tensordict's consolidate() writes, so each side can read the other's.
+//
+// Layout: leaves depth-first in insertion order; each leaf starts at a multiple of
+// `alignment` bytes from the start of the storage, the gap after it zero-filled. The
+// metadata records, per leaf, [dtype, shape, start, stop, pad] where stop includes the
+// padding (tensordict's convention).
+#pragma once
+
+#include "tensorwire/core/tensordict.h"
+
+namespace tensorwire {
+
+struct ConsolidateOptions {
+  size_t alignment = 8;  // a power of two; tensordict uses 8
+};
+
+// Returns a locked TensorDict whose tensors are views into one new storage.
+// A TensorDict that is already consolidated is returned as it is (tensordict does the same).
+TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options = {});
+
+// The metadata consolidate() would write, the storage size and each leaf's offset (in
+// depth-first insertion order), computed without touching tensor data. Senders that pack
+// into a reused staging buffer plan once per structure and pack() per message.
+struct ConsolidatedPlan {
+  Json metadata;
+  size_t total_bytes = 0;
+  std::vector<size_t> offsets;  // one per tensor leaf, traversal order
+};
+ConsolidatedPlan plan_consolidation(const TensorDict& td, const ConsolidateOptions& options = {});
+
+// Writes every leaf of `td` to dst + offset (padding zero-filled); `td` must have the
+// structure the plan was made from and dst must hold plan.total_bytes.
+void pack(const TensorDict& td, const ConsolidatedPlan& plan, std::byte* dst);
+
+// True when `td` is the root of a consolidated storage and every sub-dict still belongs
+// to it (nothing was unlocked and rearranged since): then the storage *is* the data and
+// can be sent or saved as it is.
+bool is_consolidated_root(const TensorDict& td) noexcept;
+
+// Calls fn(const Tensor&) for every tensor leaf, depth-first in insertion order: the
+// order of leaves in a consolidated storage and in a non-consolidated message.
+template <class Fn>
+void for_each_leaf(const TensorDict& td, Fn&& fn) {
+  for (const auto& [name, e] : td.items()) {
+    if (e.is_tensor()) fn(e.tensor());
+    else if (e.is_tensordict()) for_each_leaf(e.tensordict(), fn);
+  }
+}
+
+}  // namespace tensorwire

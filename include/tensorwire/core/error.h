@@ -1,0 +1,65 @@
+// Error hierarchy shared by every layer.
+//
+// One base, tensorwire::Error, so a C++ caller can catch everything the library
+// throws in one place; one subclass per *kind* of failure so that the Python
+// binding can map each to the exception a user of tensordict / torchrl expects
+// (KeyError, ValueError, TypeError, TimeoutError, RuntimeError).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tensorwire {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A key that is not there (Python: KeyError).
+class KeyError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A value of the right type but the wrong shape, size or content (Python: ValueError).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A value of the wrong type, e.g. get() of a tensor that is a sub-TensorDict (Python: TypeError).
+class TypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait that ran out of time (Python: TimeoutError).
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bytes that arrived and break the protocol or a file format (Python: RuntimeError).
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operation on something already closed, or whose peer went away (Python: RuntimeError).
+class ClosedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A failing operating-system call; the message carries the call and strerror (Python: RuntimeError).
+class SystemError : public Error {
+ public:
+  SystemError(const std::string& what, int err);
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+}  // namespace tensorwire

@@ -1,0 +1,71 @@
+// Decoder: the receiving side of the codec. Every byte is untrusted: the header, the
+// metadata and the payload sizes are validated before anything is allocated or written,
+// and a rejected message leaves the previously received TensorDict untouched.
+//
+// Receiving happens in three steps so a transport can land the payload directly in its
+// final place (no staging copy):
+//   1. read_header(40 bytes)            -> sizes of what follows
+//   2. prepare(header, metadata bytes)  -> the buffers the payload must be written to
+//   3. finish(incoming)                 -> the TensorDict
+// decode() does all three for a message held in one buffer.
+//
+// Not thread-safe: one decoder per receiving stream.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "tensorwire/core/consolidate.h"
+#include "tensorwire/wire/frame.h"
+#include "tensorwire/wire/layout.h"
+
+namespace tensorwire::wire {
+
+struct Incoming {
+  FrameHeader header;
+  std::vector<std::span<std::byte>> buffers;  // payload destinations, in order
+  // internal state carried from prepare() to finish()
+  std::optional<ConsolidatedLayout> new_layout;
+  std::optional<TensorDict> result;
+  TensorDict* target = nullptr;
+  Json control;
+};
+
+class Decoder {
+ public:
+  explicit Decoder(Limits limits = {});
+
+  FrameHeader read_header(std::span<const std::byte> bytes) const;
+
+  // `into`: a consolidated TensorDict the caller wants a Storage message written into;
+  // used when its storage has the cached schema's layout, ignored otherwise.
+  Incoming prepare(const FrameHeader& header, std::span<const std::byte> metadata,
+                   TensorDict* into = nullptr);
+
+  // For Storage messages into the cached TensorDict, returns that same object.
+  TensorDict& finish(Incoming& incoming);
+
+  TensorDict& decode(std::span<const std::byte> message, TensorDict* into = nullptr);
+
+  bool has_schema() const noexcept { return layout_.has_value(); }
+  uint64_t schema_id() const noexcept { return schema_id_; }
+  const Limits& limits() const noexcept { return limits_; }
+
+ private:
+  Incoming prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata);
+  Incoming prepare_storage(const FrameHeader& h, TensorDict* into);
+  Incoming prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata);
+
+  Limits limits_;
+  uint64_t schema_id_ = 0;
+  std::optional<ConsolidatedLayout> layout_;
+  TensorDict current_;     // the last consolidated receive (target of Storage messages)
+  TensorDict nc_current_;  // the last non-consolidated receive
+};
+
+// Parses a JSON document from untrusted bytes; ProtocolError (naming `what`) on bad JSON
+// or when it nests deeper than the limits allow.
+Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits, const char* what);
+
+}  // namespace tensorwire::wire

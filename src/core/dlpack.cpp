@@ -1,0 +1,102 @@
+// Zero-copy DLPack import/export (DLPack 0.6 ABI, as shipped by Debian's libdlpack-dev and
+// spoken by numpy and torch).
+#include <dlpack/dlpack.h>
+
+#include "tensorwire/core/tensor.h"
+
+namespace tensorwire {
+namespace {
+
+// DLPack 0.6 predates the bool code; numpy and torch use 6 (kDLBool in later versions).
+constexpr uint8_t kDLBoolCode = 6;
+
+struct DTypeCode {
+  DType dtype;
+  uint8_t code;
+  uint8_t bits;
+};
+
+constexpr DTypeCode kCodes[] = {
+    {DType::Bool, kDLBoolCode, 8},         {DType::UInt8, kDLUInt, 8},
+    {DType::UInt16, kDLUInt, 16},      {DType::UInt32, kDLUInt, 32},
+    {DType::UInt64, kDLUInt, 64},      {DType::Int8, kDLInt, 8},
+    {DType::Int16, kDLInt, 16},        {DType::Int32, kDLInt, 32},
+    {DType::Int64, kDLInt, 64},        {DType::Float16, kDLFloat, 16},
+    {DType::BFloat16, kDLBfloat, 16},  {DType::Float32, kDLFloat, 32},
+    {DType::Float64, kDLFloat, 64},    {DType::Complex64, kDLComplex, 64},
+    {DType::Complex128, kDLComplex, 128},
+};
+
+// Export keeps the Tensor (and so its storage) alive in the manager context.
+struct ExportCtx {
+  Tensor tensor;
+  Shape shape;
+  Shape strides;
+};
+
+}  // namespace
+
+Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
+  if (!managed) throw ValueError("from_dlpack: null tensor");
+  const DLTensor& t = managed->dl_tensor;
+  auto release = [managed] {
+    if (managed->deleter) managed->deleter(managed);
+  };
+  if (t.device.device_type != kDLCPU) {
+    release();
+    throw ValueError("from_dlpack: only CPU tensors are supported (device type " +
+                     std::to_string(t.device.device_type) + ")");
+  }
+  std::optional<DType> dtype;
+  for (const auto& c : kCodes)
+    if (c.code == t.dtype.code && c.bits == t.dtype.bits && t.dtype.lanes == 1) dtype = c.dtype;
+  if (!dtype) {
+    release();
+    throw TypeError("from_dlpack: unsupported dtype (code " + std::to_string(t.dtype.code) +
+                    ", bits " + std::to_string(t.dtype.bits) + ")");
+  }
+  Shape shape(t.shape, t.shape + t.ndim);
+  Shape strides = t.strides ? Shape(t.strides, t.strides + t.ndim) : Shape{};
+  int64_t numel = checked_numel(shape);
+  // The storage covers exactly the bytes the view can reach.
+  int64_t lo = 0, hi = 0;
+  if (numel > 0) {
+    for (int64_t i = 0; i < t.ndim; ++i) {
+      int64_t st = strides.empty() ? 0 : strides[i];
+      int64_t span = (shape[i] - 1) * st;
+      (span < 0 ? lo : hi) += span;
+    }
+    if (strides.empty()) hi = numel - 1;
+  }
+  size_t item = tensorwire::itemsize(*dtype);
+  std::byte* base = static_cast<std::byte*>(t.data) + t.byte_offset + lo * static_cast<int64_t>(item);
+  size_t nbytes = numel > 0 ? static_cast<size_t>(hi - lo + 1) * item : 0;
+  Storage storage = Storage::external(base, nbytes, release, Storage::Kind::External);
+  return view(std::move(storage), static_cast<size_t>(-lo * static_cast<int64_t>(item)),
+              std::move(shape), *dtype, std::move(strides));
+}
+
+DLManagedTensor* Tensor::to_dlpack() const {
+  std::optional<std::pair<uint8_t, uint8_t>> code;
+  for (const auto& c : kCodes)
+    if (c.dtype == dtype_) code = std::make_pair(c.code, c.bits);
+  if (!code)
+    throw TypeError("to_dlpack: DLPack 0.6 has no code for " + std::string(dtype_name(dtype_)));
+  auto* ctx = new ExportCtx{*this, shape_, strides_};
+  auto* m = new DLManagedTensor{};
+  m->dl_tensor.data = data();
+  m->dl_tensor.device = {kDLCPU, 0};
+  m->dl_tensor.ndim = static_cast<int32_t>(shape_.size());
+  m->dl_tensor.dtype = {code->first, code->second, 1};
+  m->dl_tensor.shape = ctx->shape.data();
+  m->dl_tensor.strides = ctx->strides.data();
+  m->dl_tensor.byte_offset = 0;
+  m->manager_ctx = ctx;
+  m->deleter = [](DLManagedTensor* self) {
+    delete static_cast<ExportCtx*>(self->manager_ctx);
+    delete self;
+  };
+  return m;
+}
+
+}  // namespace tensorwire

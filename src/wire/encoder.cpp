@@ -1,0 +1,151 @@
+#include "tensorwire/wire/encoder.h"
+
+namespace tensorwire::wire {
+
+namespace {
+
+Json shape_json(const Shape& s) { return Json(s); }
+
+void header_entries(const TensorDict& td, Json& entries, std::vector<std::string>& path) {
+  for (const auto& [name, e] : td.items()) {
+    path.push_back(name);
+    Json entry;
+    entry["key"] = path;
+    if (e.is_tensor()) {
+      const Tensor& t = e.tensor();
+      if (!t.device().is_cpu())
+        throw ValueError("key '" + name + "' is on " + t.device().str() + "; only CPU tensors can be sent");
+      entry["type"] = "tensor";
+      entry["dtype"] = std::string(dtype_name(t.dtype()));
+      entry["shape"] = shape_json(t.shape());
+      entries.push_back(std::move(entry));
+    } else if (e.is_tensordict()) {
+      entry["type"] = "dict";
+      entry["batch_size"] = shape_json(e.tensordict().batch_size());
+      entries.push_back(std::move(entry));
+      header_entries(e.tensordict(), entries, path);
+    } else if (e.is_non_tensor()) {
+      entry["type"] = "non_tensor";
+      entry["value"] = e.non_tensor().value;
+      entries.push_back(std::move(entry));
+    } else {
+      const NonTensorStack& st = e.non_tensor_stack();
+      entry["type"] = "non_tensor_stack";
+      entry["batch_size"] = shape_json(st.batch_size);
+      entry["stack_dim"] = st.stack_dim;
+      entry["values"] = st.values;
+      entries.push_back(std::move(entry));
+    }
+    path.pop_back();
+  }
+}
+
+}  // namespace
+
+Json non_consolidated_header(const TensorDict& td) {
+  Json h;
+  h["batch_size"] = shape_json(td.batch_size());
+  h["device"] = td.device() ? Json(td.device()->str()) : Json(nullptr);
+  Json names = Json::array();
+  for (const auto& n : td.names()) names.push_back(n ? Json(*n) : Json(nullptr));
+  h["names"] = std::move(names);
+  h["entries"] = Json::array();
+  std::vector<std::string> path;
+  header_entries(td, h["entries"], path);
+  return h;
+}
+
+Encoder::Encoder(Mode mode, ConsolidateOptions options) : mode_(mode), options_(options) {}
+
+void Encoder::reset() noexcept {
+  schema_id_ = 0;
+  last_metadata_.clear();
+  last_source_ = nullptr;
+}
+
+void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
+  msg_.header.kind = kind;
+  msg_.header.flags = 0;
+  msg_.header.schema_id = kind == MessageKind::NonConsolidated ? 0 : schema_id_;
+  msg_.header.metadata_bytes = msg_.metadata.size();
+  msg_.header.payload_bytes = payload_bytes;
+  msg_.header_bytes = msg_.header.encode();
+}
+
+const OutMessage& Encoder::encode(const TensorDict& td) {
+  msg_.payload.clear();
+  msg_.keepalive.clear();
+  msg_.metadata.clear();
+  if (mode_ == Mode::Consolidated)
+    encode_consolidated(td);
+  else
+    encode_non_consolidated(td);
+  return msg_;
+}
+
+void Encoder::encode_consolidated(const TensorDict& td) {
+  const std::byte* data;
+  size_t total;
+  std::string metadata;
+  bool same;
+  if (is_consolidated_root(td)) {
+    // Already one storage: send it as it is. The same metadata object means the same
+    // layout, so the steady state costs no serialisation at all.
+    const Consolidated& c = *td.consolidated();
+    data = c.storage.data();
+    total = c.storage.nbytes();
+    same = schema_id_ != 0 && c.metadata.get() == last_source_;
+    if (!same) {
+      metadata = c.metadata->dump();
+      same = schema_id_ != 0 && metadata == last_metadata_;
+    }
+    last_source_ = c.metadata.get();
+  } else {
+    ConsolidatedPlan plan = plan_consolidation(td, options_);
+    metadata = plan.metadata.dump();
+    same = schema_id_ != 0 && metadata == last_metadata_;
+    if (!same || staging_.nbytes() != plan.total_bytes)
+      staging_ = Storage::allocate(plan.total_bytes, 64);
+    plan_ = std::move(plan);
+    pack(td, plan_, staging_.data());
+    data = staging_.data();
+    total = plan_.total_bytes;
+    last_source_ = nullptr;
+  }
+  if (same) {
+    finish_header(MessageKind::Storage, total);
+  } else {
+    schema_id_ = next_schema_id_++;
+    last_metadata_ = metadata;
+    msg_.metadata = std::move(metadata);
+    finish_header(MessageKind::SchemaAndStorage, total);
+  }
+  msg_.payload.emplace_back(data, total);
+}
+
+void Encoder::encode_non_consolidated(const TensorDict& td) {
+  msg_.metadata = non_consolidated_header(td).dump();
+  uint64_t total = 0;
+  for_each_leaf(td, [&](const Tensor& t) {
+    if (t.is_contiguous()) {
+      msg_.payload.emplace_back(static_cast<const std::byte*>(t.data()), t.nbytes());
+    } else {
+      msg_.keepalive.push_back(t.clone());
+      const Tensor& c = msg_.keepalive.back();
+      msg_.payload.emplace_back(static_cast<const std::byte*>(c.data()), c.nbytes());
+    }
+    total += t.nbytes();
+  });
+  finish_header(MessageKind::NonConsolidated, total);
+}
+
+OutMessage Encoder::control(const Json& body) {
+  OutMessage m;
+  m.metadata = body.dump();
+  m.header.kind = MessageKind::Control;
+  m.header.metadata_bytes = m.metadata.size();
+  m.header_bytes = m.header.encode();
+  return m;
+}
+
+}  // namespace tensorwire::wire

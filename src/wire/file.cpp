@@ -1,0 +1,89 @@
+#include "tensorwire/wire/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "bytes.h"
+#include "tensorwire/wire/decoder.h"
+#include "tensorwire/wire/layout.h"
+
+namespace tensorwire {
+
+namespace {
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw SystemError("cannot write '" + path + "'", errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+void save(const TensorDict& td, const std::string& path, const ConsolidateOptions& options) {
+  TensorDict c = consolidate(td, options);
+  const std::string json = c.consolidated()->metadata->dump();
+  const Storage& storage = c.consolidated()->storage;
+  std::byte trailer[8];
+  wire::detail::store_le<uint64_t>(trailer, json.size());
+
+  // Write beside the target and rename: readers never see a half-written file.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw SystemError("cannot create '" + tmp + "'", errno);
+  try {
+    write_all(fd, storage.data(), storage.nbytes(), tmp);
+    write_all(fd, json.data(), json.size(), tmp);
+    write_all(fd, trailer, sizeof trailer, tmp);
+    if (::fsync(fd) != 0) throw SystemError("cannot sync '" + tmp + "'", errno);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw SystemError("cannot rename '" + tmp + "' to '" + path + "'", err);
+  }
+}
+
+TensorDict load(const std::string& path, const wire::Limits& limits) {
+  Storage file = Storage::map_file(path);
+  const uint64_t size = file.nbytes();
+  auto bad = [&](const std::string& rule) {
+    return ProtocolError("cannot load '" + path + "': " + rule);
+  };
+  if (size < 8) throw bad("truncated file: " + std::to_string(size) + " bytes, a saved TensorDict ends with an 8-byte metadata length");
+  const uint64_t json_len = wire::detail::load_le<uint64_t>(file.data() + size - 8);
+  if (json_len > size - 8)
+    throw bad("metadata length " + std::to_string(json_len) + " is larger than the file (" +
+              std::to_string(size) + " bytes): truncated or not a saved TensorDict");
+  if (json_len > limits.max_metadata_bytes)
+    throw bad("metadata length " + std::to_string(json_len) + " exceeds the limit of " +
+              std::to_string(limits.max_metadata_bytes));
+  const uint64_t storage_bytes = size - 8 - json_len;
+  wire::ConsolidatedLayout layout;
+  try {
+    Json meta = wire::parse_untrusted_json({file.data() + storage_bytes, json_len}, limits, "metadata");
+    layout = wire::ConsolidatedLayout::parse(std::move(meta), limits, storage_bytes);
+  } catch (const ProtocolError& e) {
+    throw bad(e.what());
+  }
+  // The storage is the mapped file's first storage_bytes; it keeps the mapping alive.
+  Storage storage = Storage::external(file.data(), storage_bytes, [file] {}, Storage::Kind::Mapped);
+  TensorDict td = layout.instantiate(storage);
+  td.lock_();
+  return td;
+}
+
+}  // namespace tensorwire
