@@ -1,0 +1,21 @@
+"""tensorwire: move TensorDicts between processes and machines, fast.
+
+The core is C++ (``tensorwire._C``); leaves come back as zero-copy numpy arrays (or torch
+tensors through ``td.torch()``) over the same memory as the C++ storage.
+"""
+from ._C import NonTensorStack, ProtocolError, TensorDict, load, stack
+from ._interop import from_tensordict, to_tensordict
+
+TensorDict.from_tensordict = staticmethod(from_tensordict)
+TensorDict.to_tensordict = to_tensordict
+
+__all__ = [
+    "TensorDict",
+    "NonTensorStack",
+    "ProtocolError",
+    "load",
+    "stack",
+    "from_tensordict",
+    "to_tensordict",
+]
+__version__ = "0.1.0"
