@@ -30,7 +30,6 @@ Tensor number_tensor(nb::handle v) {
   std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
   if (kind == "f") arr = arr.attr("astype")(np.attr("float32"));
   else if (kind == "i" || kind == "u") arr = arr.attr("astype")(np.attr("int64"));
-  arr = np.attr("ascontiguousarray")(arr);
   auto t = to_tensor(arr);
   if (!t) throw ValueError("cannot convert number");
   return *t;

@@ -1,5 +1,6 @@
 // stack(), unbind() and index(): moving between a batch of TensorDicts and one
 // TensorDict with an extra leading batch dimension.
+#include <algorithm>
 #include <cstring>
 
 #include "tensorwire/core/tensordict.h"
@@ -117,7 +118,11 @@ TensorDict TensorDict::index(int64_t i) const {
       Shape inner(st.batch_size.begin() + 1, st.batch_size.end());
       const size_t per = static_cast<size_t>(checked_numel(inner));
       auto begin = st.values.begin() + static_cast<std::ptrdiff_t>(per * i);
-      if (inner.empty()) {
+      const bool all_same = std::all_of(begin, begin + static_cast<std::ptrdiff_t>(per),
+                                        [&](const Json& v) { return v == *begin; });
+      // One value for the whole remaining batch is a plain non-tensor value again (so
+      // unbind(stack(tds)) gives back what was stacked).
+      if (inner.empty() || (all_same && inner == out.batch_size_)) {
         out.entries_.emplace_back(name, Entry(NonTensor{*begin}));
       } else {
         NonTensorStack sub{inner, std::max<int64_t>(0, st.stack_dim - 1),

@@ -1,0 +1,186 @@
+"""tensorwire.TensorDict from Python: construction, access, mutation, structure."""
+import numpy as np
+import pytest
+import torch
+
+import tensorwire as tw
+
+
+def make():
+    return tw.TensorDict(
+        {
+            "obs": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "info": {"reward": np.zeros((3, 1), dtype=np.float64)},
+            "name": "cartpole",
+        },
+        batch_size=[3],
+    )
+
+
+def test_construction_from_nested_dicts_of_numpy_torch_scalars_and_strings():
+    td = tw.TensorDict(
+        {"a": np.ones((2, 3), np.int32), "b": torch.zeros(2, dtype=torch.bfloat16),
+         "c": {"d": torch.arange(2)}, "s": "hi", "none": None},
+        batch_size=[2],
+    )
+    assert td.batch_size == (2,)
+    assert td["a"].dtype == np.int32 and td["a"].shape == (2, 3)
+    assert td["b"].dtype == torch.bfloat16  # numpy has no bfloat16: comes back as torch
+    assert isinstance(td["c"], tw.TensorDict) and td["c"].batch_size == (2,)
+    assert td["c", "d"].tolist() == [0, 1]
+    assert td["s"] == "hi" and td["none"] is None
+
+
+def test_python_numbers_become_0dim_tensors_typed_like_torch():
+    td = tw.TensorDict({"i": 3, "f": 2.5, "b": True, "l": [1.0, 2.0]})
+    assert td["i"].dtype == np.int64 and td["i"].shape == ()
+    assert td["f"].dtype == np.float32
+    assert td["b"].dtype == np.bool_
+    assert td["l"].dtype == np.float32 and td["l"].shape == (2,)
+
+
+def test_nested_key_tuples_get_and_set_and_create_intermediate_dicts():
+    td = make()
+    td["next", "obs"] = np.ones((3, 4), np.float32)
+    assert ("next", "obs") in td
+    assert td["next"].batch_size == (3,)
+    assert td.keys(include_nested=True, leaves_only=True) == ["obs", ("info", "reward"), "name", ("next", "obs")]
+    assert td.keys() == ["obs", "info", "name", "next"]
+
+
+def test_set_rejects_leaf_whose_leading_dims_differ_from_batch_size():
+    td = make()
+    with pytest.raises(ValueError, match=r"'bad'.*\[4\].*batch_size \[3\]"):
+        td["bad"] = np.zeros(4)
+
+
+def test_unknown_key_raises_keyerror_and_bad_key_type_raises_typeerror():
+    td = make()
+    with pytest.raises(KeyError, match="missing"):
+        td["missing"]
+    with pytest.raises(KeyError):
+        td["info", "missing"]
+    with pytest.raises(TypeError):
+        td[1.5]
+    with pytest.raises(TypeError, match="not a TensorDict"):
+        td["obs", "x"] = np.zeros(3)
+
+
+def test_non_json_non_tensor_value_is_rejected_with_valueerror():
+    td = make()
+    with pytest.raises((TypeError, ValueError)):
+        td["obj"] = object()
+    with pytest.raises(ValueError, match="JSON"):
+        td["obj"] = ["a", object()]
+
+
+def test_cuda_flagged_torch_tensor_is_rejected():
+    class FakeCuda:  # a torch-like object claiming to live on a GPU
+        dtype = torch.float32
+        is_cuda = True
+
+        class device:
+            type = "cuda"
+
+    with pytest.raises(ValueError, match="cuda"):
+        tw.TensorDict()["x"] = FakeCuda()
+
+
+def test_leaves_are_zero_copy_numpy_views_shared_with_torch():
+    td = make()
+    a = td["obs"]
+    a[0, 0] = 42.0  # write through numpy
+    t = td.get_torch("obs")
+    assert t[0, 0].item() == 42.0  # read through torch
+    t[2, 3] = -1.0  # write through torch
+    assert td["obs"][2, 3] == -1.0  # read through numpy
+    assert td.torch()["obs"].data_ptr() == td["obs"].ctypes.data
+
+
+def test_input_arrays_and_tensors_are_wrapped_without_copy():
+    x = np.zeros((2, 2), np.float32)
+    y = torch.zeros(2, 3)
+    td = tw.TensorDict({"x": x, "y": y}, batch_size=[2])
+    x[1, 1] = 5
+    y[0, 2] = 7
+    assert td["x"][1, 1] == 5 and td["y"][0, 2] == 7
+
+
+def test_strided_inputs_are_viewed_and_copied_correctly_on_clone():
+    base = np.arange(24, dtype=np.int64).reshape(4, 6)
+    view = base[:, ::2]
+    td = tw.TensorDict({"v": view}, batch_size=[4])
+    np.testing.assert_array_equal(td["v"], view)
+    c = td.clone()
+    np.testing.assert_array_equal(c["v"], view)
+    assert c["v"].flags["C_CONTIGUOUS"]
+
+
+def test_readonly_arrays_are_copied_so_inplace_writes_are_safe():
+    ro = np.frombuffer(b"\x01\x02\x03\x04", dtype=np.uint8)
+    td = tw.TensorDict({"r": ro}, batch_size=[4])
+    td.update_({"r": np.zeros(4, np.uint8)})
+    assert ro.tolist() == [1, 2, 3, 4]
+    assert td["r"].tolist() == [0, 0, 0, 0]
+
+
+def test_clone_is_independent():
+    td = make()
+    c = td.clone()
+    c["obs"][0, 0] = 100
+    assert td["obs"][0, 0] == 0
+
+
+def test_update_copies_in_place_and_raises_for_unknown_key_without_partial_write():
+    td = make()
+    before = td["obs"]
+    td.update_({"obs": np.full((3, 4), 9, np.float32)})
+    assert before[0, 0] == 9  # same memory, written in place
+    with pytest.raises(KeyError, match="nope"):
+        td.update_({"obs": np.full((3, 4), 1, np.float32), "nope": np.zeros(3)})
+    assert td["obs"][0, 0] == 9  # nothing written when any key fails
+    with pytest.raises(ValueError):
+        td.update_({"obs": np.zeros((3, 5), np.float32)})
+
+
+def test_select_strict_and_non_strict():
+    td = make()
+    s = td.select("obs", ("info", "reward"))
+    assert s.keys(True, True) == ["obs", ("info", "reward")]
+    with pytest.raises(KeyError):
+        td.select("obs", "missing")
+    assert td.select("obs", "missing", strict=False).keys() == ["obs"]
+
+
+def test_stack_and_unbind_round_trip_with_non_tensors():
+    a, b = make(), make()
+    b["obs"][:] = 1
+    b["name"] = "other"
+    s = tw.stack([a, b])
+    assert s.batch_size == (2, 3)
+    assert s["obs"].shape == (2, 3, 4)
+    assert isinstance(s["name"], tw.NonTensorStack)
+    assert s["name"].tolist() == [["cartpole"] * 3, ["other"] * 3]
+    parts = s.unbind(0)
+    assert parts[0].equal(a) and parts[1].equal(b), parts[1].difference(b)
+    assert s[1]["name"] == "other"  # identical values collapse back to one value
+    with pytest.raises(ValueError, match="batch_size"):
+        tw.stack([make(), tw.TensorDict({"obs": np.zeros((2, 4), np.float32)}, batch_size=[2])])
+
+
+def test_delete_contains_len_iter():
+    td = make()
+    assert len(td) == 3 and list(td) == ["obs", "info", "name"]
+    del td["name"]
+    assert "name" not in td and len(td) == 2
+    with pytest.raises(KeyError):
+        del td["name"]
+
+
+def test_locked_consolidated_dict_refuses_new_keys_but_allows_update_():
+    c = make().consolidate()
+    assert c.is_locked
+    with pytest.raises(RuntimeError, match="locked"):
+        c["new"] = np.zeros(3)
+    c.update_({"obs": np.ones((3, 4), np.float32)})
+    assert c["obs"].sum() == 12
