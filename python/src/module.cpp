@@ -2,7 +2,7 @@
 // the GIL, and exception mapping; the logic lives in the C++ library.
 #include <nanobind/nanobind.h>
 
-#include "tensordict_py.h"
+#include "bindings.h"
 #include "tensorwire/core/error.h"
 
 namespace nb = nanobind;

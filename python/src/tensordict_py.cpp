@@ -1,5 +1,7 @@
 #include "tensordict_py.h"
 
+#include "bindings.h"
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>

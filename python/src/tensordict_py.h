@@ -31,6 +31,5 @@ Entry to_entry(nb::handle value, const Shape& batch_size, const std::optional<De
                const Key& key);
 nb::object from_entry(const Entry& e, const PyTensorDict& owner, const Key& key);
 
-void bind_tensordict(nb::module_& m);
 
 }  // namespace tensorwire::py

@@ -1,0 +1,77 @@
+// Cross-process waiting on a 32-bit word in shared memory: spin briefly, then futex.
+//
+// Why both: on the virtual machines this runs on, a futex wake-up costs tens of
+// microseconds while a spin round trip between two cores costs ~0.2 us, so a waiter that
+// expects an answer soon spins first (bounded, with a pause instruction) and only then
+// sleeps in the kernel. A waker always calls futex_wake only when a sleeper announced
+// itself (the `waiters` count), so the common no-sleeper case costs no syscall.
+//
+// Shared (not private) futexes: the words live in MAP_SHARED memory used by several
+// processes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace tensorwire::shm {
+
+// Blocks while *word == expected, at most `timeout` (negative = no limit). Returns false
+// on timeout. Spurious returns are possible: callers re-check their condition.
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
+// Wakes up to `count` waiters on word.
+void futex_wake(std::atomic<uint32_t>* word, int count = 1 << 30);
+
+struct SpinPolicy {
+  uint32_t spins = 2000;  // pause-loop iterations before sleeping (~ a few microseconds)
+};
+
+// A word with a waiter count, for "something changed" notifications across processes.
+// Layout is fixed (8 bytes) so it can live in a shared segment.
+struct alignas(8) WaitWord {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> waiters{0};
+
+  // Bumps seq and wakes sleepers, if any.
+  void notify_all() noexcept;
+  // Waits until seq != `seen` (returns the new seq) or the deadline passes (returns
+  // `seen`). `alive` is polled between sleeps (every `poll` at most) so a dead peer ends
+  // the wait: when it returns false, wait() returns `seen` early.
+  template <class Alive>
+  uint32_t wait(uint32_t seen, std::chrono::steady_clock::time_point deadline, Alive&& alive,
+                SpinPolicy spin = {}, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+};
+static_assert(sizeof(WaitWord) == 8);
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+template <class Alive>
+uint32_t WaitWord::wait(uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
+  for (uint32_t i = 0; i < spin.spins; ++i) {
+    uint32_t now = seq.load(std::memory_order_acquire);
+    if (now != seen) return now;
+    cpu_relax();
+  }
+  while (true) {
+    uint32_t now = seq.load(std::memory_order_acquire);
+    if (now != seen) return now;
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return seen;
+    if (!alive()) return seen;
+    auto slice = std::min<std::chrono::nanoseconds>(left, poll);
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    // Re-check after announcing ourselves: a notify between the load above and the
+    // fetch_add would otherwise be missed (notify reads `waiters` after bumping seq).
+    if (seq.load(std::memory_order_seq_cst) == seen) futex_wait(&seq, seen, slice);
+    waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace tensorwire::shm

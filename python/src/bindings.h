@@ -1,0 +1,8 @@
+// One registration function per bound subsystem; module.cpp calls each once.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace tensorwire::py {
+void bind_tensordict(nanobind::module_& m);
+}  // namespace tensorwire::py

@@ -1,0 +1,35 @@
+#include "tensorwire/shm/futex.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace tensorwire::shm {
+
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  struct timespec ts {};
+  struct timespec* tsp = nullptr;
+  if (timeout.count() >= 0) {
+    ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+    ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+    tsp = &ts;
+  }
+  // FUTEX_WAIT (shared): the kernel re-checks *word == expected atomically before sleeping.
+  long r = ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tsp,
+                     nullptr, 0);
+  return !(r == -1 && errno == ETIMEDOUT);
+}
+
+void futex_wake(std::atomic<uint32_t>* word, int count) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+void WaitWord::notify_all() noexcept {
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  if (waiters.load(std::memory_order_seq_cst) > 0) futex_wake(&seq);
+}
+
+}  // namespace tensorwire::shm

@@ -1,0 +1,38 @@
+#include "tensorwire/shm/process.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::shm {
+
+ProcessWatch::ProcessWatch(int pid) : pid_(pid) {
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) throw SystemError("pidfd_open(" + std::to_string(pid) + ")", errno);
+  fd_ = Fd(fd);
+}
+
+bool ProcessWatch::alive() const {
+  if (!fd_) return false;
+  struct pollfd p {fd_.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* abbrev = ::sigabbrev_np(sig);
+    return "killed by signal " + std::to_string(sig) + (abbrev ? " (SIG" + std::string(abbrev) + ")" : "");
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+}  // namespace tensorwire::shm
