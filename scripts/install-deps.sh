@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev        # libFuzzer and sanitizer runtimes
   clang-format
+  libssl-dev                      # HMAC-SHA256 for pipe authentication
 )
 # Python packages. torch==2.13.0 installs a CPU build from a file on the machine; a newer
 # torch would download gigabytes. tensordict / torchrl / tensorpack are test and benchmark

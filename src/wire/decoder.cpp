@@ -29,29 +29,33 @@ FrameHeader Decoder::read_header(std::span<const std::byte> bytes) const {
 }
 
 Incoming Decoder::prepare(const FrameHeader& h, std::span<const std::byte> metadata, TensorDict* into) {
+  Incoming in;
+  prepare(h, metadata, into, in);
+  return in;
+}
+
+void Decoder::prepare(const FrameHeader& h, std::span<const std::byte> metadata, TensorDict* into,
+                      Incoming& in) {
+  in.reset();
+  in.header = h;
   if (metadata.size() != h.metadata_bytes)
     throw ProtocolError("metadata is " + std::to_string(metadata.size()) +
                         " bytes, the header announced " + std::to_string(h.metadata_bytes));
   switch (h.kind) {
     case MessageKind::SchemaAndStorage:
-      return prepare_schema(h, metadata);
+      return prepare_schema(h, metadata, in);
     case MessageKind::Storage:
-      return prepare_storage(h, into);
+      return prepare_storage(h, into, in);
     case MessageKind::NonConsolidated:
-      return prepare_non_consolidated(h, metadata);
-    case MessageKind::Control: {
-      Incoming in;
-      in.header = h;
+      return prepare_non_consolidated(h, metadata, in);
+    case MessageKind::Control:
       in.control = parse_untrusted_json(metadata, limits_, "control message");
-      return in;
-    }
+      return;
   }
   throw ProtocolError("unknown message kind");
 }
 
-Incoming Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata) {
-  Incoming in;
-  in.header = h;
+void Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in) {
   ConsolidatedLayout layout =
       ConsolidatedLayout::parse(parse_untrusted_json(metadata, limits_, "schema"), limits_, h.payload_bytes);
   // Everything is validated: only now is memory allocated for the payload.
@@ -61,10 +65,9 @@ Incoming Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte
   in.result = std::move(td);
   in.new_layout = std::move(layout);
   in.buffers.emplace_back(storage.data(), storage.nbytes());
-  return in;
 }
 
-Incoming Decoder::prepare_storage(const FrameHeader& h, TensorDict* into) {
+void Decoder::prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& in) {
   if (!layout_)
     throw ProtocolError("storage message (schema id " + std::to_string(h.schema_id) +
                         ") with no schema received before it");
@@ -76,8 +79,6 @@ Incoming Decoder::prepare_storage(const FrameHeader& h, TensorDict* into) {
     throw ProtocolError("storage message of " + std::to_string(h.payload_bytes) +
                         " bytes for schema " + std::to_string(schema_id_) + " whose storage is " +
                         std::to_string(cur.nbytes()) + " bytes");
-  Incoming in;
-  in.header = h;
   in.target = &current_;
   // A caller's TensorDict is used when it has exactly this layout (same metadata object,
   // or equal metadata) and a storage of the right size.
@@ -89,10 +90,9 @@ Incoming Decoder::prepare_storage(const FrameHeader& h, TensorDict* into) {
   }
   const Storage& dst = in.target->consolidated()->storage;
   in.buffers.emplace_back(dst.data(), dst.nbytes());
-  return in;
 }
 
-Incoming Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata) {
+void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in) {
   Json header = parse_untrusted_json(metadata, limits_, "non-consolidated header");
   auto bad = [](const std::string& rule) -> ProtocolError {
     return ProtocolError("invalid non-consolidated header: " + rule);
@@ -173,8 +173,6 @@ Incoming Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const
 
   // Second pass: build. Set() re-checks batch prefixes and nesting; its errors are
   // protocol errors here.
-  Incoming in;
-  in.header = h;
   try {
     std::optional<Device> device;
     if (auto d = header.find("device"); d != header.end() && !d->is_null()) device = Device::cpu();
@@ -212,7 +210,6 @@ Incoming Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const
   } catch (const Error& e) {
     throw bad(e.what());
   }
-  return in;
 }
 
 TensorDict& Decoder::finish(Incoming& in) {

@@ -30,6 +30,16 @@ struct Incoming {
   std::optional<TensorDict> result;
   TensorDict* target = nullptr;
   Json control;
+
+  // Forgets the previous message but keeps the buffers' capacity, so a receiver that
+  // reuses one Incoming allocates nothing per message in the steady state.
+  void reset() noexcept {
+    buffers.clear();
+    new_layout.reset();
+    result.reset();
+    target = nullptr;
+    control = nullptr;
+  }
 };
 
 class Decoder {
@@ -42,6 +52,9 @@ class Decoder {
   // used when its storage has the cached schema's layout, ignored otherwise.
   Incoming prepare(const FrameHeader& header, std::span<const std::byte> metadata,
                    TensorDict* into = nullptr);
+  // Same, into an Incoming the caller reuses (no allocation for storage messages).
+  void prepare(const FrameHeader& header, std::span<const std::byte> metadata, TensorDict* into,
+               Incoming& out);
 
   // For Storage messages into the cached TensorDict, returns that same object.
   TensorDict& finish(Incoming& incoming);
@@ -53,9 +66,9 @@ class Decoder {
   const Limits& limits() const noexcept { return limits_; }
 
  private:
-  Incoming prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata);
-  Incoming prepare_storage(const FrameHeader& h, TensorDict* into);
-  Incoming prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata);
+  void prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in);
+  void prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& in);
+  void prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in);
 
   Limits limits_;
   uint64_t schema_id_ = 0;

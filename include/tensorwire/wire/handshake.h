@@ -1,0 +1,52 @@
+// Connection handshake shared by the transports: version and mode agreement, optional
+// shared-secret authentication (mutual HMAC-SHA256 challenge-response; the key never
+// crosses the wire), and the peer's identity (pid and boot id, so a peer on the same host
+// can be watched through a pidfd).
+//
+//   server -> client  {"tensorwire":1, "role":"server", "protocol", "mode", "auth", "nonce", "pid", "boot_id"}
+//   client -> server  {... "role":"client", "nonce", "mac": HMAC(key, "client:" + server nonce) | null}
+//   server -> client  {"ok": true, "mac": HMAC(key, "server:" + client nonce) | null}
+//                     or {"ok": false, "error": "..."}
+//
+// Without a key the handshake authenticates nothing: for trusted networks only.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "tensorwire/core/error.h"
+#include "tensorwire/core/json.h"
+
+namespace tensorwire::wire {
+
+struct HandshakeConfig {
+  std::string protocol;  // e.g. "pipe"; both sides must agree
+  std::string mode;      // e.g. "consolidated"; both sides must agree
+  std::string auth_key;  // empty: no authentication
+};
+
+struct PeerIdentity {
+  int pid = -1;
+  std::string boot_id;  // equal boot ids: the peer runs on this machine
+  bool same_host() const;
+};
+
+// Error raised when a handshake fails; its message says why, on both sides.
+class HandshakeError : public Error {
+ public:
+  using Error::Error;
+};
+
+using SendControl = std::function<void(const Json&)>;
+using RecvControl = std::function<Json()>;  // throws on timeout or a closed connection
+
+PeerIdentity handshake_as_server(const HandshakeConfig& config, const SendControl& send,
+                                 const RecvControl& recv);
+PeerIdentity handshake_as_client(const HandshakeConfig& config, const SendControl& send,
+                                 const RecvControl& recv);
+
+// HMAC-SHA256(key, message) as lowercase hex.
+std::string hmac_sha256_hex(const std::string& key, const std::string& message);
+
+}  // namespace tensorwire::wire

@@ -1,0 +1,395 @@
+#include "pipe_impl.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace tensorwire::detail {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+wire::Mode mode_of(const PipeOptions& o) {
+  return o.consolidated ? wire::Mode::Consolidated : wire::Mode::NonConsolidated;
+}
+
+wire::HandshakeConfig handshake_config(const PipeOptions& o) {
+  return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key};
+}
+
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  return timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
+}
+
+// Control frames are small; anything bigger is a protocol violation.
+constexpr size_t kMaxControl = 64 * 1024;
+
+}  // namespace
+
+// Posts a control frame (header + JSON) on the control tag. Under mu_.
+ucx::Request PipeImpl::post_control(const Json& body) {
+  control_out_ = wire::Encoder::control(body);
+  std::span<const std::byte> pieces[2] = {
+      {control_out_.header_bytes.data(), control_out_.header_bytes.size()},
+      {reinterpret_cast<const std::byte*>(control_out_.metadata.data()), control_out_.metadata.size()}};
+  return ep_->send(kControlTag, pieces, control_iov_);
+}
+
+// Best effort: progresses until `req` completes or `budget` passes. Under mu_.
+void PipeImpl::flush(ucx::Request& req, std::chrono::milliseconds budget) {
+  auto until = Clock::now() + budget;
+  try {
+    while (!req.done() && Clock::now() < until) worker_->progress();
+  } catch (const Error&) {
+  }
+}
+
+PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options)
+    : options_(options),
+      worker_(std::make_unique<ucx::Worker>()),
+      encoder_(mode_of(options)),
+      decoder_(options.limits) {
+  ep_ = std::make_unique<ucx::Endpoint>(*worker_, host, port);
+}
+
+PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16_t local_port)
+    : options_(options),
+      local_port_(local_port),
+      worker_(std::make_unique<ucx::Worker>()),
+      encoder_(mode_of(options)),
+      decoder_(options.limits) {
+  ep_ = std::make_unique<ucx::Endpoint>(*worker_, request);
+}
+
+PipeImpl::~PipeImpl() { close(); }
+
+// ---- handshake & control ---------------------------------------------------
+
+void PipeImpl::handshake(bool as_server) {
+  const auto deadline = deadline_after(options_.connect_timeout);
+  auto send = [&](const Json& j) { send_control(j, deadline); };
+  auto recv = [&]() { return recv_control(deadline); };
+  wire::PeerIdentity peer;
+  try {
+    peer = as_server ? wire::handshake_as_server(handshake_config(options_), send, recv)
+                     : wire::handshake_as_client(handshake_config(options_), send, recv);
+  } catch (...) {
+    // Let the refusal reach the peer before the endpoint goes.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < 50 && worker_->progress(); ++i) {
+    }
+    throw;
+  }
+  if (peer.same_host() && peer.pid > 0) {
+    try {
+      peer_watch_.emplace(peer.pid);
+    } catch (const SystemError&) {
+      // Another pid namespace: rely on UCX's own error detection.
+    }
+  }
+}
+
+void PipeImpl::send_control(const Json& body, Clock::time_point deadline) {
+  ucx::Request req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_alive();
+    req = post_control(body);
+  }
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_->progress();
+      if (req.done()) return;
+      check_alive();
+    }
+    wait_event(deadline, "handshake");
+  }
+}
+
+Json PipeImpl::recv_control(Clock::time_point deadline) {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_->progress();
+      if (auto m = ep_->probe(kControlTag)) {
+        if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
+          fail("control message of " + std::to_string(m->first) + " bytes", true, true);
+        std::vector<std::byte> buf(m->first);
+        size_t got = 0;
+        ucx::Request req = ep_->recv(m->second, buf, &got);
+        while (!req.done()) worker_->progress();
+        wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
+        if (h.kind != wire::MessageKind::Control || wire::kHeaderBytes + h.metadata_bytes != buf.size())
+          fail("expected a control message during the handshake", true, true);
+        wire::Incoming in;
+        decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
+        return in.control;
+      }
+      check_alive();
+    }
+    wait_event(deadline, "handshake");
+  }
+}
+
+// Control messages after the handshake: the peer closing, or reporting our error.
+void PipeImpl::drain_control() {
+  auto m = ep_->probe(kControlTag);
+  if (!m) return;
+  if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
+    fail("control message of " + std::to_string(m->first) + " bytes", true, true);
+  std::vector<std::byte> buf(m->first);
+  size_t got = 0;
+  ucx::Request req = ep_->recv(m->second, buf, &got);
+  while (!req.done()) worker_->progress();
+  Json body;
+  try {
+    wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
+    wire::Incoming in;
+    decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
+    body = std::move(in.control);
+  } catch (const ProtocolError& e) {
+    fail(e.what(), true, true);
+  }
+  if (body.is_object() && body.contains("error"))
+    fail("the peer closed the pipe after an error: " + body["error"].dump(), false, true);
+  fail("the peer closed the pipe", false, false);
+}
+
+void PipeImpl::check_alive() {
+  if (!failure_.empty()) {
+    if (failure_is_protocol_) throw ProtocolError(failure_);
+    throw ClosedError(failure_);
+  }
+  if (ep_->error() != UCS_OK)
+    fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()), false, false);
+  if (peer_watch_ && !peer_watch_->alive())
+    fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false, false);
+}
+
+void PipeImpl::fail(const std::string& reason, bool tell_peer, bool protocol) {
+  if (failure_.empty()) {
+    failure_ = reason;
+    failure_is_protocol_ = protocol;
+    if (tell_peer && ep_->error() == UCS_OK) {
+      try {
+        ucx::Request req = post_control({{"error", reason}});
+        flush(req, std::chrono::milliseconds(500));
+      } catch (const Error&) {
+      }
+    }
+    // Outstanding receives must not land in buffers we may free.
+    frame_req_.cancel(worker_->handle());
+    for (auto& r : payload_reqs_) r.cancel(worker_->handle());
+    worker_->progress();
+  }
+  if (protocol) throw ProtocolError(failure_);
+  throw ClosedError(failure_);
+}
+
+// ---- waiting ---------------------------------------------------------------
+
+bool PipeImpl::arm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (worker_->progress()) return false;
+  return worker_->arm();
+}
+
+// Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd and
+// the peer's pidfd in slices, so peer death and closure are noticed within ~100 ms.
+void PipeImpl::wait_event(Clock::time_point deadline, const char* what) {
+  auto spin_until = Clock::now() + std::chrono::microseconds(50);
+  while (Clock::now() < spin_until) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (worker_->progress()) return;
+  }
+  if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " timed out");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw ClosedError("the pipe is closed");
+    if (worker_->progress() || !worker_->arm()) return;
+  }
+  struct pollfd fds[2] = {{worker_->efd(), POLLIN, 0}, {peer_fd(), POLLIN, 0}};
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  int slice = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100));
+  ::poll(fds, peer_fd() >= 0 ? 2 : 1, slice);
+}
+
+// ---- sending ---------------------------------------------------------------
+
+void PipeImpl::start_send(const TensorDict& td) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw ClosedError("Cannot send on a closed pipe.");
+  check_alive();
+  drain_control();
+  if (sending_) throw Error("a send is already in progress on this pipe");
+  const wire::OutMessage& m = encoder_.encode(td);  // ValueError here: nothing sent yet
+  const bool inline_payload = m.header.payload_bytes <= kInlineMax;
+  pieces_.clear();
+  pieces_.emplace_back(m.header_bytes.data(), m.header_bytes.size());
+  pieces_.emplace_back(reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size());
+  if (inline_payload) pieces_.insert(pieces_.end(), m.payload.begin(), m.payload.end());
+  send_reqs_.clear();
+  send_reqs_.push_back(ep_->send(kFrameTag, pieces_, frame_iov_));
+  if (!inline_payload)
+    for (auto piece : m.payload)
+      if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
+  sending_ = true;
+}
+
+bool PipeImpl::step_send() {
+  worker_->progress();
+  check_alive();
+  for (auto& r : send_reqs_)
+    if (!r.done()) return false;
+  send_reqs_.clear();
+  sending_ = false;
+  return true;
+}
+
+bool PipeImpl::poll_send() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sending_) return true;
+  return step_send();
+}
+
+void PipeImpl::send(const TensorDict& td, Millis timeout) {
+  std::lock_guard<std::mutex> one_sender(send_mu_);
+  const auto deadline = deadline_after(timeout);
+  start_send(td);
+  while (!poll_send()) wait_event(deadline, "send");
+}
+
+// ---- receiving -------------------------------------------------------------
+
+void PipeImpl::ensure_frame_capacity(size_t n) {
+  if (n <= frame_capacity_) return;
+  size_t cap = std::max<size_t>(n, 4096);
+  frame_ = std::make_unique<std::byte[]>(cap);
+  frame_capacity_ = cap;
+}
+
+TensorDict* PipeImpl::step_recv(TensorDict* into) {
+  worker_->progress();
+  try {
+    if (state_ == RecvState::Idle) {
+        auto m = ep_->probe(kFrameTag);
+      if (!m) {
+        // Data sent before a close is delivered first, and a close message before the
+        // connection error that follows it.
+        drain_control();
+        check_alive();
+        return nullptr;
+      }
+      const size_t len = m->first;
+      const uint64_t max = wire::kHeaderBytes + options_.limits.max_metadata_bytes + kInlineMax;
+      if (len < wire::kHeaderBytes || len > max)
+        fail("received a frame of " + std::to_string(len) + " bytes (a frame holds a " +
+                 std::to_string(wire::kHeaderBytes) + "-byte header, at most " +
+                 std::to_string(options_.limits.max_metadata_bytes) + " metadata bytes and " +
+                 std::to_string(kInlineMax) + " inline payload bytes)",
+             true, true);
+      ensure_frame_capacity(len);
+      frame_len_ = len;
+      frame_req_ = ep_->recv(m->second, {frame_.get(), len}, &frame_got_);
+      into_ = into;
+      state_ = RecvState::Frame;
+    }
+    if (state_ == RecvState::Frame) {
+      if (!frame_req_.done()) {
+        check_alive();
+        return nullptr;
+      }
+      if (frame_got_ != frame_len_)
+        throw ProtocolError("frame carried " + std::to_string(frame_got_) + " bytes, probed " +
+                            std::to_string(frame_len_));
+      std::span<const std::byte> frame(frame_.get(), frame_len_);
+      wire::FrameHeader h = decoder_.read_header(frame.first(wire::kHeaderBytes));
+      const uint64_t meta_end = wire::kHeaderBytes + h.metadata_bytes;
+      const bool inline_payload = h.payload_bytes <= kInlineMax;
+      const uint64_t expected = meta_end + (inline_payload ? h.payload_bytes : 0);
+      if (frame_len_ != expected)
+        throw ProtocolError("frame of " + std::to_string(frame_len_) + " bytes, its header announces " +
+                            std::to_string(expected));
+      if (h.kind == wire::MessageKind::Control)
+        throw ProtocolError("unexpected control message on the data channel");
+      decoder_.prepare(h, frame.subspan(wire::kHeaderBytes, h.metadata_bytes), into_, incoming_);
+      if (inline_payload) {
+        const std::byte* src = frame.data() + meta_end;
+        for (auto& buf : incoming_.buffers) {
+          if (!buf.empty()) std::memcpy(buf.data(), src, buf.size());
+          src += buf.size();
+        }
+      } else {
+        payload_reqs_.clear();
+        // Sized before posting: each request writes its length into a stable slot.
+        payload_got_.assign(incoming_.buffers.size(), 0);
+        for (size_t i = 0; i < incoming_.buffers.size(); ++i)
+          if (!incoming_.buffers[i].empty())
+            payload_reqs_.push_back(ep_->recv(kPayloadTag, incoming_.buffers[i], &payload_got_[i]));
+        state_ = RecvState::Payload;
+      }
+    }
+    if (state_ == RecvState::Payload) {
+      for (auto& r : payload_reqs_)
+        if (!r.done()) {
+          check_alive();
+          return nullptr;
+        }
+      for (size_t i = 0; i < incoming_.buffers.size(); ++i)
+        if (payload_got_[i] != incoming_.buffers[i].size())
+          throw ProtocolError("payload buffer " + std::to_string(i) + " carried " +
+                              std::to_string(payload_got_[i]) + " bytes, the header announced " +
+                              std::to_string(incoming_.buffers[i].size()));
+      payload_reqs_.clear();
+    }
+    last_new_schema_ = incoming_.header.kind != wire::MessageKind::Storage;
+    state_ = RecvState::Idle;
+    return &decoder_.finish(incoming_);
+  } catch (const ProtocolError& e) {
+    if (failure_.empty()) fail(e.what(), true, true);
+    throw;
+  }
+}
+
+TensorDict* PipeImpl::poll_recv(TensorDict* into) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw ClosedError("Cannot recv on a closed pipe.");
+  return step_recv(into);
+}
+
+TensorDict& PipeImpl::recv(TensorDict* into, Millis timeout) {
+  std::lock_guard<std::mutex> one_receiver(recv_mu_);
+  const auto deadline = deadline_after(timeout);
+  while (true) {
+    if (TensorDict* td = poll_recv(into)) return *td;
+    wait_event(deadline, "recv");
+  }
+}
+
+// ---- closing ---------------------------------------------------------------
+
+void PipeImpl::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_.exchange(true)) return;
+  frame_req_.cancel(worker_->handle());
+  for (auto& r : payload_reqs_) r.cancel(worker_->handle());
+  worker_->progress();
+  if (failure_.empty() && ep_->error() == UCS_OK) {
+    // Tell the peer, so its receive ends with "the peer closed the pipe" at once.
+    try {
+      ucx::Request req = post_control({{"close", true}});
+      flush(req, std::chrono::milliseconds(500));
+    } catch (const Error&) {
+    }
+  }
+  if (failure_.empty()) failure_ = "the pipe is closed";
+  frame_req_ = ucx::Request();
+  payload_reqs_.clear();
+  send_reqs_.clear();
+  ep_->close(false, std::chrono::milliseconds(1000));
+}
+
+}  // namespace tensorwire::detail

@@ -1,0 +1,114 @@
+// PipeImpl: the state behind a TensorDictPipe (private). One UCX worker and endpoint per
+// pipe, the wire encoder/decoder, and the receive state machine:
+//
+//   Idle --probe(frame tag)--> Frame --frame received--> (inline payload) --> Idle
+//                                                    \--> Payload --buffers received--> Idle
+//
+// A frame is the 40-byte header and the metadata; a payload of at most kInlineMax bytes
+// travels in the same UCX message (one message per small TensorDict: latency), a larger
+// one as one message per buffer on the payload tag, received straight into the
+// destination storage (no copy).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/shm/process.h"
+#include "tensorwire/wire/decoder.h"
+#include "tensorwire/wire/encoder.h"
+#include "tensorwire/wire/handshake.h"
+#include "ucx/ucx.h"
+
+namespace tensorwire::detail {
+
+inline constexpr uint64_t kFrameTag = 1;
+inline constexpr uint64_t kPayloadTag = 2;
+inline constexpr uint64_t kControlTag = 3;
+inline constexpr size_t kInlineMax = 64 * 1024;
+
+class PipeImpl {
+ public:
+  using Millis = std::chrono::milliseconds;
+
+  // Client side.
+  PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options);
+  // Server side, from an accepted connection request.
+  PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16_t local_port);
+  ~PipeImpl();
+
+  void handshake(bool as_server);
+
+  void send(const TensorDict& td, Millis timeout);
+  TensorDict& recv(TensorDict* into, Millis timeout);
+  void start_send(const TensorDict& td);
+  bool poll_send();
+  TensorDict* poll_recv(TensorDict* into);
+  bool last_new_schema() const { return last_new_schema_; }
+
+  int fd() const { return worker_->efd(); }
+  bool arm();
+  int peer_fd() const { return peer_watch_ ? peer_watch_->fd() : -1; }
+
+  void close();
+  bool closed() const { return closed_.load(); }
+  uint16_t local_port() const { return local_port_; }
+  const std::string& peer() const { return ep_->peer(); }
+  const PipeOptions& options() const { return options_; }
+
+ private:
+  TensorDict* step_recv(TensorDict* into);  // under mu_
+  bool step_send();                          // under mu_
+  void check_alive();                        // under mu_: throws ClosedError
+  void drain_control();                      // under mu_
+  [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
+  void wait_event(std::chrono::steady_clock::time_point deadline, const char* what);
+  void send_control(const Json& body, std::chrono::steady_clock::time_point deadline);
+  Json recv_control(std::chrono::steady_clock::time_point deadline);
+  void ensure_frame_capacity(size_t n);
+  ucx::Request post_control(const Json& body);
+  void flush(ucx::Request& req, std::chrono::milliseconds budget);
+
+  PipeOptions options_;
+  uint16_t local_port_ = 0;
+  std::unique_ptr<ucx::Worker> worker_;
+  std::unique_ptr<ucx::Endpoint> ep_;
+  std::optional<shm::ProcessWatch> peer_watch_;
+  std::mutex mu_;       // every UCX call and all state below
+  std::mutex send_mu_;  // one sender at a time
+  std::mutex recv_mu_;  // one receiver at a time
+  std::atomic<bool> closed_{false};
+  std::string failure_;  // why the pipe is unusable ("" while healthy)
+  bool failure_is_protocol_ = false;
+
+  wire::Encoder encoder_;
+  wire::Decoder decoder_;
+
+  wire::OutMessage control_out_;  // the control frame in flight (post_control)
+  std::vector<ucp_dt_iov_t> control_iov_;
+
+  // send state
+  bool sending_ = false;
+  std::vector<std::span<const std::byte>> pieces_;
+  std::vector<ucp_dt_iov_t> frame_iov_;
+  std::vector<ucx::Request> send_reqs_;
+
+  // receive state
+  enum class RecvState { Idle, Frame, Payload } state_ = RecvState::Idle;
+  std::unique_ptr<std::byte[]> frame_;
+  size_t frame_capacity_ = 0;
+  size_t frame_len_ = 0;
+  size_t frame_got_ = 0;
+  ucx::Request frame_req_;
+  wire::Incoming incoming_;
+  std::vector<ucx::Request> payload_reqs_;
+  std::vector<size_t> payload_got_;  // received length per buffer
+  bool last_new_schema_ = false;
+  TensorDict* into_ = nullptr;
+};
+
+}  // namespace tensorwire::detail

@@ -1,0 +1,144 @@
+// Thin RAII adapters over libucp (UCX): a process-wide context, a worker per connection,
+// a listener, and an endpoint with tag-matched messages. Private to the library: the pipe
+// system (src/pipe) is written against these, and they know nothing about TensorDicts,
+// only "a frame and some payload buffers".
+//
+// Threading model: every object here is used under its owner's mutex (the pipe's or the
+// listener's); UCX workers are created UCS_THREAD_MODE_SINGLE and never progressed by two
+// threads at once. Waits release that mutex and sleep on the worker's wake-up fd.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::ucx {
+
+using Clock = std::chrono::steady_clock;
+
+// Throws the right tensorwire error for a UCX status ("what: Input/output error").
+[[noreturn]] void throw_status(const std::string& what, ucs_status_t status);
+
+// The process-wide UCP context (tag matching + wake-up). UCX reads UCX_* environment
+// variables (UCX_TLS=sm,tcp or tcp selects transports) when it is first created.
+class Context {
+ public:
+  static std::shared_ptr<Context> get();
+  ucp_context_h handle() const noexcept { return ctx_; }
+  ~Context();
+
+ private:
+  Context();
+  ucp_context_h ctx_ = nullptr;
+};
+
+class Worker {
+ public:
+  Worker();
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker_h handle() const noexcept { return worker_; }
+  int efd() const noexcept { return efd_; }
+  unsigned progress() { return ucp_worker_progress(worker_); }
+  // Arms the wake-up fd: true when it is safe to sleep on efd(), false when events are
+  // already pending (progress again instead).
+  bool arm();
+  // Progress, then sleep on efd() for at most `timeout` if nothing happened.
+  void wait(std::chrono::milliseconds timeout);
+
+ private:
+  std::shared_ptr<Context> context_;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+};
+
+// An outstanding send or receive. Poll with done(); completed requests are freed.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(ucs_status_ptr_t p, bool is_recv);
+  Request(Request&& o) noexcept;
+  Request& operator=(Request&& o) noexcept;
+  ~Request();
+
+  // Throws on a failed operation.
+  bool done();
+  void cancel(ucp_worker_h worker) noexcept;
+
+ private:
+  void* req_ = nullptr;
+  bool is_recv_ = false;
+  bool done_ = true;
+};
+
+struct ConnRequest {
+  ucp_conn_request_h handle = nullptr;
+  std::string peer;  // "ip:port"
+};
+
+class Listener {
+ public:
+  // Binds 0.0.0.0:port (0 = any free port) on its own worker.
+  explicit Listener(uint16_t port);
+  ~Listener();
+  uint16_t port() const noexcept { return port_; }
+  Worker& worker() noexcept { return worker_; }
+  // Pops a pending connection request, progressing the worker; std::nullopt when none.
+  std::optional<ConnRequest> poll();
+  void reject(ConnRequest& r) noexcept;
+
+ private:
+  static void on_conn(ucp_conn_request_h req, void* arg);
+  Worker worker_;
+  ucp_listener_h listener_ = nullptr;
+  uint16_t port_ = 0;
+  std::deque<ConnRequest> pending_;
+};
+
+class Endpoint {
+ public:
+  // Client side: connects to host:port (name resolution included).
+  Endpoint(Worker& worker, const std::string& host, uint16_t port);
+  // Server side: accepts a request from a Listener (on any worker).
+  Endpoint(Worker& worker, ConnRequest& request);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Non-OK once UCX reported an error on this endpoint (peer gone, connection reset).
+  ucs_status_t error() const noexcept { return error_; }
+  const std::string& peer() const noexcept { return peer_; }
+
+  Request send(uint64_t tag, std::span<const std::span<const std::byte>> pieces,
+               std::vector<ucp_dt_iov_t>& iov_storage);
+  Request send(uint64_t tag, std::span<const std::byte> bytes);
+  // Pops the next message with this tag, if one has arrived: its length and handle.
+  std::optional<std::pair<size_t, ucp_tag_message_h>> probe(uint64_t tag);
+  // Receives; the received length is stored in *length (which must outlive the request)
+  // on completion, however it completes.
+  Request recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length);
+  Request recv(uint64_t tag, std::span<std::byte> into, size_t* length);
+
+  // Closes: flushes gracefully unless `force` or the endpoint failed; bounded in time.
+  void close(bool force, std::chrono::milliseconds timeout);
+
+ private:
+  static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  Worker& worker_;
+  ucp_ep_h ep_ = nullptr;
+  ucs_status_t error_ = UCS_OK;
+  std::string peer_;
+};
+
+}  // namespace tensorwire::ucx

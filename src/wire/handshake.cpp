@@ -1,0 +1,136 @@
+#include "tensorwire/wire/handshake.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace tensorwire::wire {
+
+namespace {
+
+constexpr int kVersion = 1;
+
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(digits[p[i] >> 4]);
+    out.push_back(digits[p[i] & 15]);
+  }
+  return out;
+}
+
+std::string nonce() {
+  unsigned char buf[16];
+  if (::getrandom(buf, sizeof buf, 0) != static_cast<ssize_t>(sizeof buf))
+    throw SystemError("getrandom", errno);
+  return hex(buf, sizeof buf);
+}
+
+const std::string& boot_id() {
+  static const std::string id = [] {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::string s;
+    std::getline(f, s);
+    return s;
+  }();
+  return id;
+}
+
+bool same_secret(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string str_field(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+PeerIdentity identity_of(const Json& hello) {
+  PeerIdentity p;
+  if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer()) p.pid = it->get<int>();
+  p.boot_id = str_field(hello, "boot_id");
+  return p;
+}
+
+Json hello(const HandshakeConfig& c, const char* role, const std::string& my_nonce) {
+  return {{"tensorwire", kVersion}, {"role", role},          {"protocol", c.protocol},
+          {"mode", c.mode},         {"auth", !c.auth_key.empty()}, {"nonce", my_nonce},
+          {"pid", static_cast<int>(::getpid())}, {"boot_id", boot_id()}};
+}
+
+// What is wrong with the peer's hello, or "" when nothing is.
+std::string check_hello(const HandshakeConfig& c, const Json& h, const char* expected_role) {
+  if (!h.is_object() || h.value("tensorwire", 0) != kVersion)
+    return "peer does not speak tensorwire handshake version " + std::to_string(kVersion);
+  if (str_field(h, "role") != expected_role) return std::string("peer is not a ") + expected_role;
+  if (str_field(h, "protocol") != c.protocol)
+    return "protocol mismatch: this side is a '" + c.protocol + "', the peer a '" +
+           str_field(h, "protocol") + "'";
+  if (str_field(h, "mode") != c.mode)
+    return "mode mismatch: this side uses consolidated=" +
+           std::string(c.mode == "consolidated" ? "True" : "False") + ", the peer consolidated=" +
+           std::string(str_field(h, "mode") == "consolidated" ? "True" : "False");
+  return "";
+}
+
+}  // namespace
+
+bool PeerIdentity::same_host() const { return !boot_id.empty() && boot_id == wire::boot_id(); }
+
+std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len))
+    throw Error("HMAC-SHA256 failed");
+  return hex(out, len);
+}
+
+PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& send, const RecvControl& recv) {
+  const std::string my_nonce = nonce();
+  send(hello(c, "server", my_nonce));
+  Json h = recv();
+  std::string problem = check_hello(c, h, "client");
+  const bool peer_auth = h.is_object() && h.value("auth", false);
+  if (problem.empty() && !c.auth_key.empty() && !peer_auth)
+    problem = "authentication required: the server has an auth_key and the client gave none";
+  if (problem.empty() && c.auth_key.empty() && peer_auth)
+    problem = "the client gave an auth_key but the server has none (both sides must use the same key)";
+  if (problem.empty() && !c.auth_key.empty() &&
+      !same_secret(str_field(h, "mac"), hmac_sha256_hex(c.auth_key, "client:" + my_nonce)))
+    problem = "authentication failed: the client's auth_key does not match the server's";
+  if (!problem.empty()) {
+    send({{"ok", false}, {"error", problem}});
+    throw HandshakeError("connection refused: " + problem);
+  }
+  Json verdict = {{"ok", true}, {"mac", nullptr}};
+  if (!c.auth_key.empty()) verdict["mac"] = hmac_sha256_hex(c.auth_key, "server:" + str_field(h, "nonce"));
+  send(verdict);
+  return identity_of(h);
+}
+
+PeerIdentity handshake_as_client(const HandshakeConfig& c, const SendControl& send, const RecvControl& recv) {
+  Json server = recv();
+  const std::string my_nonce = nonce();
+  Json mine = hello(c, "client", my_nonce);
+  mine["mac"] = c.auth_key.empty() ? Json(nullptr)
+                                   : Json(hmac_sha256_hex(c.auth_key, "client:" + str_field(server, "nonce")));
+  send(mine);
+  Json verdict = recv();
+  if (!verdict.is_object() || !verdict.value("ok", false)) {
+    std::string why = verdict.is_object() ? str_field(verdict, "error") : "";
+    throw HandshakeError("connection refused by the server: " + (why.empty() ? check_hello(c, server, "server") : why));
+  }
+  if (!c.auth_key.empty() &&
+      !same_secret(str_field(verdict, "mac"), hmac_sha256_hex(c.auth_key, "server:" + my_nonce)))
+    throw HandshakeError("authentication failed: the server does not know the auth_key");
+  return identity_of(server);
+}
+
+}  // namespace tensorwire::wire
