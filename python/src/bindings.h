@@ -5,4 +5,5 @@
 
 namespace tensorwire::py {
 void bind_tensordict(nanobind::module_& m);
+void bind_pipe(nanobind::module_& m);
 }  // namespace tensorwire::py

@@ -29,4 +29,5 @@ NB_MODULE(_C, m) {
     }
   });
   tensorwire::py::bind_tensordict(m);
+  tensorwire::py::bind_pipe(m);
 }

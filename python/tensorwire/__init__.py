@@ -5,6 +5,7 @@ tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
 from ._C import NonTensorStack, ProtocolError, TensorDict, load, stack
 from ._interop import from_tensordict, to_tensordict
+from .pipe import PipeListener, TensorDictPipe, TensorDictServer
 
 TensorDict.from_tensordict = staticmethod(from_tensordict)
 TensorDict.to_tensordict = to_tensordict
@@ -17,5 +18,8 @@ __all__ = [
     "stack",
     "from_tensordict",
     "to_tensordict",
+    "TensorDictPipe",
+    "TensorDictServer",
+    "PipeListener",
 ]
 __version__ = "0.1.0"

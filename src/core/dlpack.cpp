@@ -42,22 +42,31 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
   auto release = [managed] {
     if (managed->deleter) managed->deleter(managed);
   };
+  // Error messages are built before release(): the deleter frees `t`.
   if (t.device.device_type != kDLCPU) {
-    release();
-    throw ValueError("from_dlpack: only CPU tensors are supported (device type " +
+    ValueError error("from_dlpack: only CPU tensors are supported (device type " +
                      std::to_string(t.device.device_type) + ")");
+    release();
+    throw error;
   }
   std::optional<DType> dtype;
   for (const auto& c : kCodes)
     if (c.code == t.dtype.code && c.bits == t.dtype.bits && t.dtype.lanes == 1) dtype = c.dtype;
   if (!dtype) {
-    release();
-    throw TypeError("from_dlpack: unsupported dtype (code " + std::to_string(t.dtype.code) +
+    TypeError error("from_dlpack: unsupported dtype (code " + std::to_string(t.dtype.code) +
                     ", bits " + std::to_string(t.dtype.bits) + ")");
+    release();
+    throw error;
   }
   Shape shape(t.shape, t.shape + t.ndim);
   Shape strides = t.strides ? Shape(t.strides, t.strides + t.ndim) : Shape{};
-  int64_t numel = checked_numel(shape);
+  int64_t numel;
+  try {
+    numel = checked_numel(shape);
+  } catch (...) {
+    release();  // ownership was taken: a rejected tensor is released too
+    throw;
+  }
   // The storage covers exactly the bytes the view can reach.
   int64_t lo = 0, hi = 0;
   if (numel > 0) {

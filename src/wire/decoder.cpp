@@ -74,11 +74,16 @@ void Decoder::prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& 
   if (h.schema_id != schema_id_)
     throw ProtocolError("storage message for schema id " + std::to_string(h.schema_id) +
                         ", but the last schema received has id " + std::to_string(schema_id_));
-  const Storage& cur = current_.consolidated()->storage;
-  if (h.payload_bytes != cur.nbytes())
+  if (h.payload_bytes != current_storage_.nbytes())
     throw ProtocolError("storage message of " + std::to_string(h.payload_bytes) +
                         " bytes for schema " + std::to_string(schema_id_) + " whose storage is " +
-                        std::to_string(cur.nbytes()) + " bytes");
+                        std::to_string(current_storage_.nbytes()) + " bytes");
+  // The caller may have unlocked and rearranged the dict we returned: its views no longer
+  // describe the storage, so give it fresh ones (the storage itself is still ours).
+  if (!is_consolidated_root(current_) || !current_.consolidated()->storage.same(current_storage_)) {
+    current_ = layout_->instantiate(current_storage_);
+    current_.lock_();
+  }
   in.target = &current_;
   // A caller's TensorDict is used when it has exactly this layout (same metadata object,
   // or equal metadata) and a storage of the right size.
@@ -218,6 +223,7 @@ TensorDict& Decoder::finish(Incoming& in) {
       layout_ = std::move(in.new_layout);
       schema_id_ = in.header.schema_id;
       current_ = std::move(*in.result);
+      current_storage_ = current_.consolidated()->storage;
       return current_;
     case MessageKind::Storage:
       return *in.target;

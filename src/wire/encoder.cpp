@@ -94,12 +94,12 @@ void Encoder::encode_consolidated(const TensorDict& td) {
     const Consolidated& c = *td.consolidated();
     data = c.storage.data();
     total = c.storage.nbytes();
-    same = schema_id_ != 0 && c.metadata.get() == last_source_;
+    same = schema_id_ != 0 && c.metadata == last_source_;
     if (!same) {
       metadata = c.metadata->dump();
       same = schema_id_ != 0 && metadata == last_metadata_;
     }
-    last_source_ = c.metadata.get();
+    last_source_ = c.metadata;
   } else {
     ConsolidatedPlan plan = plan_consolidation(td, options_);
     metadata = plan.metadata.dump();

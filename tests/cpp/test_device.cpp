@@ -27,7 +27,8 @@ TEST(Device, ParseDeviceAcceptsCpuAndCudaSpellings) {
 }
 
 TEST(Device, ParseDeviceRoundTripsStr) {
-  for (Device d : {Device::cpu(), Device::cuda(0), Device::cuda(12)}) EXPECT_EQ(parse_device(d.str()), d);
+  for (Device d : {Device::cpu(), Device::cuda(0), Device::cuda(12)})
+    EXPECT_EQ(parse_device(d.str()), d);
 }
 
 TEST(Device, ParseDeviceReturnsNulloptForAnythingElse) {

@@ -74,6 +74,7 @@ class Decoder {
   uint64_t schema_id_ = 0;
   std::optional<ConsolidatedLayout> layout_;
   TensorDict current_;     // the last consolidated receive (target of Storage messages)
+  Storage current_storage_;  // its storage, kept even if the caller unlocks current_
   TensorDict nc_current_;  // the last non-consolidated receive
 };
 

@@ -8,6 +8,7 @@
 // Not thread-safe: one encoder per sending stream.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,7 +55,9 @@ class Encoder {
   uint64_t schema_id_ = 0;
   uint64_t next_schema_id_ = 1;
   std::string last_metadata_;                 // metadata of schema_id_
-  const Json* last_source_ = nullptr;  // metadata of the consolidated TD last sent as-is
+  // Metadata of the consolidated TD last sent as-is. Held (not a raw pointer) so that its
+  // address cannot be reused by another TD's metadata while it identifies schema_id_.
+  std::shared_ptr<const Json> last_source_;
   ConsolidatedPlan plan_;                      // for staging
   Storage staging_;
 };

@@ -1,0 +1,330 @@
+"""TensorDictPipe and TensorDictServer: stream TensorDicts between processes over UCX.
+
+Blocking calls (``send``/``recv``) run in C++ with the GIL released. The ``a``-prefixed
+coroutines are driven by UCX's wake-up file descriptor, registered with the running
+asyncio loop (no polling thread, no busy loop); a peer on the same host is also watched
+through a pidfd registered the same way, so its death ends a wait at once.
+
+Without ``auth_key`` a pipe authenticates nothing: use it on trusted networks only.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Awaitable, Callable, Optional
+
+from . import _C
+from ._C import TensorDict
+
+__all__ = ["TensorDictPipe", "TensorDictServer", "PipeListener"]
+
+_log = logging.getLogger("tensorwire")
+_DEFAULT_MAX_MESSAGE = 16 << 30
+
+
+def _check_sync(op: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"{op}() called from a thread whose asyncio event loop is running; it would block the "
+        f"loop (and deadlock if the peer is served by it): use `await pipe.a{op}()`")
+
+
+class _FdWaiter:
+    """Wakes every coroutine waiting on a set of fds; one reader per fd, however many waiters."""
+
+    def __init__(self, fds):
+        self._fds = [fd for fd in fds if fd >= 0]
+        self._waiters: set = set()
+        self._loop = None
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if not self._waiters:
+            self._loop = loop
+            for fd in self._fds:
+                loop.add_reader(fd, self._wake)
+        self._waiters.add(fut)
+        try:
+            await fut
+        finally:
+            self._waiters.discard(fut)
+            if not self._waiters and self._loop is not None:
+                for fd in self._fds:
+                    self._loop.remove_reader(fd)
+                self._loop = None
+
+    def _wake(self) -> None:
+        for fut in list(self._waiters):
+            if not fut.done():
+                fut.set_result(None)
+
+
+class TensorDictPipe:
+    """A connected, point-to-point stream of TensorDicts.
+
+    ``consolidated=True`` sends a structure once, then raw storage only: a receive with an
+    unchanged structure writes into the previous receive's storage and returns the same
+    TensorDict object with the new values (copy what you want to keep). ``False`` sends a
+    JSON header and each leaf, and every receive builds a new TensorDict.
+    """
+
+    def __init__(self, impl: "_C._Pipe"):
+        self._impl = impl
+        self._waiter = _FdWaiter([impl.fd, impl.peer_fd])
+
+    # -- connecting ---------------------------------------------------------------
+    @classmethod
+    def connect(cls, host: str, port: int, *, consolidated: bool = True, auth_key: Optional[str] = None,
+                timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+        return cls(_C._connect(host, port, consolidated, auth_key, timeout, max_message_bytes))
+
+    @classmethod
+    async def aconnect(cls, host: str, port: int, **kwargs) -> "TensorDictPipe":
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: cls.connect(host, port, **kwargs))
+
+    @classmethod
+    def listen(cls, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
+               on_listening: Optional[Callable[[int], None]] = None, timeout: Optional[float] = None,
+               max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+        """Waits for the first client on ``port`` (0: a free port, passed to ``on_listening``)."""
+        with PipeListener(port, consolidated=consolidated, auth_key=auth_key,
+                          max_message_bytes=max_message_bytes) as listener:
+            if on_listening is not None:
+                on_listening(listener.port)
+            return listener.accept(timeout=timeout, _single=True)
+
+    @classmethod
+    async def alisten(cls, port: int = 0, **kwargs) -> "TensorDictPipe":
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: cls.listen(port, **kwargs))
+
+    # -- data ---------------------------------------------------------------------
+    def send(self, td: TensorDict, *, timeout: Optional[float] = None) -> None:
+        _check_sync("send")
+        self._check_open("send")
+        self._impl.send(_as_tensorwire(td), timeout)
+
+    def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
+        _check_sync("recv")
+        self._check_open("recv")
+        _check_device(device)
+        return self._impl.recv(td, timeout)
+
+    async def asend(self, td: TensorDict) -> None:
+        self._check_open("send")
+        td = _as_tensorwire(td)
+        self._impl.start_send(td)
+        while not self._impl.poll_send():
+            if self._impl.arm():
+                await self._waiter.wait()
+
+    async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:
+        self._check_open("recv")
+        _check_device(device)
+        while True:
+            got = self._impl.poll_recv(td)
+            if got is not None:
+                return got
+            if self._impl.arm():
+                await self._waiter.wait()
+
+    # -- lifetime -----------------------------------------------------------------
+    def _check_open(self, op: str) -> None:
+        if self._impl.closed:
+            raise RuntimeError(f"Cannot {op} on a closed pipe.")
+
+    def close(self) -> None:
+        self._impl.close()
+
+    async def aclose(self) -> None:
+        self._impl.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    @property
+    def consolidated(self) -> bool:
+        return self._impl.consolidated
+
+    @property
+    def peer(self) -> str:
+        return self._impl.peer
+
+    def __enter__(self) -> "TensorDictPipe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "TensorDictPipe":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> "TensorDictPipe":
+        return self
+
+    async def __anext__(self) -> TensorDict:
+        if self.closed:
+            raise StopAsyncIteration
+        try:
+            return await self.arecv()
+        except RuntimeError as e:
+            # The peer closing ends the iteration; anything else is an error to report.
+            if "peer closed the pipe" in str(e) and "after an error" not in str(e):
+                raise StopAsyncIteration from None
+            raise
+
+    def __del__(self) -> None:
+        impl = getattr(self, "_impl", None)
+        if impl is not None and not impl.closed:
+            impl.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"connected to {self.peer}"
+        return f"TensorDictPipe({state}, consolidated={self.consolidated})"
+
+
+class PipeListener:
+    """Listens on a port (0: a free one, see ``.port``); each accepted client is a pipe."""
+
+    def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
+                 timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
+        self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes)
+
+    @property
+    def port(self) -> int:
+        return self._impl.port
+
+    def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
+        return TensorDictPipe(self._impl.accept(timeout, _single))
+
+    def close(self) -> None:
+        self._impl.close()
+
+    def __enter__(self) -> "PipeListener":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TensorDictServer:
+    """Accepts many clients, each as its own TensorDictPipe.
+
+    ``await server.serve(handler)`` runs ``handler(pipe)`` as a task per client and logs
+    (and keeps, in ``handler_errors``) any exception a handler raises; ``async for pipe in
+    server`` yields the pipes instead. ``close()`` stops accepting and closes every pipe
+    the server handed out.
+    """
+
+    def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
+                 timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
+        self._impl = _C._Server(port, consolidated, auth_key, timeout, max_message_bytes)
+        self._tasks: set = set()
+        self.handler_errors: list = []
+
+    @property
+    def port(self) -> int:
+        return self._impl.port
+
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    @property
+    def refused(self) -> int:
+        """Clients refused at the handshake (wrong key, mode mismatch)."""
+        return self._impl.refused
+
+    def accept(self, timeout: Optional[float] = None) -> Optional[TensorDictPipe]:
+        _check_sync("accept")
+        impl = self._impl.accept(-1.0 if timeout is None else timeout)
+        return TensorDictPipe(impl) if impl is not None else None
+
+    async def aaccept(self) -> TensorDictPipe:
+        """The next client; RuntimeError once the server is closed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            # accept() includes the handshake round trips: run it off the loop, in slices so
+            # close() is noticed.
+            impl = await loop.run_in_executor(None, self._impl.accept, 0.2)
+            if impl is not None:
+                return TensorDictPipe(impl)
+
+    async def serve(self, handler: Callable[[TensorDictPipe], Awaitable[None]]) -> None:
+        try:
+            while not self.closed:
+                try:
+                    pipe = await self.aaccept()
+                except RuntimeError:
+                    if self.closed:
+                        return
+                    raise
+                task = asyncio.ensure_future(handler(pipe))
+                self._tasks.add(task)
+                task.add_done_callback(self._handler_done)
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+
+    def _handler_done(self, task: "asyncio.Task") -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.handler_errors.append(exc)
+            _log.error("TensorDictServer handler failed", exc_info=exc)
+
+    async def __aiter__(self) -> AsyncIterator[TensorDictPipe]:
+        while not self.closed:
+            try:
+                yield await self.aaccept()
+            except RuntimeError:
+                if self.closed:
+                    return
+                raise
+
+    def close(self) -> None:
+        self._impl.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> "TensorDictServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "TensorDictServer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
+def _as_tensorwire(td) -> TensorDict:
+    if isinstance(td, TensorDict):
+        return td
+    if isinstance(td, dict):
+        raise TypeError("send() takes a TensorDict; wrap a dict with tensorwire.TensorDict(d, batch_size=...)")
+    try:
+        from ._interop import from_tensordict
+        return from_tensordict(td)
+    except ImportError:
+        pass
+    raise TypeError(f"send() takes a TensorDict, got {type(td).__name__}")
+
+
+def _check_device(device) -> None:
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"device={device!r}: tensorwire receives into CPU memory only")

@@ -1,0 +1,101 @@
+// evil_peer: connects to a TensorDictPipe listener, passes the handshake honestly, then
+// sends a malformed message, so the tests can check what the receiver does with it.
+//   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
+//                                     short-payload | wrong-schema-id)
+// Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "pipe/pipe_impl.h"
+#include "tensorwire/wire/encoder.h"
+#include "ucx/ucx.h"
+
+using namespace tensorwire;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Raw {
+  ucx::Worker worker;
+  std::unique_ptr<ucx::Endpoint> ep;
+  std::vector<ucp_dt_iov_t> iov;
+
+  void send(uint64_t tag, std::vector<std::span<const std::byte>> pieces) {
+    ucx::Request r = ep->send(tag, pieces, iov);
+    auto until = Clock::now() + std::chrono::seconds(5);
+    while (!r.done() && Clock::now() < until) worker.progress();
+  }
+  void send_control(const Json& j) {
+    auto m = wire::Encoder::control(j);
+    send(detail::kControlTag, {{m.header_bytes.data(), m.header_bytes.size()},
+                               {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}});
+  }
+  std::optional<Json> recv_control(std::chrono::milliseconds timeout) {
+    auto until = Clock::now() + timeout;
+    while (Clock::now() < until) {
+      worker.progress();
+      if (auto m = ep->probe(detail::kControlTag)) {
+        std::vector<std::byte> buf(m->first);
+        size_t got = 0;
+        ucx::Request r = ep->recv(m->second, buf, &got);
+        while (!r.done()) worker.progress();
+        std::string js(reinterpret_cast<const char*>(buf.data()) + wire::kHeaderBytes, buf.size() - wire::kHeaderBytes);
+        return Json::parse(js);
+      }
+      if (ep->error() != UCS_OK) return std::nullopt;
+    }
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  Raw raw;
+  raw.ep = std::make_unique<ucx::Endpoint>(raw.worker, argv[1], static_cast<uint16_t>(std::atoi(argv[2])));
+  std::string kind = argv[3];
+  wire::handshake_as_client(
+      {"pipe", "consolidated", ""}, [&](const Json& j) { raw.send_control(j); },
+      [&]() {
+        auto j = raw.recv_control(std::chrono::seconds(10));
+        if (!j) throw ClosedError("no handshake reply");
+        return *j;
+      });
+
+  // A valid message to start from: schema + storage of {"x": float32[4]}.
+  TensorDict td;
+  td.set("x", Tensor::zeros({4}, DType::Float32));
+  wire::Encoder enc(wire::Mode::Consolidated);
+  wire::OutMessage m = enc.encode(td);
+  std::string meta = m.metadata;
+  wire::FrameHeader h = m.header;
+  std::vector<std::byte> payload(16);
+  if (kind == "storage-without-schema") {
+    h.kind = wire::MessageKind::Storage;
+    meta.clear();
+  } else if (kind == "wrong-schema-id") {
+    // A valid first message, then storage for a schema id that was never sent.
+    auto b = h.encode();
+    raw.send(detail::kFrameTag, {{b.data(), b.size()}, {reinterpret_cast<const std::byte*>(meta.data()), meta.size()}, {payload.data(), payload.size()}});
+    h.kind = wire::MessageKind::Storage;
+    h.schema_id = 77;
+    meta.clear();
+  } else if (kind == "oversize") {
+    h.payload_bytes = 1ull << 40;
+  } else if (kind == "short-payload") {
+    payload.resize(8);  // the header says 16
+  }
+  h.metadata_bytes = meta.size();
+  auto b = h.encode();
+  if (kind == "bad-magic") b[0] = std::byte{'X'};
+  raw.send(detail::kFrameTag, {{b.data(), b.size()}, {reinterpret_cast<const std::byte*>(meta.data()), meta.size()}, {payload.data(), payload.size()}});
+  auto reply = raw.recv_control(std::chrono::seconds(10));
+  if (reply && reply->contains("error")) {
+    std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
+    return 0;
+  }
+  std::printf("NO-REPLY\n");
+  return 1;
+}

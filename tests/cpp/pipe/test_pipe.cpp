@@ -1,0 +1,254 @@
+// TensorDictPipe between two real processes over loopback, once with UCX_TLS forcing
+// shared memory (sm,tcp: tcp is needed only for the connection manager) and once TCP.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "peer_process.h"
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/pipe/server.h"
+#include "tensorwire/tensorwire.h"
+#include "tensorwire/wire/handshake.h"
+
+using namespace tensorwire;
+using test_support::PeerProcess;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Transport {
+  const char* name;
+  const char* tls;
+};
+
+class PipeTest : public ::testing::TestWithParam<Transport> {
+ protected:
+  void SetUp() override { ::setenv("UCX_TLS", GetParam().tls, 1); }
+  std::vector<std::string> env() const { return {std::string("UCX_TLS=") + GetParam().tls}; }
+  static std::string peer() { return PIPE_PEER; }
+  static std::string evil() { return EVIL_PEER; }
+};
+
+TensorDict sample(int i) {
+  TensorDict td({4});
+  td.set("x", Tensor::from_vector<float>({1.f * i, 1.f * i, 1.f * i, 1.f * i}, {4}));
+  td.set({"nested", "y"}, Tensor::from_vector<int64_t>({i, i + 1, i + 2, i + 3}, {4}));
+  td.set("label", NonTensor{"step"});
+  return td;
+}
+
+}  // namespace
+
+TEST_P(PipeTest, ConsolidatedStreamReturnsSameObjectWithNewValuesUntilSchemaChanges) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "6", "--change-at", "4"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  TensorDict* first = nullptr;
+  const Storage* storage = nullptr;
+  for (int i = 0; i < 6; ++i) {
+    TensorDict& td = pipe->recv(nullptr, 20s);
+    EXPECT_EQ(td.get("x").data<float>()[0], static_cast<float>(i));
+    EXPECT_EQ(td.get({"nested", "y"}).data<int64_t>()[3], i + 3);
+    EXPECT_EQ(td.get_non_tensor("label"), "step");
+    if (i == 0 || i == 4) {
+      EXPECT_TRUE(pipe->last_recv_was_new_schema()) << i;
+      first = &td;
+      storage = &td.consolidated()->storage;
+    } else {
+      EXPECT_FALSE(pipe->last_recv_was_new_schema()) << i;
+      EXPECT_EQ(&td, first);
+      EXPECT_EQ(td.consolidated()->storage.data(), storage->data());  // written in place
+    }
+    EXPECT_EQ(td.contains("extra"), i >= 4);
+  }
+  EXPECT_EQ(p.exit_code(), 0) << p.stderr_text();
+}
+
+TEST_P(PipeTest, NonConsolidatedStreamBuildsANewDictEachTime) {
+  PipeOptions opt;
+  opt.consolidated = false;
+  PipeListener listener(0, opt);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--nc", "--big", "200000"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  for (int i = 0; i < 3; ++i) {
+    TensorDict& td = pipe->recv(nullptr, 20s);
+    EXPECT_EQ(td.get("x").data<float>()[0], static_cast<float>(i));
+    EXPECT_EQ(td.get({"nested", "y"}).data<int64_t>()[0], i);
+    EXPECT_EQ(td.get("big").shape(), (Shape{4, 50000}));
+    EXPECT_EQ(td.get("big").data<uint8_t>()[4 * 50000 - 1], i);
+    EXPECT_EQ(td.get_tensordict("nested").batch_size(), (Shape{4}));
+    EXPECT_EQ(td.get_non_tensor("label"), "step");
+  }
+  EXPECT_EQ(p.exit_code(), 0) << p.stderr_text();
+}
+
+TEST_P(PipeTest, LargeStorageTravelsOutOfLineIntoTheReceiveBuffer) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--big", "4000000"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  for (int i = 0; i < 3; ++i) {
+    TensorDict& td = pipe->recv(nullptr, 20s);
+    const Tensor& b = td.get("big");
+    EXPECT_EQ(b.data<uint8_t>()[0], i);
+    EXPECT_EQ(b.data<uint8_t>()[b.numel() - 1], i);
+  }
+  EXPECT_EQ(p.exit_code(), 0) << p.stderr_text();
+}
+
+TEST_P(PipeTest, ReceivesIntoACallersTensorDictWithTheSameLayout) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  pipe->recv(nullptr, 20s);  // the schema
+  TensorDict mine = consolidate(sample(99));
+  mine.unlock_();
+  mine = consolidate(sample(99));
+  TensorDict& got = pipe->recv(&mine, 20s);
+  EXPECT_EQ(&got, &mine);
+  EXPECT_EQ(mine.get("x").data<float>()[0], 1.f);
+  EXPECT_EQ(p.exit_code(), 0) << p.stderr_text();
+}
+
+TEST_P(PipeTest, CppSenderAndCppReceiverInSeparateProcesses) {
+  PeerProcess r({peer(), "recv", "0", "4"}, env());
+  std::string line = r.read_line("PORT ");
+  ASSERT_FALSE(line.empty()) << r.stderr_text();
+  auto pipe = TensorDictPipe::connect("127.0.0.1", static_cast<uint16_t>(std::stoi(line.substr(5))));
+  for (int i = 0; i < 4; ++i) pipe.send(sample(i));
+  EXPECT_EQ(r.read_line("OK"), "OK 4");
+  EXPECT_EQ(r.exit_code(), 0) << r.stderr_text();
+}
+
+TEST_P(PipeTest, ModeMismatchIsAnErrorOnBothSides) {
+  PipeListener listener(0);  // consolidated
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1", "--nc"}, env());
+  try {
+    listener.accept(20s, /*throw_on_refusal=*/true);
+    FAIL() << "a consolidated listener accepted a non-consolidated client";
+  } catch (const wire::HandshakeError& e) {
+    EXPECT_NE(std::string(e.what()).find("mode mismatch"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(p.exit_code(), 3);
+  EXPECT_NE(p.stderr_text().find("mode mismatch"), std::string::npos);
+}
+
+TEST_P(PipeTest, WrongOrMissingAuthKeyIsRefusedOnBothSides) {
+  PipeOptions opt;
+  opt.auth_key = "secret";
+  for (std::vector<std::string> extra : {std::vector<std::string>{"--key", "wrong"}, std::vector<std::string>{}}) {
+    PipeListener listener(0, opt);
+    std::vector<std::string> args = {peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    PeerProcess p(args, env());
+    EXPECT_THROW(listener.accept(20s, true), wire::HandshakeError);
+    EXPECT_EQ(p.exit_code(), 3);
+    std::string err = p.stderr_text();
+    EXPECT_NE(err.find(extra.empty() ? "authentication required" : "authentication failed"), std::string::npos) << err;
+  }
+  // The right key connects.
+  PipeListener listener(0, opt);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1", "--key", "secret"}, env());
+  auto pipe = listener.accept(20s, true);
+  ASSERT_TRUE(pipe);
+  EXPECT_EQ(pipe->recv(nullptr, 20s).get("x").data<float>()[0], 0.f);
+  EXPECT_EQ(p.exit_code(), 0);
+}
+
+TEST_P(PipeTest, PeerKilledMidStreamMakesRecvFailWithinFiveSeconds) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "2", "--hang"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  pipe->recv(nullptr, 20s);
+  pipe->recv(nullptr, 20s);
+  p.kill(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(pipe->recv(nullptr, 30s), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // and a later send fails at once too
+  EXPECT_THROW(pipe->send(sample(0), 30s), ClosedError);
+}
+
+TEST_P(PipeTest, PeerClosingEndsRecvWithAClearError) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1"}, env());
+  auto pipe = listener.accept(20s);
+  pipe->recv(nullptr, 20s);
+  try {
+    pipe->recv(nullptr, 20s);
+    FAIL();
+  } catch (const ClosedError& e) {
+    EXPECT_NE(std::string(e.what()).find("peer closed the pipe"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(PipeTest, SendAndRecvOnAClosedPipeThrow) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1"}, env());
+  auto pipe = listener.accept(20s);
+  pipe->close();
+  pipe->close();  // idempotent
+  EXPECT_TRUE(pipe->closed());
+  EXPECT_THROW(pipe->send(sample(0)), ClosedError);
+  EXPECT_THROW(pipe->recv(), ClosedError);
+}
+
+TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
+  for (std::string kind : {"storage-without-schema", "bad-magic", "oversize", "short-payload", "wrong-schema-id"}) {
+    PipeOptions opt;
+    opt.limits.max_message_bytes = 1 << 20;
+    PipeListener listener(0, opt);
+    PeerProcess p({evil(), "127.0.0.1", std::to_string(listener.port()), kind}, env());
+    auto pipe = listener.accept(20s);
+    ASSERT_TRUE(pipe) << kind;
+    std::string what;
+    try {
+      if (kind == "wrong-schema-id") pipe->recv(nullptr, 20s);
+      pipe->recv(nullptr, 20s);
+    } catch (const ProtocolError& e) {
+      what = e.what();
+    }
+    EXPECT_FALSE(what.empty()) << kind << " was accepted";
+    std::string reply = p.read_line("REJECTED");
+    EXPECT_FALSE(reply.empty()) << kind << ": the peer was not told (" << p.stderr_text() << ")";
+    EXPECT_THROW(pipe->recv(nullptr, 1s), Error) << "the pipe stays closed after " << kind;
+  }
+}
+
+TEST_P(PipeTest, ServerServesThreeConcurrentClients) {
+  TensorDictServer server(0);
+  std::vector<std::unique_ptr<PeerProcess>> peers;
+  for (int c = 0; c < 3; ++c)
+    peers.push_back(std::make_unique<PeerProcess>(
+        std::vector<std::string>{peer(), "echo", "127.0.0.1", std::to_string(server.port()), "5"}, env()));
+  std::vector<TensorDictPipe> pipes;
+  for (int c = 0; c < 3; ++c) {
+    auto p = server.accept(20s);
+    ASSERT_TRUE(p);
+    pipes.push_back(std::move(*p));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (auto& pipe : pipes)
+    threads.emplace_back([&pipe, &ok] {
+      for (int i = 0; i < 5; ++i) {
+        pipe.send(sample(i), 20s);
+        if (pipe.recv(nullptr, 20s).get("x").data<float>()[0] == static_cast<float>(i)) ++ok;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, 15);
+  for (auto& p : peers) EXPECT_EQ(p->exit_code(), 0) << p->stderr_text();
+  server.close();
+  EXPECT_TRUE(pipes[0].closed());
+  EXPECT_THROW(server.accept(100ms), ClosedError);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PipeTest,
+                         ::testing::Values(Transport{"shm", "sm,tcp"}, Transport{"tcp", "tcp"}),
+                         [](const auto& p) { return std::string(p.param.name); });
