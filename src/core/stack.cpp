@@ -64,18 +64,18 @@ TensorDict TensorDict::stack(const std::vector<TensorDict>& tds) {
                            " in element 0");
         t.copy_to(dst + i * t0.nbytes());
       }
-      out.entries_.emplace_back(name, Entry(std::move(result)));
+      out.append_(name, Entry(std::move(result)));
     } else if (e0.is_tensordict()) {
       std::vector<TensorDict> sub;
       sub.reserve(column.size());
       for (const Entry* e : column) sub.push_back(e->tensordict());
-      out.entries_.emplace_back(name, Entry(stack(sub)));
+      out.append_(name, Entry(stack(sub)));
     } else {
       bool all_same = e0.is_non_tensor();
       for (const Entry* e : column)
         all_same = all_same && e->is_non_tensor() && e->non_tensor() == e0.non_tensor();
       if (all_same) {
-        out.entries_.emplace_back(name, e0);
+        out.append_(name, e0);
         continue;
       }
       NonTensorStack st;
@@ -91,7 +91,7 @@ TensorDict TensorDict::stack(const std::vector<TensorDict>& tds) {
         st.values.insert(st.values.end(), vals.begin(), vals.end());
       }
       st.validate();
-      out.entries_.emplace_back(name, Entry(std::move(st)));
+      out.append_(name, Entry(std::move(st)));
     }
   }
   return out;
@@ -108,11 +108,11 @@ TensorDict TensorDict::index(int64_t i) const {
   out.names_.assign(names_.begin() + 1, names_.end());
   for (const auto& [name, e] : entries_) {
     if (e.is_tensor()) {
-      out.entries_.emplace_back(name, Entry(e.tensor().select(i)));
+      out.append_(name, Entry(e.tensor().select(i)));
     } else if (e.is_tensordict()) {
-      out.entries_.emplace_back(name, Entry(e.tensordict().index(i)));
+      out.append_(name, Entry(e.tensordict().index(i)));
     } else if (e.is_non_tensor()) {
-      out.entries_.emplace_back(name, e);
+      out.append_(name, e);
     } else {
       const NonTensorStack& st = e.non_tensor_stack();
       Shape inner(st.batch_size.begin() + 1, st.batch_size.end());
@@ -123,11 +123,11 @@ TensorDict TensorDict::index(int64_t i) const {
       // One value for the whole remaining batch is a plain non-tensor value again (so
       // unbind(stack(tds)) gives back what was stacked).
       if (inner.empty() || (all_same && inner == out.batch_size_)) {
-        out.entries_.emplace_back(name, Entry(NonTensor{*begin}));
+        out.append_(name, Entry(NonTensor{*begin}));
       } else {
         NonTensorStack sub{inner, std::max<int64_t>(0, st.stack_dim - 1),
                            std::vector<Json>(begin, begin + static_cast<std::ptrdiff_t>(per))};
-        out.entries_.emplace_back(name, Entry(std::move(sub)));
+        out.append_(name, Entry(std::move(sub)));
       }
     }
   }

@@ -34,7 +34,10 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i] == 0 ? 1 : shape[i];
+    // Only an empty tensor (a 0 dim, counted as 1 here) can push the product past int64;
+    // its strides address no element, so saturating is harmless and avoids overflow.
+    if (__builtin_mul_overflow(s, shape[i] == 0 ? 1 : shape[i], &s))
+      s = std::numeric_limits<int64_t>::max();
   }
   return strides;
 }
@@ -91,6 +94,7 @@ Tensor Tensor::view(Storage storage, size_t offset, Shape shape, DType dtype, Sh
 }
 
 bool Tensor::is_contiguous() const noexcept {
+  if (numel_ == 0) return true;  // also keeps `expected` below from overflowing
   int64_t expected = 1;
   for (size_t i = shape_.size(); i-- > 0;) {
     if (shape_[i] != 1 && strides_[i] != expected) return numel_ == 0;

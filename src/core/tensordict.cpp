@@ -25,15 +25,41 @@ void TensorDict::set_names(std::vector<std::optional<std::string>> names) {
 }
 
 Entry* TensorDict::find(const std::string& name) {
-  for (auto& [k, e] : entries_)
+  return const_cast<Entry*>(static_cast<const TensorDict*>(this)->find(name));
+}
+
+// Small dicts search linearly (cheaper than hashing); large ones keep a hash index, so
+// building or decoding a dict of n keys is O(n), not O(n^2).
+const Entry* TensorDict::find(const std::string& name) const {
+  if (index_) {
+    auto it = index_->find(name);
+    return it == index_->end() ? nullptr : &entries_[it->second].second;
+  }
+  for (const auto& [k, e] : entries_)
     if (k == name) return &e;
   return nullptr;
 }
 
-const Entry* TensorDict::find(const std::string& name) const {
-  for (const auto& [k, e] : entries_)
-    if (k == name) return &e;
-  return nullptr;
+Entry& TensorDict::append_(std::string name, Entry value) {
+  entries_.emplace_back(std::move(name), std::move(value));
+  if (index_) {
+    // Copies share the index until one of them changes: copy on write.
+    if (index_.use_count() > 1) index_ = std::make_shared<std::unordered_map<std::string, size_t>>(*index_);
+    index_->emplace(entries_.back().first, entries_.size() - 1);
+  } else if (entries_.size() > kIndexThreshold) {
+    rebuild_index_();
+  }
+  return entries_.back().second;
+}
+
+void TensorDict::rebuild_index_() {
+  if (entries_.size() <= kIndexThreshold) {
+    index_.reset();
+    return;
+  }
+  index_ = std::make_shared<std::unordered_map<std::string, size_t>>();
+  index_->reserve(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) index_->emplace(entries_[i].first, i);
 }
 
 const TensorDict* TensorDict::parent_for(const Key& key) const {
@@ -55,7 +81,7 @@ TensorDict& TensorDict::parent_for(const Key& key, bool create) {
     if (!e) {
       if (!create) throw KeyError("key " + key.str() + " not found");
       td->check_mutable(key);
-      td->entries_.emplace_back(part, Entry(TensorDict(td->batch_size_, td->device_)));
+      td->append_(part, Entry(TensorDict(td->batch_size_, td->device_)));
       e = &td->entries_.back().second;
     } else if (!e->is_tensordict()) {
       throw TypeError("key " + key.str() + ": '" + part + "' is a " + e->kind_name() +
@@ -142,7 +168,7 @@ TensorDict& TensorDict::set(const Key& key, Entry value) {
   if (Entry* e = parent.find(key.back()))
     *e = std::move(value);
   else
-    parent.entries_.emplace_back(key.back(), std::move(value));
+    parent.append_(key.back(), std::move(value));
   return *this;
 }
 
@@ -160,6 +186,7 @@ void TensorDict::erase(const Key& key) {
                          [&](const auto& kv) { return kv.first == key.back(); });
   if (it == parent.entries_.end()) throw KeyError("key " + key.str() + " not found");
   parent.entries_.erase(it);
+  parent.rebuild_index_();
 }
 
 void TensorDict::check_update(const TensorDict& other, const Key& prefix) const {
@@ -238,11 +265,11 @@ TensorDict TensorDict::clone() const {
   out.names_ = names_;
   for (const auto& [name, e] : entries_) {
     if (e.is_tensor())
-      out.entries_.emplace_back(name, Entry(e.tensor().clone()));
+      out.append_(name, Entry(e.tensor().clone()));
     else if (e.is_tensordict())
-      out.entries_.emplace_back(name, Entry(e.tensordict().clone()));
+      out.append_(name, Entry(e.tensordict().clone()));
     else
-      out.entries_.emplace_back(name, e);
+      out.append_(name, e);
   }
   return out;
 }
@@ -265,7 +292,7 @@ TensorDict TensorDict::select(const std::vector<Key>& keys, bool strict) const {
       if (!e) {
         TensorDict child(src->batch_size_, src->device_);
         child.names_ = src->names_;
-        dst->entries_.emplace_back(part, Entry(std::move(child)));
+        dst->append_(part, Entry(std::move(child)));
         e = &dst->entries_.back().second;
       }
       dst = &e->tensordict();
@@ -274,7 +301,7 @@ TensorDict TensorDict::select(const std::vector<Key>& keys, bool strict) const {
     if (Entry* existing = dst->find(key.back()))
       *existing = *value;
     else
-      dst->entries_.emplace_back(key.back(), *value);
+      dst->append_(key.back(), *value);
   }
   return out;
 }

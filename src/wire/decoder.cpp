@@ -4,20 +4,53 @@
 
 namespace tensorwire::wire {
 
+namespace {
+
+// An ordered_json object looks keys up linearly, so parsing an object of n keys into it
+// costs O(n^2): a denial of service for untrusted input. Parse into the map-based json
+// (O(n log n)) and move the result into ordered form without any lookup. Object members
+// come out in key order, which the decoder never relies on.
+Json to_ordered(nlohmann::json&& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::object: {
+      Json out = Json::object();
+      auto& members = out.get_ref<Json::object_t&>();
+      members.reserve(j.size());
+      for (auto& [k, v] : j.get_ref<nlohmann::json::object_t&>()) members.emplace_back(k, to_ordered(std::move(v)));
+      return out;
+    }
+    case nlohmann::json::value_t::array: {
+      Json out = Json::array();
+      auto& items = out.get_ref<Json::array_t&>();
+      items.reserve(j.size());
+      for (auto& v : j.get_ref<nlohmann::json::array_t&>()) items.push_back(to_ordered(std::move(v)));
+      return out;
+    }
+    case nlohmann::json::value_t::string: return Json(std::move(j.get_ref<std::string&>()));
+    case nlohmann::json::value_t::boolean: return Json(j.get<bool>());
+    case nlohmann::json::value_t::number_integer: return Json(j.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: return Json(j.get<uint64_t>());
+    case nlohmann::json::value_t::number_float: return Json(j.get<double>());
+    default: return Json(nullptr);
+  }
+}
+
+}  // namespace
+
 Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits, const char* what) {
   const char* begin = reinterpret_cast<const char*>(bytes.data());
   // JSON nesting is bounded too: deeply nested input must not exhaust the stack of a
   // recursive consumer. Two JSON levels per TensorDict level, plus room for values.
   const int max_json_depth = static_cast<int>(limits.max_depth) * 2 + 16;
-  auto cb = [&](int depth, Json::parse_event_t, Json&) {
+  auto cb = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > max_json_depth)
       throw ProtocolError(std::string("invalid ") + what + ": JSON nested deeper than " +
                           std::to_string(max_json_depth));
     return true;
   };
   try {
-    return Json::parse(begin, begin + bytes.size(), cb);
-  } catch (const Json::exception& e) {
+    return to_ordered(nlohmann::json::parse(begin, begin + bytes.size(), cb));
+  } catch (const nlohmann::json::exception& e) {
     throw ProtocolError(std::string("invalid ") + what + ": malformed JSON (" + e.what() + ")");
   }
 }
@@ -67,6 +100,17 @@ void Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> me
   in.buffers.emplace_back(storage.data(), storage.nbytes());
 }
 
+// Whether `meta` describes the cached schema. Received metadata has its object members
+// in key order while a local consolidate() keeps insertion order, so equality is checked
+// order-insensitively, once per distinct metadata object (then remembered).
+bool Decoder::same_layout(const std::shared_ptr<const Json>& meta) {
+  if (meta == layout_->metadata_ptr() || meta == matched_into_meta_) return true;
+  auto canonical = [](const Json& j) { return nlohmann::json::parse(j.dump()); };
+  if (canonical(*meta) != canonical(layout_->metadata())) return false;
+  matched_into_meta_ = meta;
+  return true;
+}
+
 void Decoder::prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& in) {
   if (!layout_)
     throw ProtocolError("storage message (schema id " + std::to_string(h.schema_id) +
@@ -89,9 +133,7 @@ void Decoder::prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& 
   // or equal metadata) and a storage of the right size.
   if (into && into != &current_ && is_consolidated_root(*into)) {
     const Consolidated& c = *into->consolidated();
-    if (c.storage.nbytes() == h.payload_bytes &&
-        (c.metadata == layout_->metadata_ptr() || *c.metadata == layout_->metadata()))
-      in.target = into;
+    if (c.storage.nbytes() == h.payload_bytes && same_layout(c.metadata)) in.target = into;
   }
   const Storage& dst = in.target->consolidated()->storage;
   in.buffers.emplace_back(dst.data(), dst.nbytes());
@@ -224,6 +266,7 @@ TensorDict& Decoder::finish(Incoming& in) {
       schema_id_ = in.header.schema_id;
       current_ = std::move(*in.result);
       current_storage_ = current_.consolidated()->storage;
+      matched_into_meta_.reset();
       return current_;
     case MessageKind::Storage:
       return *in.target;

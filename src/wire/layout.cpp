@@ -4,6 +4,8 @@
 #include "tensorwire/wire/layout.h"
 
 #include <algorithm>
+#include <charconv>
+#include <unordered_set>
 #include <limits>
 
 namespace tensorwire::wire {
@@ -38,8 +40,12 @@ struct Parser {
   std::optional<uint64_t> storage_bytes;
   uint64_t total = 0;
   size_t entries = 0;
-  size_t leaves = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [start, stop) of every leaf
+  size_t num_leaves = 0;  // tensor leaves seen
+  struct Range {
+    uint64_t start, stop;  // [start, stop) of one leaf
+    std::string path;
+  };
+  std::vector<Range> ranges;
 
   [[noreturn]] void bad(const std::string& path, const std::string& rule) const {
     throw ProtocolError("invalid consolidated metadata at '" + (path.empty() ? "<root>" : path) +
@@ -185,11 +191,10 @@ struct Parser {
       }
       out->items.push_back(std::move(item));
     }
-    for (size_t i = 0; i < out->items.size(); ++i) {
-      const std::string& name = out->items[i].name;
-      if (name.empty()) bad(path, "empty key");
-      for (size_t j = 0; j < i; ++j)
-        if (out->items[j].name == name) bad(join(path, name), "key appears twice");
+    std::unordered_set<std::string_view> seen;  // O(n): a dict may hold many keys
+    for (const auto& item : out->items) {
+      if (item.name.empty()) bad(path, "empty key");
+      if (!seen.insert(item.name).second) bad(join(path, item.name), "key appears twice");
     }
     // Tensors and sub-dicts in storage order (= the sender's insertion order); entries
     // with no bytes keep their metadata order after them.
@@ -231,8 +236,8 @@ struct Parser {
       bad(p, "leaf ends at byte " + std::to_string(stop) + ", past the storage's " +
                  std::to_string(*storage_bytes) + " bytes");
     if (stop > total) total = stop;
-    ranges.emplace_back(start, stop);
-    ++leaves;
+    ranges.push_back({start, stop, p});
+    ++num_leaves;
     item.start = start;
     item.order = start;
     return item;
@@ -251,27 +256,46 @@ struct Parser {
     if (!leaves.is_object() || !leaves.empty()) bad(path, "a NonTensorStack cannot hold tensor leaves");
     const Json& nts = field(node, "non_tensors", path);
     check_object(nts, path + " non_tensors");
-    std::vector<std::pair<std::string, const Json*>> children;
+    // Elements are keyed "0".."n-1": each key is placed by its index in one pass (a lookup
+    // per index would be quadratic in the stack's length).
+    auto index_of = [&](const std::string& k) {
+      size_t i = 0;
+      auto [p, ec] = std::from_chars(k.data(), k.data() + k.size(), i);
+      if (ec != std::errc() || p != k.data() + k.size() || (k.size() > 1 && k[0] == '0'))
+        bad(join(path, k), "stack elements must be keyed by their index (0, 1, ...)");
+      return i;
+    };
+    std::vector<const Json*> children;
     for (auto it = node.begin(); it != node.end(); ++it) {
       const std::string& k = it.key();
       if (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size") continue;
-      children.emplace_back(k, &it.value());
+      children.push_back(&it.value());
     }
     if (!nts.empty() && !children.empty()) bad(path, "a NonTensorStack mixes values and sub-stacks");
     const size_t n = nts.empty() ? children.size() : nts.size();
-    auto element_key = [&](size_t i) { return std::to_string(i); };
+    std::vector<const Json*> elements(n, nullptr);
+    for (auto it = (nts.empty() ? node.begin() : nts.begin()); it != (nts.empty() ? node.end() : nts.end()); ++it) {
+      const std::string& k = it.key();
+      if (nts.empty() && (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size"))
+        continue;
+      size_t i = index_of(k);
+      if (i >= n) continue;  // then some index below n is missing: reported next
+      if (elements[i]) bad(join(path, k), "element appears twice");
+      elements[i] = &it.value();
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (!elements[i]) bad(path, "element " + std::to_string(i) + " missing");
     if (!children.empty()) {
       Shape inner;
       for (size_t i = 0; i < n; ++i) {
-        const Json* child = nullptr;
-        for (auto& [k, c] : children) if (k == element_key(i)) child = c;
-        if (!child) bad(path, "element " + element_key(i) + " missing");
-        count_entry(join(path, element_key(i)));
-        check_object(*child, join(path, element_key(i)));
-        const Json& ccls = field(*child, "cls", join(path, element_key(i)));
+        const std::string where = join(path, std::to_string(i));
+        count_entry(where);
+        const Json& child = *elements[i];
+        check_object(child, where);
+        const Json& ccls = field(child, "cls", where);
         if (!ccls.is_string() || ccls.get_ref<const std::string&>() != "NonTensorStack")
-          bad(join(path, element_key(i)), "elements of a stack must be NonTensorStack or values");
-        NonTensorStack sub = parse_stack(*child, join(path, element_key(i)), depth + 1);
+          bad(where, "elements of a stack must be NonTensorStack or values");
+        NonTensorStack sub = parse_stack(child, where, depth + 1);
         if (i == 0) inner = sub.batch_size;
         else if (sub.batch_size != inner) bad(path, "stack elements have different shapes");
         st.values.insert(st.values.end(), sub.values.begin(), sub.values.end());
@@ -280,16 +304,18 @@ struct Parser {
       st.batch_size.insert(st.batch_size.end(), inner.begin(), inner.end());
     } else {
       for (size_t i = 0; i < n; ++i) {
-        auto it = nts.find(element_key(i));
-        if (it == nts.end()) bad(path, "element " + element_key(i) + " missing");
-        count_entry(join(path, element_key(i)));
-        if (!it->is_array() || it->size() != 3) bad(join(path, element_key(i)), "a non-tensor entry must be [value, batch_size, device]");
-        st.values.push_back((*it)[0]);
+        const std::string where = join(path, std::to_string(i));
+        count_entry(where);
+        const Json& e = *elements[i];
+        if (!e.is_array() || e.size() != 3) bad(where, "a non-tensor entry must be [value, batch_size, device]");
+        st.values.push_back(e[0]);
       }
       st.batch_size = {static_cast<int64_t>(n)};
     }
     if (st.batch_size.size() > limits.max_dims) bad(path, "too many dims");
-    if (st.stack_dim >= static_cast<int64_t>(st.batch_size.size())) bad(path, "stack_dim out of range");
+    // stack_dim arrives as a u64: one past INT64_MAX reads as negative here.
+    if (st.stack_dim < 0 || st.stack_dim >= static_cast<int64_t>(st.batch_size.size()))
+      bad(path, "stack_dim out of range");
     return st;
   }
 };
@@ -327,15 +353,21 @@ ConsolidatedLayout ConsolidatedLayout::parse(Json metadata, const Limits& limits
   auto meta = std::make_shared<const Json>(std::move(metadata));
   Parser p{limits, storage_bytes};
   layout.root_ = p.parse_td(*meta, "", 0, nullptr);
-  std::sort(p.ranges.begin(), p.ranges.end());
-  for (size_t i = 1; i < p.ranges.size(); ++i)
-    if (p.ranges[i].first < p.ranges[i - 1].second && p.ranges[i].first != p.ranges[i].second &&
-        p.ranges[i - 1].first != p.ranges[i - 1].second)
-      throw ProtocolError("invalid consolidated metadata: leaves overlap (bytes " +
-                          std::to_string(p.ranges[i].first) + ".." +
-                          std::to_string(p.ranges[i - 1].second) + ")");
+  std::sort(p.ranges.begin(), p.ranges.end(), [](const Parser::Range& a, const Parser::Range& b) {
+    return a.start != b.start ? a.start < b.start : a.stop < b.stop;
+  });
+  // Compare each non-empty leaf with the furthest-reaching one before it: an empty leaf
+  // between two overlapping ones must not hide the overlap.
+  const Parser::Range* prev = nullptr;
+  for (const Parser::Range& r : p.ranges) {
+    if (r.start == r.stop) continue;
+    if (prev && r.start < prev->stop)
+      p.bad(r.path, "overlaps leaf '" + prev->path + "' (bytes " + std::to_string(r.start) +
+                        ".." + std::to_string(prev->stop) + ")");
+    if (!prev || r.stop > prev->stop) prev = &r;
+  }
   layout.total_bytes_ = p.total;
-  layout.num_leaves_ = p.leaves;
+  layout.num_leaves_ = p.num_leaves;
   layout.shared_ = std::make_shared<Consolidated>();
   layout.shared_->metadata = std::move(meta);
   return layout;

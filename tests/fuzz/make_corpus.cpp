@@ -1,1 +1,64 @@
-int main() {}
+// fuzz_make_corpus DIR: writes the fuzzer's seed corpus, one valid input per file:
+// messages of every kind (as one buffer each, header + metadata + payload), the
+// consolidated metadata alone (for the layout parser) and a saved-file image (for load).
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "sample.h"
+
+namespace tw = tensorwire;
+namespace wire = tensorwire::wire;
+
+namespace {
+
+void write(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  if (!f) throw tw::SystemError("cannot write '" + path + "'", errno);
+}
+
+void write(const std::string& path, const std::vector<std::byte>& bytes) {
+  write(path, bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  try {
+    // Consolidated: the first message carries the schema, the next (same structure) only
+    // the storage: schema id 1, the size the fuzzer's primed decoder expects.
+    wire::Encoder cons(wire::Mode::Consolidated);
+    write(dir + "/schema_and_storage.bin", tw::fuzz::flatten(cons.encode(tw::fuzz::sample(0))));
+    write(dir + "/storage.bin", tw::fuzz::flatten(cons.encode(tw::fuzz::sample(1))));
+    // A second schema on the same stream (id 2), from an already consolidated TensorDict.
+    write(dir + "/schema_2.bin",
+          tw::fuzz::flatten(cons.encode(tw::consolidate(tw::fuzz::strided_sample()))));
+
+    // Non-consolidated: nested dicts, non-tensor values, stacks, a strided leaf, empty.
+    wire::Encoder nc(wire::Mode::NonConsolidated);
+    write(dir + "/non_consolidated.bin", tw::fuzz::flatten(nc.encode(tw::fuzz::sample(0))));
+    write(dir + "/non_consolidated_strided.bin",
+          tw::fuzz::flatten(nc.encode(tw::fuzz::strided_sample())));
+    write(dir + "/non_consolidated_empty.bin", tw::fuzz::flatten(nc.encode(tw::TensorDict())));
+
+    write(dir + "/control.bin",
+          tw::fuzz::flatten(wire::Encoder::control({{"hello", "tensorwire"}, {"version", 1}})));
+
+    const std::string meta = tw::consolidate(tw::fuzz::sample(0)).consolidated()->metadata->dump();
+    write(dir + "/metadata.json", meta.data(), meta.size());
+
+    tw::save(tw::fuzz::sample(0), dir + "/saved_file.bin");
+  } catch (const tw::Error& e) {
+    std::fprintf(stderr, "fuzz_make_corpus: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <variant>
 #include <vector>
@@ -135,6 +136,9 @@ class TensorDict {
   using Items = std::vector<std::pair<std::string, Entry>>;
   Entry* find(const std::string& name);
   const Entry* find(const std::string& name) const;
+  Entry& append_(std::string name, Entry value);
+  void rebuild_index_();
+  static constexpr size_t kIndexThreshold = 16;
   TensorDict& parent_for(const Key& key, bool create);
   const TensorDict* parent_for(const Key& key) const;
   void check_batch(const Key& key, const Shape& shape, const char* what) const;
@@ -146,6 +150,9 @@ class TensorDict {
   std::optional<Device> device_;
   std::vector<std::optional<std::string>> names_;
   Items entries_;
+  // name -> position, only for dicts over kIndexThreshold keys. Copies share it (their
+  // positions are equal) and copy it on write.
+  std::shared_ptr<std::unordered_map<std::string, size_t>> index_;
   bool locked_ = false;
   std::shared_ptr<const Consolidated> consolidated_;
   const Json* consolidated_meta_ = nullptr;  // this (sub)dict's node inside consolidated_->metadata
