@@ -335,6 +335,21 @@ void bind_tensordict(nb::module_& m) {
     nb::gil_scoped_release nogil;
     return PyTensorDict(TensorDict::stack(v));
   }, nb::arg("tds"));
+  m.def("_from_consolidated",
+        [](nb::handle storage, nb::handle metadata) {
+          // A consolidated dict written by someone else (tensordict): its storage bytes and
+          // metadata, validated like any untrusted input, viewed without a copy.
+          auto t = to_tensor(storage);
+          if (!t || t->dtype() != DType::UInt8 || t->dim() != 1 || !t->is_contiguous())
+            throw TypeError("_from_consolidated: storage must be a contiguous 1-d uint8 array");
+          Json meta = to_json(metadata, "metadata");
+          Storage bytes = Storage::external(t->data(), t->nbytes(), [keep = *t] {}, Storage::Kind::External);
+          auto layout = wire::ConsolidatedLayout::parse(std::move(meta), wire::Limits{}, t->nbytes());
+          TensorDict td = layout.instantiate(bytes);
+          td.lock_();
+          return PyTensorDict(std::move(td));
+        },
+        nb::arg("storage"), nb::arg("metadata"));
   m.def("load", [](const std::string& path) {
     nb::gil_scoped_release nogil;
     return PyTensorDict(load(path));

@@ -1,0 +1,189 @@
+"""Drop-in replacement for tensordict's UCXX pipe: change the import, keep the code.
+
+    from tensordict._ucxx import TensorDictPipe, TensorDictServer      # before
+    from tensorwire.tensordict import TensorDictPipe, TensorDictServer  # after
+
+Same signatures and semantics (``await TensorDictPipe.connect(host, port)``, ``listen``,
+``send``/``recv``/``asend``/``arecv``, ``async for``, ``TensorDictServer(port).serve``),
+tensordict.TensorDict in and out. Received leaves are torch tensors viewing the received
+storage, and a steady-state consolidated receive returns the same object, as in
+tensordict. The classes subclass tensordict's, so ``td.send(pipe)`` / ``td.recv(pipe)``
+dispatch here. Differences, all on the safe side: headers are validated (a bad message
+raises instead of corrupting), a dead peer raises within seconds, sync calls made from a
+running event loop raise instead of deadlocking, and ``auth_key=`` is available.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import tensordict as _td
+from tensordict import TensorDictBase
+from tensordict._reductions import _rebuild_tensordict_files_consolidated
+from tensordict._ucxx import TensorDictPipe as _ReferencePipe
+from tensordict._ucxx import TensorDictServer as _ReferenceServer
+
+from . import _C
+from . import pipe as _pipe
+
+__all__ = ["TensorDictPipe", "TensorDictServer"]
+
+
+class TensorDictPipe(_ReferencePipe):
+    def __init__(self, impl: "_pipe.TensorDictPipe"):  # noqa: D401  (built by connect/listen)
+        # tensordict's __init__ expects a UCXX endpoint: not called on purpose.
+        self._tw = impl
+        self._consolidated = impl.consolidated
+        self._out_cache: tuple = (None, None, None)  # (tensordict storage, metadata, tensorwire td)
+        self._in_cache: tuple = (None, None)  # (tensorwire td received, tensordict td)
+
+    @classmethod
+    async def connect(cls, host: str, port: int, *, consolidated: bool = True,
+                      auth_key: Optional[str] = None) -> "TensorDictPipe":
+        return cls(await _pipe.TensorDictPipe.aconnect(host, port, consolidated=consolidated, auth_key=auth_key))
+
+    @classmethod
+    async def listen(cls, port: int, *, consolidated: bool = True, auth_key: Optional[str] = None,
+                     on_listening=None) -> "TensorDictPipe":
+        return cls(await _pipe.TensorDictPipe.alisten(port, consolidated=consolidated, auth_key=auth_key,
+                                                      on_listening=on_listening))
+
+    # -- conversions ------------------------------------------------------------
+    def _to_wire(self, td: TensorDictBase):
+        if not isinstance(td, TensorDictBase):
+            raise TypeError(f"expected a tensordict.TensorDict, got {type(td).__name__}")
+        if self._consolidated and td.is_consolidated():
+            storage = td._consolidated["storage"]
+            metadata = td._consolidated["metadata"]
+            cached_storage, cached_meta, cached = self._out_cache
+            if storage is cached_storage and metadata is cached_meta:
+                return cached  # the same consolidated dict again: no work at all
+            tw = _C._from_consolidated(storage, metadata)
+            self._out_cache = (storage, metadata, tw)
+            return tw
+        _check_non_tensors(td)
+        return _C.TensorDict.from_tensordict(td)
+
+    def _from_wire(self, tw) -> TensorDictBase:
+        received, converted = self._in_cache
+        if tw is received:
+            return converted  # steady state: same object, storage rewritten in place
+        if self._consolidated and tw.is_consolidated():
+            storage = _C_storage_as_torch(tw)
+            out = _rebuild_tensordict_files_consolidated(tw.metadata, storage)
+        else:
+            out = tw.to_tensordict()
+        self._in_cache = (tw, out) if self._consolidated else (None, None)
+        return out
+
+    # -- data -------------------------------------------------------------------
+    async def asend(self, td: TensorDictBase) -> None:
+        await self._tw.asend(self._to_wire(td))
+
+    def send(self, td: TensorDictBase) -> None:
+        self._tw.send(self._to_wire(td))
+
+    async def arecv(self, td: Optional[TensorDictBase] = None, *, device=None) -> TensorDictBase:
+        got = await self._tw.arecv(self._into(td), device=device)
+        return td if td is not None and self._received_into(td, got) else self._from_wire(got)
+
+    def recv(self, td: Optional[TensorDictBase] = None, *, device=None) -> TensorDictBase:
+        got = self._tw.recv(self._into(td), device=device)
+        return td if td is not None and self._received_into(td, got) else self._from_wire(got)
+
+    def _into(self, td):
+        """A caller's consolidated tensordict as a tensorwire view of the same storage."""
+        if td is None or not self._consolidated or not td.is_consolidated():
+            return None
+        self._into_pair = (td, _C._from_consolidated(td._consolidated["storage"], td._consolidated["metadata"]))
+        return self._into_pair[1]
+
+    def _received_into(self, td, got) -> bool:
+        pair = getattr(self, "_into_pair", None)
+        return pair is not None and pair[0] is td and pair[1] is got
+
+    # -- lifetime ---------------------------------------------------------------
+    async def aclose(self) -> None:
+        self._tw.close()
+
+    def close(self) -> None:
+        self._tw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._tw.closed
+
+    async def __anext__(self) -> TensorDictBase:
+        if self.closed:
+            raise StopAsyncIteration
+        try:
+            return await self.arecv()
+        except RuntimeError as e:
+            if "peer closed the pipe" in str(e) and "after an error" not in str(e):
+                raise StopAsyncIteration from None
+            raise
+
+    def __del__(self) -> None:
+        tw = getattr(self, "_tw", None)
+        if tw is not None and not tw.closed:
+            tw.close()
+
+
+class TensorDictServer(_ReferenceServer):
+    def __init__(self, port: int, *, consolidated: bool = True, auth_key: Optional[str] = None):
+        self._server = _pipe.TensorDictServer(port, consolidated=consolidated, auth_key=auth_key)
+        self._consolidated = consolidated
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def handler_errors(self) -> list:
+        return self._server.handler_errors
+
+    async def serve(self, on_connect) -> None:
+        async def handler(pipe):
+            await on_connect(TensorDictPipe(pipe))
+        await self._server.serve(handler)
+
+    async def __aiter__(self):
+        async for pipe in self._server:
+            yield TensorDictPipe(pipe)
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def _C_storage_as_torch(tw):
+    import torch
+
+    return torch.from_numpy(tw.storage)
+
+
+def _check_non_tensors(td: TensorDictBase, prefix: tuple = ()) -> None:
+    """JSON-representable non-tensors only, checked before a byte is sent."""
+    import json
+
+    for key in td.keys():
+        value = td._get_str(key, None)
+        if isinstance(value, _td.NonTensorStack):
+            data = value.tolist()
+        elif isinstance(value, _td.NonTensorData):
+            data = value.data
+        elif isinstance(value, TensorDictBase):
+            _check_non_tensors(value, prefix + (key,))
+            continue
+        else:
+            continue
+        try:
+            json.dumps(data)
+        except (TypeError, ValueError):
+            name = prefix + (key,) if prefix else key
+            raise ValueError(
+                f"non-tensor entry {name!r} holds a {type(data).__name__}, which is not "
+                "JSON-representable (str, int, float, bool, None, lists / dicts of them)") from None

@@ -1,0 +1,266 @@
+"""TensorDictPipe between real processes over loopback (shared memory and TCP)."""
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from conftest import ROOT
+
+PY_PEER = os.path.join(os.path.dirname(__file__), "peers", "py_pipe_peer.py")
+
+
+@pytest.fixture(params=["sm,tcp", "tcp"], ids=["shm", "tcp"])
+def tls(request, monkeypatch):
+    monkeypatch.setenv("UCX_TLS", request.param)
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def cpp_peer():
+    path = os.environ.get("PIPE_PEER") or os.path.join(ROOT, "build", "examples", "pipe_peer")
+    assert os.path.exists(path), "examples/pipe_peer is not built: run `make build`"
+    return path
+
+
+def spawn(args, **kw):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def py_peer(*args):
+    return spawn([sys.executable, PY_PEER, *map(str, args)])
+
+
+def finish(proc, timeout=30):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def test_consolidated_steady_state_returns_the_same_object_with_new_values(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 5)
+        pipe = listener.accept(timeout=30)
+        first = pipe.recv(timeout=30)
+        assert first["x"].tolist() == [0, 0, 0, 0]
+        x = first["x"]  # a zero-copy view: later receives write into it
+        for i in range(1, 5):
+            td = pipe.recv(timeout=30)
+            assert td is first
+            assert x[0] == i and td["nested", "y"].tolist() == [i, i + 1, i + 2, i + 3]
+            assert td["label"] == "step" and td["tags"].tolist() == ["a", "b", "c", "d"]
+        assert finish(peer)[0] == 0
+        pipe.close()
+
+
+def test_non_consolidated_builds_a_new_dict_with_batch_size_nested_and_non_tensors(tls):
+    with tw.PipeListener(0, consolidated=False) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 3, "--nc")
+        pipe = listener.accept(timeout=30)
+        seen = []
+        for i in range(3):
+            td = pipe.recv(timeout=30)
+            assert td.batch_size == (4,) and td["nested"].batch_size == (4,)
+            assert td["x"][0] == i and td["label"] == "step"
+            assert isinstance(td["tags"], tw.NonTensorStack)
+            assert td["tags"].batch_size == (4,) and td["tags"].stack_dim == 0
+            seen.append(td)
+        assert seen[0] is not seen[1] and seen[0]["x"][0] == 0  # independent dicts
+        assert finish(peer)[0] == 0
+
+
+def test_cpp_sender_to_python_receiver(tls, cpp_peer):
+    with tw.PipeListener(0) as listener:
+        peer = spawn([cpp_peer, "send", "127.0.0.1", str(listener.port), "4", "--change-at", "2"])
+        pipe = listener.accept(timeout=30)
+        for i in range(4):
+            td = pipe.recv(timeout=30)
+            assert td["x"][0] == i and td["nested", "y"][3] == i + 3 and td["label"] == "step"
+            assert ("extra" in td) == (i >= 2)
+        assert finish(peer)[0] == 0
+
+
+def test_python_sender_to_cpp_receiver(tls, cpp_peer):
+    peer = spawn([cpp_peer, "recv", "0", "4"])
+    port = int(peer.stdout.readline().split()[1])
+    pipe = tw.TensorDictPipe.connect("127.0.0.1", port)
+    for i in range(4):
+        pipe.send(tw.TensorDict({"x": np.full(4, i, np.float32), "nested": {"y": np.arange(i, i + 4)},
+                                 "label": "step"}, batch_size=[4]))
+    code, out, err = finish(peer)
+    assert code == 0 and "OK 4" in out, err
+
+
+def test_recv_into_a_callers_consolidated_dict(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 3)
+        pipe = listener.accept(timeout=30)
+        pipe.recv(timeout=30)
+        mine = tw.TensorDict({"x": np.zeros(4, np.float32), "nested": {"y": np.zeros(4, np.int64)},
+                              "label": "step", "tags": tw.NonTensorStack(["a", "b", "c", "d"])},
+                             batch_size=[4]).consolidate()
+        got = pipe.recv(mine, timeout=30)
+        assert got is mine and mine["x"][0] == 1
+        other = tw.TensorDict({"z": np.zeros(2)}, batch_size=[2]).consolidate()
+        got = pipe.recv(other, timeout=30)  # a different layout: a new dict comes back
+        assert got is not other and got["x"][0] == 2
+        assert finish(peer)[0] == 0
+
+
+def test_asyncio_send_and_receive_and_async_for_ends_when_the_peer_closes(tls):
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("echo", "127.0.0.1", listener.port, 3)
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        async with pipe:
+            for i in range(3):
+                await pipe.asend(tw.TensorDict({"v": np.full(2, i)}, batch_size=[2]))
+                back = await asyncio.wait_for(pipe.arecv(), 30)
+                assert back["v"].tolist() == [i, i]
+            received = [td async for td in pipe]  # the echo peer closes: iteration ends
+            assert received == []
+        assert pipe.closed
+        assert finish(peer)[0] == 0
+    asyncio.run(run())
+
+
+def test_sync_calls_inside_a_running_event_loop_raise_instead_of_deadlocking(tls):
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("send", "127.0.0.1", listener.port, 1)
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        with pytest.raises(RuntimeError, match="event loop"):
+            pipe.recv()
+        with pytest.raises(RuntimeError, match="event loop"):
+            pipe.send(tw.TensorDict({"a": np.zeros(1)}))
+        assert (await pipe.arecv())["x"][0] == 0
+        pipe.close()
+        finish(peer)
+    asyncio.run(run())
+
+
+def test_closed_pipe_raises_and_close_is_idempotent(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 1)
+        with listener.accept(timeout=30) as pipe:
+            pass
+        assert pipe.closed
+        pipe.close()
+        with pytest.raises(RuntimeError, match="closed pipe"):
+            pipe.recv()
+        with pytest.raises(RuntimeError, match="closed pipe"):
+            pipe.send(tw.TensorDict({"a": np.zeros(1)}))
+        finish(peer)
+
+
+def test_peer_killed_with_sigkill_makes_recv_raise_within_5s(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 1, "--hang")
+        pipe = listener.accept(timeout=30)
+        pipe.recv(timeout=30)
+        peer.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="exited|lost"):
+            pipe.recv(timeout=30)
+        assert time.monotonic() - t0 < 5
+        finish(peer)
+
+
+def test_peer_killed_ends_an_awaited_arecv_promptly(tls):
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("send", "127.0.0.1", listener.port, 1, "--hang")
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        await pipe.arecv()
+        peer.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(pipe.arecv(), 30)
+        assert time.monotonic() - t0 < 5
+        finish(peer)
+    asyncio.run(run())
+
+
+def test_mode_mismatch_is_refused_on_both_sides(tls):
+    listener = tw.PipeListener(0, consolidated=True)
+    peer = py_peer("send", "127.0.0.1", listener.port, 1, "--nc")
+    with pytest.raises(RuntimeError, match="mode mismatch"):
+        listener.accept(timeout=30, _single=True)
+    code, _, err = finish(peer)
+    assert code == 3 and "mode mismatch" in err
+
+
+@pytest.mark.parametrize("client_key, message", [("wrong", "authentication failed"),
+                                                 (None, "authentication required")])
+def test_wrong_or_missing_auth_key_is_refused_on_both_sides(tls, client_key, message):
+    listener = tw.PipeListener(0, auth_key="s3cret")
+    args = ["send", "127.0.0.1", listener.port, 1] + (["--key", client_key] if client_key else [])
+    peer = py_peer(*args)
+    with pytest.raises(RuntimeError, match=message):
+        listener.accept(timeout=30, _single=True)
+    code, _, err = finish(peer)
+    assert code == 3 and message in err
+
+
+def test_listen_on_port_zero_reports_the_port_and_connects(tls, cpp_peer):
+    ports = []
+    import threading
+
+    result = {}
+
+    def serve():
+        result["pipe"] = tw.TensorDictPipe.listen(0, on_listening=ports.append)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    while not ports:
+        time.sleep(0.01)
+    peer = spawn([cpp_peer, "send", "127.0.0.1", str(ports[0]), "1"])
+    t.join(30)
+    assert result["pipe"].recv(timeout=30)["x"][0] == 0
+    assert finish(peer)[0] == 0
+
+
+def test_garbage_collection_closes_an_open_pipe(tls, cpp_peer):
+    peer = spawn([cpp_peer, "recv", "0", "5"])
+    port = int(peer.stdout.readline().split()[1])
+    pipe = tw.TensorDictPipe.connect("127.0.0.1", port)
+    del pipe
+    gc.collect()
+    code, _, err = finish(peer)
+    assert code == 3 and "peer closed the pipe" in err
+
+
+def test_server_serves_three_concurrent_clients_and_reports_handler_errors(tls):
+    async def run():
+        server = tw.TensorDictServer(0)
+        served = []
+
+        async def handler(pipe):  # each client is an echo peer: send, then read it back
+            for i in range(3):
+                await pipe.asend(tw.TensorDict({"v": np.full(2, i)}, batch_size=[2]))
+                assert (await pipe.arecv())["v"].tolist() == [i, i]
+            served.append(pipe)
+            if len(served) == 3:
+                raise ValueError("handler failure is reported")
+
+        task = asyncio.ensure_future(server.serve(handler))
+        peers = [py_peer("echo", "127.0.0.1", server.port, 3) for _ in range(3)]
+        for _ in range(600):
+            if len(served) == 3 and server.handler_errors:
+                break
+            await asyncio.sleep(0.05)
+        assert len(served) == 3
+        assert isinstance(server.handler_errors[0], ValueError)
+        server.close()
+        await asyncio.wait_for(task, 10)
+        assert all(p.closed for p in served)
+        for p in peers:
+            finish(p)
+    asyncio.run(run())

@@ -1,0 +1,103 @@
+"""tensorwire.tensordict: tensordict's pipe API, unchanged code, tensorwire underneath."""
+import asyncio
+import os
+import sys
+
+import pytest
+import torch
+from tensordict import NonTensorData, TensorDict
+
+from test_pipe import finish, py_peer, tls  # noqa: F401  (fixture re-exported)
+from tensorwire.tensordict import TensorDictPipe, TensorDictServer
+
+
+def test_tensordict_code_runs_unchanged_with_td_send_and_steady_state_identity(tls):
+    async def run():
+        ports = []
+        listen = asyncio.ensure_future(TensorDictPipe.listen(0, on_listening=ports.append))
+        while not ports:
+            await asyncio.sleep(0.01)
+        peer = py_peer("send", "127.0.0.1", ports[0], 4, "--dropin")  # uses td.send(pipe)
+        pipe = await asyncio.wait_for(listen, 30)
+        first = await asyncio.wait_for(pipe.arecv(), 30)
+        assert isinstance(first, TensorDict) and first.batch_size == torch.Size([4])
+        assert first.is_consolidated()
+        x = first["x"]
+        for i in range(1, 4):
+            td = await asyncio.wait_for(pipe.arecv(), 30)
+            assert td is first  # the same object, as tensordict's own pipe does
+            assert x[0].item() == i  # torch views over the received storage
+            assert td["nested", "y"].tolist() == [i, i + 1, i + 2, i + 3]
+            assert td["label"] == "step"
+        await pipe.aclose()
+        assert finish(peer)[0] == 0
+    asyncio.run(run())
+
+
+def test_td_recv_dispatches_to_the_pipe(tls):
+    async def run():
+        ports = []
+        listen = asyncio.ensure_future(TensorDictPipe.listen(0, on_listening=ports.append))
+        while not ports:
+            await asyncio.sleep(0.01)
+        peer = py_peer("send", "127.0.0.1", ports[0], 2, "--dropin")
+        pipe = await asyncio.wait_for(listen, 30)
+        got = await asyncio.get_running_loop().run_in_executor(None, lambda: TensorDict().recv(pipe))
+        assert got["x"][0].item() == 0
+        await pipe.aclose()
+        finish(peer)
+    asyncio.run(run())
+
+
+def test_non_json_non_tensor_raises_valueerror_before_sending(tls):
+    async def run():
+        server = TensorDictServer(0, consolidated=False)
+        accepted = []
+
+        async def handler(pipe):
+            accepted.append(pipe)
+
+        task = asyncio.ensure_future(server.serve(handler))
+        client = await TensorDictPipe.connect("127.0.0.1", server.port, consolidated=False)
+        bad = TensorDict({"x": torch.zeros(2), "obj": NonTensorData(object())}, batch_size=[2])
+        with pytest.raises(ValueError, match="obj"):
+            await client.asend(bad)
+        ok = TensorDict({"x": torch.ones(2), "s": "fine"}, batch_size=[2])
+        await client.asend(ok)
+        for _ in range(200):
+            if accepted:
+                break
+            await asyncio.sleep(0.05)
+        got = await asyncio.wait_for(accepted[0].arecv(), 30)
+        assert got["x"].tolist() == [1.0, 1.0] and got["s"] == "fine"
+        await client.aclose()
+        server.close()
+        await asyncio.wait_for(task, 10)
+    asyncio.run(run())
+
+
+def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
+    async def run():
+        server = TensorDictServer(0)
+        pipes = []
+        task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
+        client = await TensorDictPipe.connect("127.0.0.1", server.port)
+        td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, batch_size=[2]).consolidate()
+        await client.asend(td)
+        wire_view = client._out_cache[2]
+        assert wire_view.storage.ctypes.data == td._consolidated["storage"].data_ptr()  # no copy
+        td["a"][0, 0] = 42  # steady state: same dict, new values
+        await client.asend(td)
+        while not pipes:
+            await asyncio.sleep(0.02)
+        r1 = await pipes[0].arecv()
+        r2 = await pipes[0].arecv()
+        assert r1 is r2 and r2["a"][0, 0].item() == 42
+        await client.aclose()
+        server.close()
+        await asyncio.wait_for(task, 10)
+    asyncio.run(run())
+
+
+async def _append(lst, p):
+    lst.append(p)
