@@ -1,0 +1,217 @@
+// `tensorwire bench pipe`: TensorDictPipe throughput and latency between two processes,
+// beside ucx_perftest (tag_bw / tag_lat) run in the same invocation on the same transport,
+// so every figure comes with its same-run ratio.
+//
+//   tensorwire bench pipe [--tls sm,tcp/tcp] [--sizes 1048576,67108864] [--iters N]
+//                         [--lat-iters N] [--modes consolidated,nc] [--json PATH]
+//                         [--no-reference]
+// The peer is this same program, re-executed as `tensorwire bench-pipe-peer ...`.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "child_process.h"
+#include "commands.h"
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/tensorwire.h"
+
+namespace tensorwire::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+TensorDict payload(size_t bytes) {
+  TensorDict td;
+  Tensor t = Tensor::empty({static_cast<int64_t>(bytes)}, DType::UInt8);
+  std::memset(t.data(), 7, bytes);
+  td.set("data", t);
+  return td;
+}
+
+// 4 leaves, 1 KiB in all: the latency case of the issue.
+TensorDict small() {
+  TensorDict td({4});
+  for (const char* k : {"obs", "action", "reward", "done"}) td.set(k, Tensor::zeros({4, 16}, DType::Float32));
+  return td;
+}
+
+// ucx_perftest's "Final:" line: iterations, p50 latency (us), avg latency, overall latency,
+// avg MB/s, overall MB/s, ...
+std::vector<double> perftest(const std::string& tls, const std::string& test, size_t size, int iters) {
+  static int port = 20000 + static_cast<int>(::getpid() % 20000);
+  ++port;
+  Child server({"ucx_perftest", "-p", std::to_string(port)}, tls, true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Child client({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s", std::to_string(size), "-n",
+                std::to_string(iters)},
+               tls, true);
+  std::string out = client.read_all();
+  client.wait();
+  server.wait();
+  auto pos = out.rfind("Final:");
+  if (pos == std::string::npos) return {};
+  std::vector<double> v;
+  std::stringstream ss(out.substr(pos + 6));
+  double x;
+  while (ss >> x) v.push_back(x);
+  return v;
+}
+
+struct Row {
+  std::string tls, what, mode;
+  size_t size;
+  double ours, reference;  // GB/s or us
+  const char* unit;
+};
+
+}  // namespace
+
+// The peer: `tensorwire bench-pipe-peer send HOST PORT SIZE COUNT MODE` sends COUNT
+// copies of one consolidated payload; `... echo HOST PORT COUNT MODE` echoes COUNT dicts.
+int bench_pipe_peer(int argc, char** argv) {
+  if (argc < 2) return 2;
+  std::string role = argv[1];
+  PipeOptions opt;
+  opt.consolidated = std::string(argv[argc - 1]) != "nc";
+  auto pipe = TensorDictPipe::connect(argv[2], static_cast<uint16_t>(std::atoi(argv[3])), opt);
+  if (role == "send") {
+    size_t size = std::strtoull(argv[4], nullptr, 10);
+    int count = std::atoi(argv[5]);
+    TensorDict td = payload(size);
+    if (opt.consolidated) td = consolidate(td);
+    for (int i = 0; i < count; ++i) pipe.send(td);
+  } else {
+    int count = std::atoi(argv[4]);
+    for (int i = 0; i < count; ++i) pipe.send(pipe.recv());
+  }
+  // Wait for the receiver to hang up, so the last messages are not cut short.
+  try {
+    pipe.recv(nullptr, std::chrono::seconds(30));
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+int bench_pipe(int argc, char** argv) {
+  std::vector<std::string> tls_list = {"sm,tcp", "tcp"};
+  std::vector<size_t> sizes = {1 << 20, 64 << 20};
+  std::vector<std::string> modes = {"consolidated", "nc"};
+  int iters = 30, lat_iters = 20000;
+  std::string json_path;
+  bool reference = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw ValueError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--tls") tls_list = split(next(), '/');
+    else if (a == "--sizes") {
+      sizes.clear();
+      for (auto& s : split(next(), ',')) sizes.push_back(std::stoull(s));
+    } else if (a == "--modes") modes = split(next(), ',');
+    else if (a == "--iters") iters = std::stoi(next());
+    else if (a == "--lat-iters") lat_iters = std::stoi(next());
+    else if (a == "--json") json_path = next();
+    else if (a == "--no-reference") reference = false;
+    else throw ValueError("bench pipe: unknown option " + a);
+  }
+  const std::string self = "/proc/self/exe";
+  std::vector<Row> rows;
+  for (const auto& tls : tls_list) {
+    ::setenv("UCX_TLS", tls.c_str(), 1);
+    for (const auto& mode : modes) {
+      PipeOptions opt;
+      opt.consolidated = mode != "nc";
+      for (size_t size : sizes) {
+        const int warm = 3;
+        PipeListener listener(0, opt);
+        Child peer({self, "bench-pipe-peer", "send", "127.0.0.1", std::to_string(listener.port()), std::to_string(size),
+                    std::to_string(iters + warm), mode},
+                   tls, false);
+        auto pipe = listener.accept(std::chrono::seconds(30));
+        for (int i = 0; i < warm; ++i) pipe->recv(nullptr, std::chrono::seconds(30));
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) pipe->recv(nullptr, std::chrono::seconds(60));
+        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        pipe->close();
+        peer.wait();
+        double ref = 0;
+        if (reference && mode == "consolidated") {
+          auto v = perftest(tls, "tag_bw", size, std::max(iters, 20));
+          if (v.size() >= 6) ref = v[5] * 1e6 / 1e9;  // overall MB/s -> GB/s
+        }
+        rows.push_back({tls, "throughput", mode, size, static_cast<double>(size) * iters / secs / 1e9, ref, "GB/s"});
+        std::fprintf(stderr, "  %-7s %-12s %9zu B  %.2f GB/s\n", tls.c_str(), mode.c_str(), size, rows.back().ours);
+      }
+      // Latency: ping-pong of a 1 KiB, 4-leaf dict; one-way = round trip / 2.
+      PipeListener listener(0, opt);
+      Child peer({self, "bench-pipe-peer", "echo", "127.0.0.1", std::to_string(listener.port()),
+                  std::to_string(lat_iters + 100), mode},
+                 tls, false);
+      auto pipe = listener.accept(std::chrono::seconds(30));
+      TensorDict td = small();
+      if (opt.consolidated) td = consolidate(td);
+      std::vector<double> us;
+      us.reserve(lat_iters);
+      for (int i = 0; i < lat_iters + 100; ++i) {
+        auto t0 = Clock::now();
+        pipe->send(td);
+        pipe->recv(nullptr, std::chrono::seconds(30));
+        if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
+      }
+      pipe->close();
+      peer.wait();
+      std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+      double p50 = us[us.size() / 2];
+      double ref = 0;
+      if (reference && mode == "consolidated") {
+        auto v = perftest(tls, "tag_lat", 1024, lat_iters);
+        if (v.size() >= 2) ref = v[1];
+      }
+      rows.push_back({tls, "latency p50", mode, 1024, p50, ref, "us"});
+      std::fprintf(stderr, "  %-7s %-12s latency p50 %.2f us\n", tls.c_str(), mode.c_str(), p50);
+    }
+  }
+  std::printf("\n%-8s %-12s %-13s %10s %12s %14s %8s\n", "UCX_TLS", "measure", "mode", "bytes", "tensorwire",
+              "ucx_perftest", "ratio");
+  for (const auto& r : rows) {
+    char ref[32] = "-", ratio[32] = "-";
+    if (r.reference > 0) {
+      std::snprintf(ref, sizeof ref, "%.2f %s", r.reference, r.unit);
+      std::snprintf(ratio, sizeof ratio, "%.2f", r.ours / r.reference);
+    }
+    std::printf("%-8s %-12s %-13s %10zu %9.2f %-4s %12s %8s\n", r.tls.c_str(), r.what.c_str(), r.mode.c_str(), r.size,
+                r.ours, r.unit, ref, ratio);
+  }
+  if (!json_path.empty()) {
+    Json j = Json::array();
+    for (const auto& r : rows)
+      j.push_back({{"tls", r.tls}, {"measure", r.what}, {"mode", r.mode}, {"bytes", r.size}, {"tensorwire", r.ours},
+                   {"ucx_perftest", r.reference}, {"unit", r.unit}});
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace tensorwire::tools
