@@ -16,7 +16,7 @@ deps:
 	@scripts/install-deps.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt | deps
-	@cmake -S . -B $(BUILD) $(CMAKE_COMMON) -DTENSORWIRE_PYTHON=ON \
+	@cmake -S . -B $(BUILD) $(CMAKE_COMMON) -DTENSORWIRE_PYTHON=ON -DTENSORWIRE_TESTS=ON -DTENSORWIRE_BENCH=ON \
 	  -Dnanobind_DIR=$$($(PY) -m nanobind --cmake_dir) >/dev/null
 
 build: deps $(BUILD)/build.ninja

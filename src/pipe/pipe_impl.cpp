@@ -222,8 +222,10 @@ void PipeImpl::wait_event(Clock::time_point deadline, const char* what) {
 void PipeImpl::start_send(const TensorDict& td) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw ClosedError("Cannot send on a closed pipe.");
-  check_alive();
+  // The peer's own explanation (a control message) comes before the connection error
+  // that follows it.
   drain_control();
+  check_alive();
   if (sending_) throw Error("a send is already in progress on this pipe");
   const wire::OutMessage& m = encoder_.encode(td);  // ValueError here: nothing sent yet
   const bool inline_payload = m.header.payload_bytes <= kInlineMax;
@@ -241,9 +243,14 @@ void PipeImpl::start_send(const TensorDict& td) {
 
 bool PipeImpl::step_send() {
   worker_->progress();
-  check_alive();
-  for (auto& r : send_reqs_)
-    if (!r.done()) return false;
+  bool all_done = true;
+  for (auto& r : send_reqs_) all_done = r.done() && all_done;
+  if (!all_done) {
+    // Not finished: if the peer is gone, say so (its explanation first).
+    drain_control();
+    check_alive();
+    return false;
+  }
   send_reqs_.clear();
   sending_ = false;
   return true;
