@@ -12,7 +12,9 @@ Json shape_json(const Shape& s) {
   return a;
 }
 
-Json device_json(const std::optional<Device>& d) { return d ? Json(d->str()) : Json(nullptr); }
+Json device_json(const std::optional<Device>& d) {
+  return d ? Json(d->str()) : Json(nullptr);
+}
 
 // tensordict writes a NonTensorStack as a child dict of class "NonTensorStack" whose
 // elements are keyed "0", "1", ...; elements of a multi-dim stack are stacks themselves.
@@ -21,14 +23,17 @@ Json stack_metadata(const NonTensorStack& st, size_t dim, size_t first, int64_t 
   node["cls"] = "NonTensorStack";
   node["non_tensors"] = Json::object();
   node["leaves"] = Json::object();
-  node["cls_metadata"] = {{"stack_dim", stack_dim}, {"stack_dim_name", nullptr}, {"is_locked", false}};
+  node["cls_metadata"] = {
+      {"stack_dim", stack_dim}, {"stack_dim_name", nullptr}, {"is_locked", false}};
   const int64_t n = st.batch_size[dim];
   size_t per = 1;
-  for (size_t d = dim + 1; d < st.batch_size.size(); ++d) per *= static_cast<size_t>(st.batch_size[d]);
+  for (size_t d = dim + 1; d < st.batch_size.size(); ++d)
+    per *= static_cast<size_t>(st.batch_size[d]);
   for (int64_t i = 0; i < n; ++i) {
     std::string key = std::to_string(i);
     if (dim + 1 == st.batch_size.size())
-      node["non_tensors"][key] = Json::array({st.values[first + static_cast<size_t>(i)], Json::array(), nullptr});
+      node["non_tensors"][key] =
+          Json::array({st.values[first + static_cast<size_t>(i)], Json::array(), nullptr});
     else
       node[key] = stack_metadata(st, dim + 1, first + static_cast<size_t>(i) * per, 0);
   }
@@ -44,6 +49,15 @@ void check_child_name(const std::string& name) {
                        "' (reserved by the consolidated metadata format)");
 }
 
+// Appends a member to a JSON object without ordered_json's operator[], whose lookup is a
+// linear search (quadratic over a dict's entries). Only for names known to be new: keys in
+// a TensorDict are unique, and check_child_name() keeps children off the fixed keys.
+Json& append_member(Json& object, const std::string& name, Json value) {
+  auto& members = object.get_ref<Json::object_t&>();
+  members.emplace_back(name, std::move(value));
+  return members.back().second;
+}
+
 void plan_node(const TensorDict& td, const ConsolidateOptions& opt, ConsolidatedPlan& plan,
                Json& node) {
   node["cls"] = "TensorDict";
@@ -55,8 +69,13 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
                           {"names", std::move(names)},
                           {"batch_size", shape_json(td.batch_size())},
                           {"is_locked", td.is_locked()}};
-  // No references into `node` are held across insertions: ordered_json stores members
-  // in a vector, so adding a child may move them.
+  // Leaves and non-tensors are gathered apart and moved in at the end: no references into
+  // `node` are held across insertions (ordered_json stores members in a vector, so adding
+  // a child may move them). Reserving up front matters: a reallocation copies every
+  // member, as the pair's const key makes it not nothrow-movable.
+  Json leaves = Json::object(), non_tensors = Json::object();
+  leaves.get_ref<Json::object_t&>().reserve(td.size());
+  node.get_ref<Json::object_t&>().reserve(node.size() + td.size());
   for (const auto& [name, e] : td.items()) {
     if (e.is_tensor()) {
       const Tensor& t = e.tensor();
@@ -68,20 +87,24 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
       const size_t start = plan.total_bytes;
       plan.offsets.push_back(start);
       plan.total_bytes = start + n + pad;
-      node["leaves"][name] = Json::array({std::string(dtype_name(t.dtype())), shape_json(t.shape()),
-                                  start, plan.total_bytes, pad});
+      append_member(leaves, name,
+                    Json::array({std::string(dtype_name(t.dtype())), shape_json(t.shape()), start,
+                                 plan.total_bytes, pad}));
     } else if (e.is_tensordict()) {
       check_child_name(name);
-      plan_node(e.tensordict(), opt, plan, node[name]);
+      plan_node(e.tensordict(), opt, plan, append_member(node, name, Json()));
     } else if (e.is_non_tensor()) {
-      node["non_tensors"][name] = Json::array({e.non_tensor().value, shape_json(td.batch_size()),
-                                       device_json(td.device())});
+      append_member(non_tensors, name,
+                    Json::array({e.non_tensor().value, shape_json(td.batch_size()),
+                                 device_json(td.device())}));
     } else {
       const NonTensorStack& st = e.non_tensor_stack();
       check_child_name(name);
-      node[name] = stack_metadata(st, 0, 0, st.stack_dim);
+      append_member(node, name, stack_metadata(st, 0, 0, st.stack_dim));
     }
   }
+  node["non_tensors"] = std::move(non_tensors);
+  node["leaves"] = std::move(leaves);
 }
 
 void pack_node(const TensorDict& td, const ConsolidatedPlan& plan, std::byte* dst, size_t& leaf) {
@@ -92,7 +115,8 @@ void pack_node(const TensorDict& td, const ConsolidatedPlan& plan, std::byte* ds
       t.copy_to(dst + start);
       // Zero the padding so a storage never carries stale heap bytes over the wire.
       const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
-      if (end > start + t.nbytes()) std::memset(dst + start + t.nbytes(), 0, end - start - t.nbytes());
+      if (end > start + t.nbytes())
+        std::memset(dst + start + t.nbytes(), 0, end - start - t.nbytes());
     } else if (e.is_tensordict()) {
       pack_node(e.tensordict(), plan, dst, leaf);
     }
