@@ -165,8 +165,16 @@ void PipeImpl::check_alive() {
   }
   if (ep_->error() != UCS_OK)
     fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()), false, false);
-  if (peer_watch_ && !peer_watch_->alive())
-    fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false, false);
+  // The pidfd check is a system call: at most every few milliseconds, so the spin phase of
+  // a wait stays cheap (a clock read is a vDSO call).
+  if (peer_watch_) {
+    auto now = Clock::now();
+    if (now >= next_liveness_check_) {
+      next_liveness_check_ = now + std::chrono::milliseconds(5);
+      if (!peer_watch_->alive())
+        fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false, false);
+    }
+  }
 }
 
 void PipeImpl::fail(const std::string& reason, bool tell_peer, bool protocol) {
@@ -397,6 +405,7 @@ void PipeImpl::close() {
   payload_reqs_.clear();
   send_reqs_.clear();
   ep_->close(false, std::chrono::milliseconds(1000));
+  ep_->discard_unexpected();
 }
 
 }  // namespace tensorwire::detail

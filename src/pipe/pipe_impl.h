@@ -78,6 +78,7 @@ class PipeImpl {
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
   std::optional<shm::ProcessWatch> peer_watch_;
+  std::chrono::steady_clock::time_point next_liveness_check_{};
   std::mutex mu_;       // every UCX call and all state below
   std::mutex send_mu_;  // one sender at a time
   std::mutex recv_mu_;  // one receiver at a time

@@ -307,6 +307,29 @@ Request Endpoint::recv(uint64_t tag, std::span<std::byte> into, size_t* length) 
                  true);
 }
 
+void Endpoint::discard_unexpected() {
+  std::vector<std::byte> scratch;
+  for (int i = 0; i < 1024; ++i) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info);
+    if (!msg) return;
+    scratch.resize(info.length);
+    size_t got = 0;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
+    param.user_data = &got;
+    ucs_status_ptr_t p = ucp_tag_msg_recv_nbx(worker_.handle(), scratch.data(), scratch.size(), msg, &param);
+    if (UCS_PTR_IS_ERR(p)) return;
+    if (p) {
+      auto until = Clock::now() + std::chrono::milliseconds(100);
+      while (ucp_request_check_status(p) == UCS_INPROGRESS && Clock::now() < until) worker_.progress();
+      if (ucp_request_check_status(p) == UCS_INPROGRESS) ucp_request_cancel(worker_.handle(), p);
+      ucp_request_free(p);
+    }
+  }
+}
+
 void Endpoint::close(bool force, std::chrono::milliseconds timeout) {
   if (!ep_) return;
   ucp_request_param_t param{};

@@ -130,6 +130,10 @@ class Endpoint {
   Request recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length);
   Request recv(uint64_t tag, std::span<std::byte> into, size_t* length);
 
+  // Receives and drops every message still waiting on the worker (after close), so UCX
+  // does not warn about unmatched descriptors when the worker is destroyed.
+  void discard_unexpected();
+
   // Closes: flushes gracefully unless `force` or the endpoint failed; bounded in time.
   void close(bool force, std::chrono::milliseconds timeout);
 
