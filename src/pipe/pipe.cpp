@@ -11,7 +11,8 @@ namespace detail {
 
 class ListenerImpl {
  public:
-  ListenerImpl(uint16_t port, const PipeOptions& options) : options_(options), listener_(port) {}
+  ListenerImpl(uint16_t port, const PipeOptions& options)
+      : options_(options), listener_(std::make_unique<ucx::Listener>(port)), port_(listener_->port()) {}
 
   std::optional<TensorDictPipe> accept(TensorDictPipe::Millis timeout, bool throw_on_refusal,
                                        const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
@@ -20,11 +21,11 @@ class ListenerImpl {
       std::optional<ucx::ConnRequest> req;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (closed_) throw ClosedError("the listener is closed");
-        req = listener_.poll();
+        if (!listener_) throw ClosedError("the listener is closed");
+        req = listener_->poll();
       }
       if (req) {
-        auto impl = std::make_shared<PipeImpl>(*req, options_, listener_.port());
+        auto impl = std::make_shared<PipeImpl>(*req, options_, port_);
         try {
           impl->handshake(/*as_server=*/true);
           return wrap(std::move(impl));
@@ -43,25 +44,32 @@ class ListenerImpl {
         continue;
       }
       if (Clock::now() >= deadline) return std::nullopt;
+      int efd;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (listener_.worker().progress() || !listener_.worker().arm()) continue;
+        if (!listener_) throw ClosedError("the listener is closed");
+        if (listener_->worker().progress() || !listener_->worker().arm()) continue;
+        efd = listener_->worker().efd();
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      struct pollfd p {listener_.worker().efd(), POLLIN, 0};
+      struct pollfd p {efd, POLLIN, 0};
       ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100)));
     }
   }
 
-  uint16_t port() const { return listener_.port(); }
-  int fd() { return listener_.worker().efd(); }
+  uint16_t port() const { return port_; }
+  int fd() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return listener_ ? listener_->worker().efd() : -1;
+  }
   bool arm() {
     std::lock_guard<std::mutex> lock(mu_);
-    return !listener_.worker().progress() && listener_.worker().arm();
+    return listener_ && !listener_->worker().progress() && listener_->worker().arm();
   }
+  // Releases the port at once: later clients are refused by the operating system.
   void close() {
     std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
+    listener_.reset();
   }
   size_t refused() const { return refused_; }
   const std::string& last_refusal() const { return last_refusal_; }
@@ -70,8 +78,8 @@ class ListenerImpl {
   using Clock = std::chrono::steady_clock;
   PipeOptions options_;
   std::mutex mu_;
-  ucx::Listener listener_;
-  bool closed_ = false;
+  std::unique_ptr<ucx::Listener> listener_;  // null once closed
+  uint16_t port_;
   size_t refused_ = 0;
   std::string last_refusal_;
 };

@@ -82,6 +82,7 @@ void PipeImpl::handshake(bool as_server) {
     }
     throw;
   }
+  connected_ = true;
   if (peer.same_host() && peer.pid > 0) {
     try {
       peer_watch_.emplace(peer.pid);
@@ -392,7 +393,7 @@ void PipeImpl::close() {
   frame_req_.cancel(worker_->handle());
   for (auto& r : payload_reqs_) r.cancel(worker_->handle());
   worker_->progress();
-  if (failure_.empty() && ep_->error() == UCS_OK) {
+  if (failure_.empty() && ep_->error() == UCS_OK && connected_) {
     // Tell the peer, so its receive ends with "the peer closed the pipe" at once.
     try {
       ucx::Request req = post_control({{"close", true}});
@@ -404,7 +405,9 @@ void PipeImpl::close() {
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
-  ep_->close(false, std::chrono::milliseconds(1000));
+  // A connection that never completed its handshake is closed by force: UCX 1.13 aborts
+  // when it flushes an endpoint still in wireup.
+  ep_->close(/*force=*/!connected_, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
 }
 

@@ -83,6 +83,7 @@ class PipeImpl {
   std::mutex send_mu_;  // one sender at a time
   std::mutex recv_mu_;  // one receiver at a time
   std::atomic<bool> closed_{false};
+  bool connected_ = false;  // the handshake completed
   std::string failure_;  // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
 

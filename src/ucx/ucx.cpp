@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace tensorwire::ucx {
@@ -332,6 +333,14 @@ void Endpoint::discard_unexpected() {
 
 void Endpoint::close(bool force, std::chrono::milliseconds timeout) {
   if (!ep_) return;
+  if (error_ != UCS_OK) {
+    // UCX 1.13 aborts ("pending request ... should have been flushed") when a failed
+    // endpoint is closed while requests still wait in its wireup queue: let them fail
+    // first.
+    auto until = Clock::now() + std::chrono::milliseconds(200);
+    while (Clock::now() < until)
+      if (!worker_.progress()) std::this_thread::yield();
+  }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = (force || error_ != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;

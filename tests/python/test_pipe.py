@@ -264,3 +264,44 @@ def test_server_serves_three_concurrent_clients_and_reports_handler_errors(tls):
         for p in peers:
             finish(p)
     asyncio.run(run())
+
+
+def test_recv_timeout_raises_timeouterror_and_the_pipe_stays_usable(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("echo", "127.0.0.1", listener.port, 1)
+        pipe = listener.accept(timeout=30)
+        with pytest.raises(TimeoutError):
+            pipe.recv(timeout=0.2)
+        pipe.send(tw.TensorDict({"v": np.ones(2)}, batch_size=[2]))
+        assert pipe.recv(timeout=30)["v"].tolist() == [1.0, 1.0]
+        assert finish(peer)[0] == 0
+
+
+def test_connect_to_a_closed_port_raises_and_bad_arguments_are_named(tls):
+    with tw.PipeListener(0) as listener:
+        port = listener.port
+    with pytest.raises(RuntimeError):
+        tw.TensorDictPipe.connect("127.0.0.1", port, timeout=3)
+    with pytest.raises(ValueError, match="no-such-host"):
+        tw.TensorDictPipe.connect("no-such-host.invalid", port, timeout=3)
+    with pytest.raises(ValueError, match="auth_key"):
+        tw.TensorDictPipe.connect("127.0.0.1", port, auth_key="")
+
+
+def test_recv_onto_a_gpu_device_is_refused(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 1)
+        pipe = listener.accept(timeout=30)
+        with pytest.raises(ValueError, match="cuda"):
+            pipe.recv(device="cuda:0")
+        assert pipe.recv(device="cpu", timeout=30)["x"][0] == 0
+        finish(peer)
+
+
+def test_connect_to_a_listener_that_never_accepts_times_out_cleanly(tls):
+    listener = tw.PipeListener(0)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="handshake"):
+        tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=1)
+    assert time.monotonic() - t0 < 5
+    listener.close()

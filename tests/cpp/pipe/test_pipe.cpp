@@ -249,6 +249,31 @@ TEST_P(PipeTest, ServerServesThreeConcurrentClients) {
   EXPECT_THROW(server.accept(100ms), ClosedError);
 }
 
+TEST_P(PipeTest, RecvTimesOutWhenNothingArrivesAndThePipeStaysUsable) {
+  PipeListener listener(0);
+  PeerProcess r({peer(), "echo", "127.0.0.1", std::to_string(listener.port()), "1"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  EXPECT_THROW(pipe->recv(nullptr, 200ms), TimeoutError);
+  pipe->send(sample(3), 20s);  // the echo peer answers now
+  EXPECT_EQ(pipe->recv(nullptr, 20s).get("x").data<float>()[0], 3.f);
+  EXPECT_EQ(r.exit_code(), 0) << r.stderr_text();
+}
+
+TEST_P(PipeTest, ConnectingToAPortWithNoListenerFails) {
+  uint16_t port;
+  {
+    PipeListener listener(0);
+    port = listener.port();
+  }  // closed again: nothing listens there now
+  PipeOptions opt;
+  opt.connect_timeout = 3s;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", port, opt), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_THROW(TensorDictPipe::connect("no-such-host.invalid", port, opt), ValueError);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PipeTest,
                          ::testing::Values(Transport{"shm", "sm,tcp"}, Transport{"tcp", "tcp"}),
                          [](const auto& p) { return std::string(p.param.name); });
