@@ -41,7 +41,8 @@ TensorDict make(int i, bool changed, size_t big) {
 
 bool check(const TensorDict& td, int i) {
   return td.get("x").data<float>()[0] == static_cast<float>(i) &&
-         td.get({"nested", "y"}).data<int64_t>()[3] == i + 3 && td.get_non_tensor("label") == "step";
+         td.get({"nested", "y"}).data<int64_t>()[3] == i + 3 &&
+         td.get_non_tensor("label") == "step";
 }
 
 }  // namespace
@@ -59,12 +60,18 @@ int main(int argc, char** argv) {
   std::vector<std::string> pos;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--nc") opt.consolidated = false;
-    else if (a == "--key" && i + 1 < argc) opt.auth_key = argv[++i];
-    else if (a == "--change-at" && i + 1 < argc) change_at = std::atoi(argv[++i]);
-    else if (a == "--big" && i + 1 < argc) big = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--hang") hang = true;
-    else pos.push_back(a);
+    if (a == "--nc")
+      opt.consolidated = false;
+    else if (a == "--key" && i + 1 < argc)
+      opt.auth_key = argv[++i];
+    else if (a == "--change-at" && i + 1 < argc)
+      change_at = std::atoi(argv[++i]);
+    else if (a == "--big" && i + 1 < argc)
+      big = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--hang")
+      hang = true;
+    else
+      pos.push_back(a);
   }
   try {
     if (cmd == "send" && pos.size() == 3) {
@@ -76,10 +83,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "recv" && pos.size() == 2) {
-      auto pipe = TensorDictPipe::listen(static_cast<uint16_t>(std::stoi(pos[0])), opt, [](uint16_t port) {
-        std::printf("PORT %u\n", port);
-        std::fflush(stdout);
-      });
+      auto pipe =
+          TensorDictPipe::listen(static_cast<uint16_t>(std::stoi(pos[0])), opt, [](uint16_t port) {
+            std::printf("PORT %u\n", port);
+            std::fflush(stdout);
+          });
       int n = std::stoi(pos[1]);
       for (int i = 0; i < n; ++i) {
         TensorDict& td = pipe.recv();

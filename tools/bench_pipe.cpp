@@ -51,19 +51,21 @@ TensorDict payload(size_t bytes) {
 // 4 leaves, 1 KiB in all: the latency case of the issue.
 TensorDict small() {
   TensorDict td({4});
-  for (const char* k : {"obs", "action", "reward", "done"}) td.set(k, Tensor::zeros({4, 16}, DType::Float32));
+  for (const char* k : {"obs", "action", "reward", "done"})
+    td.set(k, Tensor::zeros({4, 16}, DType::Float32));
   return td;
 }
 
 // ucx_perftest's "Final:" line: iterations, p50 latency (us), avg latency, overall latency,
 // avg MB/s, overall MB/s, ...
-std::vector<double> perftest(const std::string& tls, const std::string& test, size_t size, int iters) {
+std::vector<double> perftest(const std::string& tls, const std::string& test, size_t size,
+                             int iters) {
   static int port = 20000 + static_cast<int>(::getpid() % 20000);
   ++port;
   Child server({"ucx_perftest", "-p", std::to_string(port)}, tls, true);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  Child client({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s", std::to_string(size), "-n",
-                std::to_string(iters)},
+  Child client({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
+                std::to_string(size), "-n", std::to_string(iters)},
                tls, true);
   std::string out = client.read_all();
   client.wait();
@@ -125,16 +127,23 @@ int bench_pipe(int argc, char** argv) {
       if (i + 1 >= argc) throw ValueError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--tls") tls_list = split(next(), '/');
+    if (a == "--tls")
+      tls_list = split(next(), '/');
     else if (a == "--sizes") {
       sizes.clear();
       for (auto& s : split(next(), ',')) sizes.push_back(std::stoull(s));
-    } else if (a == "--modes") modes = split(next(), ',');
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--lat-iters") lat_iters = std::stoi(next());
-    else if (a == "--json") json_path = next();
-    else if (a == "--no-reference") reference = false;
-    else throw ValueError("bench pipe: unknown option " + a);
+    } else if (a == "--modes")
+      modes = split(next(), ',');
+    else if (a == "--iters")
+      iters = std::stoi(next());
+    else if (a == "--lat-iters")
+      lat_iters = std::stoi(next());
+    else if (a == "--json")
+      json_path = next();
+    else if (a == "--no-reference")
+      reference = false;
+    else
+      throw ValueError("bench pipe: unknown option " + a);
   }
   const std::string self = "/proc/self/exe";
   std::vector<Row> rows;
@@ -146,8 +155,8 @@ int bench_pipe(int argc, char** argv) {
       for (size_t size : sizes) {
         const int warm = 3;
         PipeListener listener(0, opt);
-        Child peer({self, "bench-pipe-peer", "send", "127.0.0.1", std::to_string(listener.port()), std::to_string(size),
-                    std::to_string(iters + warm), mode},
+        Child peer({self, "bench-pipe-peer", "send", "127.0.0.1", std::to_string(listener.port()),
+                    std::to_string(size), std::to_string(iters + warm), mode},
                    tls, false);
         auto pipe = listener.accept(std::chrono::seconds(30));
         for (int i = 0; i < warm; ++i) pipe->recv(nullptr, std::chrono::seconds(30));
@@ -161,8 +170,10 @@ int bench_pipe(int argc, char** argv) {
           auto v = perftest(tls, "tag_bw", size, std::max(iters, 20));
           if (v.size() >= 6) ref = v[5] * 1e6 / 1e9;  // overall MB/s -> GB/s
         }
-        rows.push_back({tls, "throughput", mode, size, static_cast<double>(size) * iters / secs / 1e9, ref, "GB/s"});
-        std::fprintf(stderr, "  %-7s %-12s %9zu B  %.2f GB/s\n", tls.c_str(), mode.c_str(), size, rows.back().ours);
+        rows.push_back({tls, "throughput", mode, size,
+                        static_cast<double>(size) * iters / secs / 1e9, ref, "GB/s"});
+        std::fprintf(stderr, "  %-7s %-12s %9zu B  %.2f GB/s\n", tls.c_str(), mode.c_str(), size,
+                     rows.back().ours);
       }
       // Latency: ping-pong of a 1 KiB, 4-leaf dict; one-way = round trip / 2.
       PipeListener listener(0, opt);
@@ -178,7 +189,8 @@ int bench_pipe(int argc, char** argv) {
         auto t0 = Clock::now();
         pipe->send(td);
         pipe->recv(nullptr, std::chrono::seconds(30));
-        if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
+        if (i >= 100)
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
       }
       pipe->close();
       peer.wait();
@@ -193,22 +205,27 @@ int bench_pipe(int argc, char** argv) {
       std::fprintf(stderr, "  %-7s %-12s latency p50 %.2f us\n", tls.c_str(), mode.c_str(), p50);
     }
   }
-  std::printf("\n%-8s %-12s %-13s %10s %12s %14s %8s\n", "UCX_TLS", "measure", "mode", "bytes", "tensorwire",
-              "ucx_perftest", "ratio");
+  std::printf("\n%-8s %-12s %-13s %10s %12s %14s %8s\n", "UCX_TLS", "measure", "mode", "bytes",
+              "tensorwire", "ucx_perftest", "ratio");
   for (const auto& r : rows) {
     char ref[32] = "-", ratio[32] = "-";
     if (r.reference > 0) {
       std::snprintf(ref, sizeof ref, "%.2f %s", r.reference, r.unit);
       std::snprintf(ratio, sizeof ratio, "%.2f", r.ours / r.reference);
     }
-    std::printf("%-8s %-12s %-13s %10zu %9.2f %-4s %12s %8s\n", r.tls.c_str(), r.what.c_str(), r.mode.c_str(), r.size,
-                r.ours, r.unit, ref, ratio);
+    std::printf("%-8s %-12s %-13s %10zu %9.2f %-4s %12s %8s\n", r.tls.c_str(), r.what.c_str(),
+                r.mode.c_str(), r.size, r.ours, r.unit, ref, ratio);
   }
   if (!json_path.empty()) {
     Json j = Json::array();
     for (const auto& r : rows)
-      j.push_back({{"tls", r.tls}, {"measure", r.what}, {"mode", r.mode}, {"bytes", r.size}, {"tensorwire", r.ours},
-                   {"ucx_perftest", r.reference}, {"unit", r.unit}});
+      j.push_back({{"tls", r.tls},
+                   {"measure", r.what},
+                   {"mode", r.mode},
+                   {"bytes", r.size},
+                   {"tensorwire", r.ours},
+                   {"ucx_perftest", r.reference},
+                   {"unit", r.unit}});
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;

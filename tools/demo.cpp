@@ -23,7 +23,8 @@ TensorDict make_demo_td() {
   for (int64_t i = 0; i < obs.numel(); ++i) p[i] = static_cast<uint8_t>(i * 31);
   td.set("observation", obs);
   Tensor action = Tensor::empty({batch, 6}, DType::Float32);
-  for (int64_t i = 0; i < action.numel(); ++i) action.data<float>()[i] = 0.5f * static_cast<float>(i);
+  for (int64_t i = 0; i < action.numel(); ++i)
+    action.data<float>()[i] = 0.5f * static_cast<float>(i);
   td.set("action", action);
   td.set({"next", "reward"}, Tensor::zeros({batch, 1}, DType::Float32));
   td.set({"next", "done"}, Tensor::zeros({batch, 1}, DType::Bool));
@@ -42,7 +43,8 @@ int demo(int argc, char** argv) {
   std::string dir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    if (a == "--dir" && i + 1 < argc)
+      dir = argv[++i];
     else {
       std::fprintf(stderr, "usage: tensorwire demo [--dir DIR]\n");
       return 2;
@@ -65,7 +67,8 @@ int demo(int argc, char** argv) {
   TensorDict c = consolidate(td);
   double t_cons = ms_since(t0);
   std::printf("consolidated: one storage of %zu bytes, %zu bytes of metadata (%.3f ms)\n",
-              c.consolidated()->storage.nbytes(), c.consolidated()->metadata->dump().size(), t_cons);
+              c.consolidated()->storage.nbytes(), c.consolidated()->metadata->dump().size(),
+              t_cons);
 
   t0 = std::chrono::steady_clock::now();
   save(c, path);
@@ -84,7 +87,10 @@ int demo(int argc, char** argv) {
   bool same = equal(td, back, &why);
   std::printf("round trip: %s%s\n", same ? "equal" : "DIFFERENT: ", why.c_str());
   if (own_dir) fs::remove_all(dir);
-  return same ? 0 : 1;
+  const int streaming = demo_pipe();
+  const int loading = demo_dataflow();
+  const int inference = demo_infer();
+  return same && streaming == 0 && loading == 0 && inference == 0 ? 0 : 1;
 }
 
 }  // namespace tensorwire::tools

@@ -6,4 +6,6 @@
 namespace tensorwire::py {
 void bind_tensordict(nanobind::module_& m);
 void bind_pipe(nanobind::module_& m);
+void bind_dataflow(nanobind::module_& m);
+void bind_inference(nanobind::module_& m);
 }  // namespace tensorwire::py

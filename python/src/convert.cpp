@@ -16,13 +16,20 @@ struct Code {
 };
 
 constexpr Code kCodes[] = {
-    {DType::Bool, dl::dtype_code::Bool, 8},          {DType::UInt8, dl::dtype_code::UInt, 8},
-    {DType::UInt16, dl::dtype_code::UInt, 16},       {DType::UInt32, dl::dtype_code::UInt, 32},
-    {DType::UInt64, dl::dtype_code::UInt, 64},       {DType::Int8, dl::dtype_code::Int, 8},
-    {DType::Int16, dl::dtype_code::Int, 16},         {DType::Int32, dl::dtype_code::Int, 32},
-    {DType::Int64, dl::dtype_code::Int, 64},         {DType::Float16, dl::dtype_code::Float, 16},
-    {DType::BFloat16, dl::dtype_code::Bfloat, 16},   {DType::Float32, dl::dtype_code::Float, 32},
-    {DType::Float64, dl::dtype_code::Float, 64},     {DType::Complex64, dl::dtype_code::Complex, 64},
+    {DType::Bool, dl::dtype_code::Bool, 8},
+    {DType::UInt8, dl::dtype_code::UInt, 8},
+    {DType::UInt16, dl::dtype_code::UInt, 16},
+    {DType::UInt32, dl::dtype_code::UInt, 32},
+    {DType::UInt64, dl::dtype_code::UInt, 64},
+    {DType::Int8, dl::dtype_code::Int, 8},
+    {DType::Int16, dl::dtype_code::Int, 16},
+    {DType::Int32, dl::dtype_code::Int, 32},
+    {DType::Int64, dl::dtype_code::Int, 64},
+    {DType::Float16, dl::dtype_code::Float, 16},
+    {DType::BFloat16, dl::dtype_code::Bfloat, 16},
+    {DType::Float32, dl::dtype_code::Float, 32},
+    {DType::Float64, dl::dtype_code::Float, 64},
+    {DType::Complex64, dl::dtype_code::Complex, 64},
     {DType::Complex128, dl::dtype_code::Complex, 128},
 };
 
@@ -154,12 +161,18 @@ Json to_json(nb::handle v, const std::string& where) {
 
 nb::object from_json(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return nb::none();
-    case Json::value_t::boolean: return nb::bool_(v.get<bool>());
-    case Json::value_t::number_integer: return nb::int_(v.get<int64_t>());
-    case Json::value_t::number_unsigned: return nb::int_(v.get<uint64_t>());
-    case Json::value_t::number_float: return nb::float_(v.get<double>());
-    case Json::value_t::string: return nb::str(v.get_ref<const std::string&>().c_str());
+    case Json::value_t::null:
+      return nb::none();
+    case Json::value_t::boolean:
+      return nb::bool_(v.get<bool>());
+    case Json::value_t::number_integer:
+      return nb::int_(v.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return nb::int_(v.get<uint64_t>());
+    case Json::value_t::number_float:
+      return nb::float_(v.get<double>());
+    case Json::value_t::string:
+      return nb::str(v.get_ref<const std::string&>().c_str());
     case Json::value_t::array: {
       nb::list l;
       for (const auto& x : v) l.append(from_json(x));
@@ -167,10 +180,12 @@ nb::object from_json(const Json& v) {
     }
     case Json::value_t::object: {
       nb::dict d;
-      for (auto it = v.begin(); it != v.end(); ++it) d[nb::str(it.key().c_str())] = from_json(it.value());
+      for (auto it = v.begin(); it != v.end(); ++it)
+        d[nb::str(it.key().c_str())] = from_json(it.value());
       return d;
     }
-    default: return nb::none();
+    default:
+      return nb::none();
   }
 }
 

@@ -10,7 +10,8 @@ namespace nb = nanobind;
 NB_MODULE(_C, m) {
   m.doc() = "tensorwire C++ core";
   // ProtocolError / ClosedError are RuntimeErrors, as the reference libraries raise.
-  static nb::object protocol_error = nb::exception<tensorwire::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
+  static nb::object protocol_error =
+      nb::exception<tensorwire::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -30,4 +31,6 @@ NB_MODULE(_C, m) {
   });
   tensorwire::py::bind_tensordict(m);
   tensorwire::py::bind_pipe(m);
+  tensorwire::py::bind_dataflow(m);
+  tensorwire::py::bind_inference(m);
 }

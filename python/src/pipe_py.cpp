@@ -2,8 +2,8 @@
 // the GIL and wait in slices so Ctrl-C (PyErr_CheckSignals) is honoured; the asyncio glue
 // (python/tensorwire/pipe.py) uses the non-blocking poll_* forms and the wake-up fds.
 #include <nanobind/stl/optional.h>
-#include <poll.h>
 #include <nanobind/stl/string.h>
+#include <poll.h>
 
 #include "bindings.h"
 #include "tensordict_py.h"
@@ -22,7 +22,8 @@ PipeOptions make_options(bool consolidated, const std::optional<std::string>& au
   PipeOptions o;
   o.consolidated = consolidated;
   if (auth_key) {
-    if (auth_key->empty()) throw ValueError("auth_key must not be empty (pass None for no authentication)");
+    if (auth_key->empty())
+      throw ValueError("auth_key must not be empty (pass None for no authentication)");
     o.auth_key = *auth_key;
   }
   o.connect_timeout = Millis(static_cast<int64_t>(connect_timeout * 1000));
@@ -76,7 +77,8 @@ struct PyPipe {
 
 TensorDict* into_of(nb::handle td) {
   if (td.is_none()) return nullptr;
-  if (!nb::isinstance<PyTensorDict>(td)) throw TypeError("recv(td): td must be a tensorwire.TensorDict");
+  if (!nb::isinstance<PyTensorDict>(td))
+    throw TypeError("recv(td): td must be a tensorwire.TensorDict");
   return &nb::cast<PyTensorDict&>(td).td();
 }
 
@@ -84,65 +86,70 @@ TensorDict* into_of(nb::handle td) {
 
 void bind_pipe(nb::module_& m) {
   nb::class_<PyPipe>(m, "_Pipe")
-      .def("send",
-           [](PyPipe& self, const PyTensorDict& td, std::optional<double> timeout) {
+      .def(
+          "send",
+          [](PyPipe& self, const PyTensorDict& td, std::optional<double> timeout) {
+            const TensorDict& t = td.td();
+            TensorDictPipe& p = self.get();
+            bool started = false;
+            blocking(timeout, [&](Millis) {
+              if (!started) {
+                p.start_send(t);
+                started = true;
+              }
+              // The blocking form of a slice: poll, then sleep on the wake-up fd.
+              auto until = std::chrono::steady_clock::now() + kSlice;
+              while (std::chrono::steady_clock::now() < until) {
+                if (p.poll_send()) return true;
+                if (p.arm()) {
+                  struct pollfd fds[2] = {{p.fd(), POLLIN, 0}, {p.peer_fd(), POLLIN, 0}};
+                  ::poll(fds, p.peer_fd() >= 0 ? 2 : 1, 50);
+                }
+              }
+              return false;
+            });
+          },
+          nb::arg("td"), nb::arg("timeout").none() = nb::none())
+      .def(
+          "recv",
+          [](PyPipe& self, nb::handle into_obj, std::optional<double> timeout) -> nb::object {
+            TensorDict* into = into_of(into_obj);
+            TensorDictPipe& p = self.get();
+            TensorDict* got = nullptr;
+            blocking(timeout, [&](Millis slice) {
+              try {
+                got = &p.recv(into, slice);
+                return true;
+              } catch (const TimeoutError&) {
+                return false;
+              }
+            });
+            return self.wrap(*got, into_obj, into);
+          },
+          nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
+      .def("start_send",
+           [](PyPipe& self, const PyTensorDict& td) {
              const TensorDict& t = td.td();
-             TensorDictPipe& p = self.get();
-             bool started = false;
-             blocking(timeout, [&](Millis) {
-               if (!started) {
-                 p.start_send(t);
-                 started = true;
-               }
-               // The blocking form of a slice: poll, then sleep on the wake-up fd.
-               auto until = std::chrono::steady_clock::now() + kSlice;
-               while (std::chrono::steady_clock::now() < until) {
-                 if (p.poll_send()) return true;
-                 if (p.arm()) {
-                   struct pollfd fds[2] = {{p.fd(), POLLIN, 0}, {p.peer_fd(), POLLIN, 0}};
-                   ::poll(fds, p.peer_fd() >= 0 ? 2 : 1, 50);
-                 }
-               }
-               return false;
-             });
-           },
-           nb::arg("td"), nb::arg("timeout").none() = nb::none())
-      .def("recv",
-           [](PyPipe& self, nb::handle into_obj, std::optional<double> timeout) -> nb::object {
-             TensorDict* into = into_of(into_obj);
-             TensorDictPipe& p = self.get();
-             TensorDict* got = nullptr;
-             blocking(timeout, [&](Millis slice) {
-               try {
-                 got = &p.recv(into, slice);
-                 return true;
-               } catch (const TimeoutError&) {
-                 return false;
-               }
-             });
-             return self.wrap(*got, into_obj, into);
-           },
-           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
-      .def("start_send", [](PyPipe& self, const PyTensorDict& td) {
-        const TensorDict& t = td.td();
-        nb::gil_scoped_release nogil;
-        self.get().start_send(t);
-      })
-      .def("poll_send", [](PyPipe& self) {
-        nb::gil_scoped_release nogil;
-        return self.get().poll_send();
-      })
-      .def("poll_recv",
-           [](PyPipe& self, nb::handle into_obj) -> nb::object {
-             TensorDict* into = into_of(into_obj);
-             TensorDict* got;
-             {
-               nb::gil_scoped_release nogil;
-               got = self.get().poll_recv(into);
-             }
-             return got ? self.wrap(*got, into_obj, into) : nb::none();
-           },
-           nb::arg("td").none() = nb::none())
+             nb::gil_scoped_release nogil;
+             self.get().start_send(t);
+           })
+      .def("poll_send",
+           [](PyPipe& self) {
+             nb::gil_scoped_release nogil;
+             return self.get().poll_send();
+           })
+      .def(
+          "poll_recv",
+          [](PyPipe& self, nb::handle into_obj) -> nb::object {
+            TensorDict* into = into_of(into_obj);
+            TensorDict* got;
+            {
+              nb::gil_scoped_release nogil;
+              got = self.get().poll_recv(into);
+            }
+            return got ? self.wrap(*got, into_obj, into) : nb::none();
+          },
+          nb::arg("td").none() = nb::none())
       .def("arm", [](PyPipe& self) { return self.get().arm(); })
       .def_prop_ro("fd", [](PyPipe& self) { return self.get().fd(); })
       .def_prop_ro("peer_fd", [](PyPipe& self) { return self.get().peer_fd(); })
@@ -156,63 +163,72 @@ void bind_pipe(nb::module_& m) {
         self.pipe->close();
       });
 
-  m.def("_connect",
-        [](const std::string& host, uint16_t port, bool consolidated, std::optional<std::string> auth_key,
-           double timeout, uint64_t max_message_bytes) {
-          PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
-          nb::gil_scoped_release nogil;
-          auto p = std::make_unique<TensorDictPipe>(TensorDictPipe::connect(host, port, o));
-          return PyPipe{std::move(p), nb::object()};
-        },
-        nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
-        nb::arg("timeout"), nb::arg("max_message_bytes"));
+  m.def(
+      "_connect",
+      [](const std::string& host, uint16_t port, bool consolidated,
+         std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
+        PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
+        nb::gil_scoped_release nogil;
+        auto p = std::make_unique<TensorDictPipe>(TensorDictPipe::connect(host, port, o));
+        return PyPipe{std::move(p), nb::object()};
+      },
+      nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
+      nb::arg("timeout"), nb::arg("max_message_bytes"));
 
   nb::class_<PipeListener>(m, "_PipeListener")
-      .def("__init__",
-           [](PipeListener* self, uint16_t port, bool consolidated, std::optional<std::string> auth_key,
-              double timeout, uint64_t max_message_bytes) {
-             new (self) PipeListener(port, make_options(consolidated, auth_key, timeout, max_message_bytes));
-           },
-           nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
-           nb::arg("max_message_bytes"))
+      .def(
+          "__init__",
+          [](PipeListener* self, uint16_t port, bool consolidated,
+             std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
+            new (self) PipeListener(
+                port, make_options(consolidated, auth_key, timeout, max_message_bytes));
+          },
+          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
+          nb::arg("max_message_bytes"))
       .def_prop_ro("port", &PipeListener::port)
-      .def("accept",
-           [](PipeListener& self, std::optional<double> timeout, bool throw_on_refusal) -> std::optional<PyPipe> {
-             std::optional<TensorDictPipe> got;
-             blocking(timeout, [&](Millis slice) {
-               got = self.accept(slice, throw_on_refusal);
-               return got.has_value();
-             });
-             return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
-           },
-           nb::arg("timeout").none() = nb::none(), nb::arg("throw_on_refusal") = false)
+      .def(
+          "accept",
+          [](PipeListener& self, std::optional<double> timeout,
+             bool throw_on_refusal) -> std::optional<PyPipe> {
+            std::optional<TensorDictPipe> got;
+            blocking(timeout, [&](Millis slice) {
+              got = self.accept(slice, throw_on_refusal);
+              return got.has_value();
+            });
+            return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
+          },
+          nb::arg("timeout").none() = nb::none(), nb::arg("throw_on_refusal") = false)
       .def("close", &PipeListener::close)
       .def_prop_ro("refused", &PipeListener::refused);
 
   nb::class_<TensorDictServer>(m, "_Server")
-      .def("__init__",
-           [](TensorDictServer* self, uint16_t port, bool consolidated, std::optional<std::string> auth_key,
-              double timeout, uint64_t max_message_bytes) {
-             new (self) TensorDictServer(port, make_options(consolidated, auth_key, timeout, max_message_bytes));
-           },
-           nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
-           nb::arg("max_message_bytes"))
+      .def(
+          "__init__",
+          [](TensorDictServer* self, uint16_t port, bool consolidated,
+             std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
+            new (self) TensorDictServer(
+                port, make_options(consolidated, auth_key, timeout, max_message_bytes));
+          },
+          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
+          nb::arg("max_message_bytes"))
       .def_prop_ro("port", &TensorDictServer::port)
-      .def("accept",
-           [](TensorDictServer& self, double timeout) -> std::optional<PyPipe> {
-             std::optional<TensorDictPipe> got;
-             {
-               nb::gil_scoped_release nogil;
-               got = self.accept(Millis(static_cast<int64_t>(timeout * 1000)));
-             }
-             if (!got) return std::nullopt;
-             return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
-           },
-           nb::arg("timeout"))
-      .def("close", [](TensorDictServer& self) {
-        nb::gil_scoped_release nogil;
-        self.close();
-      })
+      .def(
+          "accept",
+          [](TensorDictServer& self, double timeout) -> std::optional<PyPipe> {
+            std::optional<TensorDictPipe> got;
+            {
+              nb::gil_scoped_release nogil;
+              got = self.accept(Millis(static_cast<int64_t>(timeout * 1000)));
+            }
+            if (!got) return std::nullopt;
+            return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
+          },
+          nb::arg("timeout"))
+      .def("close",
+           [](TensorDictServer& self) {
+             nb::gil_scoped_release nogil;
+             self.close();
+           })
       .def_prop_ro("closed", &TensorDictServer::closed)
       .def_prop_ro("refused", &TensorDictServer::refused)
       .def_prop_ro("last_refusal", &TensorDictServer::last_refusal);

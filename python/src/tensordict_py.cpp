@@ -30,8 +30,10 @@ Tensor number_tensor(nb::handle v) {
   nb::module_ np = nb::module_::import_("numpy");
   nb::object arr = np.attr("asarray")(v);
   std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
-  if (kind == "f") arr = arr.attr("astype")(np.attr("float32"));
-  else if (kind == "i" || kind == "u") arr = arr.attr("astype")(np.attr("int64"));
+  if (kind == "f")
+    arr = arr.attr("astype")(np.attr("float32"));
+  else if (kind == "i" || kind == "u")
+    arr = arr.attr("astype")(np.attr("int64"));
   auto t = to_tensor(arr);
   if (!t) throw ValueError("cannot convert number");
   return *t;
@@ -59,10 +61,14 @@ nb::object to_torch_tree(const TensorDict& td) {
   nb::dict out;
   for (const auto& [name, e] : td.items()) {
     nb::str k(name.c_str());
-    if (e.is_tensor()) out[k] = to_torch(e.tensor());
-    else if (e.is_tensordict()) out[k] = to_torch_tree(e.tensordict());
-    else if (e.is_non_tensor()) out[k] = from_json(e.non_tensor().value);
-    else out[k] = nb::cast(PyNonTensorStack{e.non_tensor_stack()});
+    if (e.is_tensor())
+      out[k] = to_torch(e.tensor());
+    else if (e.is_tensordict())
+      out[k] = to_torch_tree(e.tensordict());
+    else if (e.is_non_tensor())
+      out[k] = from_json(e.non_tensor().value);
+    else
+      out[k] = nb::cast(PyNonTensorStack{e.non_tensor_stack()});
   }
   return out;
 }
@@ -70,8 +76,10 @@ nb::object to_torch_tree(const TensorDict& td) {
 nb::object stack_tolist(const NonTensorStack& st, size_t dim, size_t& pos) {
   nb::list out;
   for (int64_t i = 0; i < st.batch_size[dim]; ++i) {
-    if (dim + 1 == st.batch_size.size()) out.append(from_json(st.values[pos++]));
-    else out.append(stack_tolist(st, dim + 1, pos));
+    if (dim + 1 == st.batch_size.size())
+      out.append(from_json(st.values[pos++]));
+    else
+      out.append(stack_tolist(st, dim + 1, pos));
   }
   return out;
 }
@@ -95,11 +103,14 @@ void flatten_values(nb::handle v, size_t dim, Shape& shape, std::vector<Json>& o
 Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>& device,
                const Key& key) {
   if (nb::isinstance<PyTensorDict>(value)) return Entry(nb::cast<PyTensorDict&>(value).td());
-  if (nb::isinstance<PyNonTensorStack>(value)) return Entry(nb::cast<PyNonTensorStack&>(value).stack);
+  if (nb::isinstance<PyNonTensorStack>(value))
+    return Entry(nb::cast<PyNonTensorStack&>(value).stack);
   if (nb::isinstance<nb::dict>(value)) return Entry(dict_to_td(value, batch, device, key));
-  if (value.is_none() || nb::isinstance<nb::str>(value)) return Entry(NonTensor{to_json(value, "key " + key.str())});
+  if (value.is_none() || nb::isinstance<nb::str>(value))
+    return Entry(NonTensor{to_json(value, "key " + key.str())});
   if (is_number_tree(value)) return Entry(number_tensor(value));
-  if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") && nb::hasattr(value, "is_cuda")) {
+  if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") &&
+      nb::hasattr(value, "is_cuda")) {
     std::string dev = nb::cast<std::string>(nb::str(value.attr("device").attr("type")));
     if (dev != "cpu")
       throw ValueError("key " + key.str() + ": tensor on device '" + dev +
@@ -125,36 +136,44 @@ nb::object from_entry(const Entry& e, const PyTensorDict& owner, const Key& key)
 void bind_tensordict(nb::module_& m) {
   nb::class_<PyNonTensorStack>(m, "NonTensorStack",
                                "One JSON value per batch element (tensordict's NonTensorStack).")
-      .def("__init__",
-           [](PyNonTensorStack* self, nb::handle values, std::optional<std::vector<int64_t>> batch_size,
-              int64_t stack_dim) {
-             Shape shape;
-             if (batch_size) {
-               shape = *batch_size;
-             } else {
-               for (nb::handle v = values; nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v);) {
-                 shape.push_back(static_cast<int64_t>(nb::len(v)));
-                 if (nb::len(v) == 0) break;
-                 v = v[0];
-               }
-               if (shape.size() > 1) shape.resize(1);  // nested lists are values unless batch_size says
-             }
-             NonTensorStack st{shape, stack_dim, {}};
-             flatten_values(values, 0, st.batch_size, st.values, false);
-             st.validate();
-             new (self) PyNonTensorStack{std::move(st)};
-           },
-           nb::arg("values"), nb::arg("batch_size").none() = nb::none(), nb::arg("stack_dim") = 0)
-      .def_prop_ro("batch_size", [](const PyNonTensorStack& s) { return nb::tuple(nb::cast(s.stack.batch_size)); })
+      .def(
+          "__init__",
+          [](PyNonTensorStack* self, nb::handle values,
+             std::optional<std::vector<int64_t>> batch_size, int64_t stack_dim) {
+            Shape shape;
+            if (batch_size) {
+              shape = *batch_size;
+            } else {
+              for (nb::handle v = values;
+                   nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v);) {
+                shape.push_back(static_cast<int64_t>(nb::len(v)));
+                if (nb::len(v) == 0) break;
+                v = v[0];
+              }
+              if (shape.size() > 1)
+                shape.resize(1);  // nested lists are values unless batch_size says
+            }
+            NonTensorStack st{shape, stack_dim, {}};
+            flatten_values(values, 0, st.batch_size, st.values, false);
+            st.validate();
+            new (self) PyNonTensorStack{std::move(st)};
+          },
+          nb::arg("values"), nb::arg("batch_size").none() = nb::none(), nb::arg("stack_dim") = 0)
+      .def_prop_ro(
+          "batch_size",
+          [](const PyNonTensorStack& s) { return nb::tuple(nb::cast(s.stack.batch_size)); })
       .def_prop_ro("stack_dim", [](const PyNonTensorStack& s) { return s.stack.stack_dim; })
-      .def("tolist", [](const PyNonTensorStack& s) {
-        size_t pos = 0;
-        return stack_tolist(s.stack, 0, pos);
-      })
+      .def("tolist",
+           [](const PyNonTensorStack& s) {
+             size_t pos = 0;
+             return stack_tolist(s.stack, 0, pos);
+           })
       .def("__len__", [](const PyNonTensorStack& s) { return s.stack.batch_size[0]; })
-      .def("__eq__", [](const PyNonTensorStack& a, nb::handle b) {
-        return nb::isinstance<PyNonTensorStack>(b) && a.stack == nb::cast<PyNonTensorStack&>(b).stack;
-      })
+      .def("__eq__",
+           [](const PyNonTensorStack& a, nb::handle b) {
+             return nb::isinstance<PyNonTensorStack>(b) &&
+                    a.stack == nb::cast<PyNonTensorStack&>(b).stack;
+           })
       .def("__repr__", [](const PyNonTensorStack& s) {
         size_t pos = 0;
         return "NonTensorStack(" + nb::cast<std::string>(nb::repr(stack_tolist(s.stack, 0, pos))) +
@@ -163,31 +182,34 @@ void bind_tensordict(nb::module_& m) {
 
   nb::class_<PyTensorDict>(m, "TensorDict",
                            "An insertion-ordered nested map of arrays sharing leading batch dims.")
-      .def("__init__",
-           [](PyTensorDict* self, nb::handle source, std::vector<int64_t> batch_size,
-              std::optional<std::string> device, std::optional<std::vector<std::optional<std::string>>> names) {
-             std::optional<Device> dev;
-             if (device) {
-               dev = parse_device(*device);
-               if (!dev) throw ValueError("unknown device '" + *device + "'");
-             }
-             TensorDict td(batch_size, dev);
-             if (names) td.set_names(*names);
-             if (!source.is_none()) {
-               if (nb::isinstance<PyTensorDict>(source)) {
-                 td = nb::cast<PyTensorDict&>(source).td();
-               } else if (nb::isinstance<nb::dict>(source)) {
-                 TensorDict filled = dict_to_td(source, td.batch_size(), dev, Key(std::vector<std::string>{}));
-                 filled.set_names(td.names());
-                 td = std::move(filled);
-               } else {
-                 throw TypeError("TensorDict(source): expected a dict or a TensorDict");
-               }
-             }
-             new (self) PyTensorDict(std::move(td));
-           },
-           nb::arg("source").none() = nb::none(), nb::arg("batch_size") = std::vector<int64_t>{},
-           nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
+      .def(
+          "__init__",
+          [](PyTensorDict* self, nb::handle source, std::vector<int64_t> batch_size,
+             std::optional<std::string> device,
+             std::optional<std::vector<std::optional<std::string>>> names) {
+            std::optional<Device> dev;
+            if (device) {
+              dev = parse_device(*device);
+              if (!dev) throw ValueError("unknown device '" + *device + "'");
+            }
+            TensorDict td(batch_size, dev);
+            if (names) td.set_names(*names);
+            if (!source.is_none()) {
+              if (nb::isinstance<PyTensorDict>(source)) {
+                td = nb::cast<PyTensorDict&>(source).td();
+              } else if (nb::isinstance<nb::dict>(source)) {
+                TensorDict filled =
+                    dict_to_td(source, td.batch_size(), dev, Key(std::vector<std::string>{}));
+                filled.set_names(td.names());
+                td = std::move(filled);
+              } else {
+                throw TypeError("TensorDict(source): expected a dict or a TensorDict");
+              }
+            }
+            new (self) PyTensorDict(std::move(td));
+          },
+          nb::arg("source").none() = nb::none(), nb::arg("batch_size") = std::vector<int64_t>{},
+          nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
       .def("__getitem__",
            [](const PyTensorDict& self, nb::handle key) -> nb::object {
              if (nb::isinstance<nb::int_>(key))
@@ -195,94 +217,125 @@ void bind_tensordict(nb::module_& m) {
              Key k = to_key(key);
              return from_entry(self.td().entry(k), self, k);
            })
-      .def("get",
-           [](const PyTensorDict& self, nb::handle key, nb::handle default_) -> nb::object {
-             Key k = to_key(key);
-             if (!self.td().contains(k)) return nb::borrow(default_);
-             return from_entry(self.td().entry(k), self, k);
-           },
-           nb::arg("key"), nb::arg("default").none() = nb::none())
-      .def("__setitem__",
-           [](PyTensorDict& self, nb::handle key, nb::handle value) {
-             Key k = to_key(key);
-             TensorDict& td = self.td();
-             const TensorDict* parent = &td;
-             if (k.size() > 1 && td.contains(k.parent())) parent = &td.get_tensordict(k.parent());
-             td.set(k, to_entry(value, parent->batch_size(), parent->device(), k));
-           },
-           nb::arg("key"), nb::arg("value").none())
-      .def("set",
-           [](PyTensorDict& self, nb::handle key, nb::handle value) {
-             Key k = to_key(key);
-             TensorDict& td = self.td();
-             td.set(k, to_entry(value, td.batch_size(), td.device(), k));
-             return self;
-           },
-           nb::arg("key"), nb::arg("value").none())
+      .def(
+          "get",
+          [](const PyTensorDict& self, nb::handle key, nb::handle default_) -> nb::object {
+            Key k = to_key(key);
+            if (!self.td().contains(k)) return nb::borrow(default_);
+            return from_entry(self.td().entry(k), self, k);
+          },
+          nb::arg("key"), nb::arg("default").none() = nb::none())
+      .def(
+          "__setitem__",
+          [](PyTensorDict& self, nb::handle key, nb::handle value) {
+            Key k = to_key(key);
+            TensorDict& td = self.td();
+            const TensorDict* parent = &td;
+            if (k.size() > 1 && td.contains(k.parent())) parent = &td.get_tensordict(k.parent());
+            td.set(k, to_entry(value, parent->batch_size(), parent->device(), k));
+          },
+          nb::arg("key"), nb::arg("value").none())
+      .def(
+          "set",
+          [](PyTensorDict& self, nb::handle key, nb::handle value) {
+            Key k = to_key(key);
+            TensorDict& td = self.td();
+            td.set(k, to_entry(value, td.batch_size(), td.device(), k));
+            return self;
+          },
+          nb::arg("key"), nb::arg("value").none())
       .def("__delitem__", [](PyTensorDict& self, nb::handle key) { self.td().erase(to_key(key)); })
-      .def("__contains__", [](const PyTensorDict& self, nb::handle key) {
-        return (nb::isinstance<nb::str>(key) || nb::isinstance<nb::tuple>(key)) && self.td().contains(to_key(key));
-      })
+      .def("__contains__",
+           [](const PyTensorDict& self, nb::handle key) {
+             return (nb::isinstance<nb::str>(key) || nb::isinstance<nb::tuple>(key)) &&
+                    self.td().contains(to_key(key));
+           })
       .def("__len__", [](const PyTensorDict& self) { return self.td().size(); })
-      .def("__iter__", [](const PyTensorDict& self) { return nb::iter(key_list(self.td().keys())); })
-      .def("keys",
-           [](const PyTensorDict& self, bool include_nested, bool leaves_only) {
-             return key_list(self.td().keys(include_nested, leaves_only));
-           },
-           nb::arg("include_nested") = false, nb::arg("leaves_only") = false)
-      .def("items",
-           [](const PyTensorDict& self, bool include_nested, bool leaves_only) {
-             nb::list out;
-             for (const Key& k : self.td().keys(include_nested, leaves_only))
-               out.append(nb::make_tuple(from_key(k), from_entry(self.td().entry(k), self, k)));
-             return out;
-           },
-           nb::arg("include_nested") = false, nb::arg("leaves_only") = false)
+      .def("__iter__",
+           [](const PyTensorDict& self) { return nb::iter(key_list(self.td().keys())); })
+      .def(
+          "keys",
+          [](const PyTensorDict& self, bool include_nested, bool leaves_only) {
+            return key_list(self.td().keys(include_nested, leaves_only));
+          },
+          nb::arg("include_nested") = false, nb::arg("leaves_only") = false)
+      .def(
+          "items",
+          [](const PyTensorDict& self, bool include_nested, bool leaves_only) {
+            nb::list out;
+            for (const Key& k : self.td().keys(include_nested, leaves_only))
+              out.append(nb::make_tuple(from_key(k), from_entry(self.td().entry(k), self, k)));
+            return out;
+          },
+          nb::arg("include_nested") = false, nb::arg("leaves_only") = false)
       .def("values",
            [](const PyTensorDict& self) {
              nb::list out;
-             for (const Key& k : self.td().keys()) out.append(from_entry(self.td().entry(k), self, k));
+             for (const Key& k : self.td().keys())
+               out.append(from_entry(self.td().entry(k), self, k));
              return out;
            })
-      .def_prop_ro("batch_size", [](const PyTensorDict& self) { return nb::tuple(nb::cast(self.td().batch_size())); })
+      .def_prop_ro(
+          "batch_size",
+          [](const PyTensorDict& self) { return nb::tuple(nb::cast(self.td().batch_size())); })
       .def_prop_ro("batch_dims", [](const PyTensorDict& self) { return self.td().batch_dims(); })
-      .def_prop_ro("device", [](const PyTensorDict& self) -> nb::object {
-        const auto& d = self.td().device();
-        return d ? nb::object(nb::str(d->str().c_str())) : nb::none();
-      })
+      .def_prop_ro("device",
+                   [](const PyTensorDict& self) -> nb::object {
+                     const auto& d = self.td().device();
+                     return d ? nb::object(nb::str(d->str().c_str())) : nb::none();
+                   })
       .def_prop_ro("names", [](const PyTensorDict& self) { return self.td().names(); })
-      .def("consolidate",
-           [](const PyTensorDict& self, size_t alignment) {
-             const TensorDict& td = self.td();
-             nb::gil_scoped_release nogil;
-             return PyTensorDict(consolidate(td, {alignment}));
-           },
-           nb::arg("alignment") = 8)
-      .def("is_consolidated", [](const PyTensorDict& self) { return is_consolidated_root(self.td()); })
+      .def(
+          "consolidate",
+          [](const PyTensorDict& self, size_t alignment) {
+            const TensorDict& td = self.td();
+            nb::gil_scoped_release nogil;
+            return PyTensorDict(consolidate(td, {alignment}));
+          },
+          nb::arg("alignment") = 8)
+      .def("is_consolidated",
+           [](const PyTensorDict& self) { return is_consolidated_root(self.td()); })
       .def_prop_ro("is_locked", [](const PyTensorDict& self) { return self.td().is_locked(); })
-      .def("lock_", [](PyTensorDict& self) { self.td().lock_(); return self; })
-      .def("unlock_", [](PyTensorDict& self) { self.td().unlock_(); return self; })
-      .def_prop_ro("storage", [](const PyTensorDict& self) -> nb::object {
-        const auto& c = self.td().consolidated();
-        if (!c) return nb::none();
-        return to_numpy(Tensor::view(c->storage, 0, {static_cast<int64_t>(c->storage.nbytes())}, DType::UInt8));
-      }, "The consolidated storage as a uint8 array (None when not consolidated).")
-      .def_prop_ro("metadata", [](const PyTensorDict& self) -> nb::object {
-        const Json* m = self.td().consolidated_metadata();
-        return m ? from_json(*m) : nb::none();
-      }, "The consolidated metadata (tensordict's format), or None.")
-      .def("save",
-           [](const PyTensorDict& self, const std::string& path, size_t alignment) {
+      .def("lock_",
+           [](PyTensorDict& self) {
+             self.td().lock_();
+             return self;
+           })
+      .def("unlock_",
+           [](PyTensorDict& self) {
+             self.td().unlock_();
+             return self;
+           })
+      .def_prop_ro(
+          "storage",
+          [](const PyTensorDict& self) -> nb::object {
+            const auto& c = self.td().consolidated();
+            if (!c) return nb::none();
+            return to_numpy(Tensor::view(c->storage, 0, {static_cast<int64_t>(c->storage.nbytes())},
+                                         DType::UInt8));
+          },
+          "The consolidated storage as a uint8 array (None when not consolidated).")
+      .def_prop_ro(
+          "metadata",
+          [](const PyTensorDict& self) -> nb::object {
+            const Json* m = self.td().consolidated_metadata();
+            return m ? from_json(*m) : nb::none();
+          },
+          "The consolidated metadata (tensordict's format), or None.")
+      .def(
+          "save",
+          [](const PyTensorDict& self, const std::string& path, size_t alignment) {
+            const TensorDict& td = self.td();
+            nb::gil_scoped_release nogil;
+            save(td, path, {alignment});
+          },
+          nb::arg("path"), nb::arg("alignment") = 8)
+      .def("clone",
+           [](const PyTensorDict& self) {
              const TensorDict& td = self.td();
              nb::gil_scoped_release nogil;
-             save(td, path, {alignment});
-           },
-           nb::arg("path"), nb::arg("alignment") = 8)
-      .def("clone", [](const PyTensorDict& self) {
-        const TensorDict& td = self.td();
-        nb::gil_scoped_release nogil;
-        return PyTensorDict(td.clone());
-      })
+             return PyTensorDict(td.clone());
+           })
       .def("copy", [](const PyTensorDict& self) { return PyTensorDict(TensorDict(self.td())); })
       .def("update_",
            [](PyTensorDict& self, nb::handle other) {
@@ -292,68 +345,84 @@ void bind_tensordict(nb::module_& m) {
                nb::gil_scoped_release nogil;
                td.update_(src);
              } else if (nb::isinstance<nb::dict>(other)) {
-               td.update_(dict_to_td(other, td.batch_size(), td.device(), Key(std::vector<std::string>{})));
+               td.update_(dict_to_td(other, td.batch_size(), td.device(),
+                                     Key(std::vector<std::string>{})));
              } else {
                throw TypeError("update_: expected a TensorDict or a dict");
              }
              return self;
            })
-      .def("select",
-           [](const PyTensorDict& self, nb::args keys, bool strict) {
-             std::vector<Key> ks;
-             for (nb::handle k : keys) ks.push_back(to_key(k));
-             return PyTensorDict(self.td().select(ks, strict));
-           },
-           nb::arg("keys"), nb::kw_only(), nb::arg("strict") = true)
-      .def("unbind",
-           [](const PyTensorDict& self, int64_t dim) {
-             nb::list out;
-             for (TensorDict& t : self.td().unbind(dim)) out.append(nb::cast(PyTensorDict(std::move(t))));
-             return out;
-           },
-           nb::arg("dim") = 0)
-      .def("torch", [](const PyTensorDict& self) { return to_torch_tree(self.td()); },
-           "A nested dict of torch tensors sharing memory with this TensorDict.")
-      .def("get_torch",
-           [](const PyTensorDict& self, nb::handle key) { return to_torch(self.td().get(to_key(key))); })
-      .def("equal",
-           [](const PyTensorDict& self, const PyTensorDict& other) { return equal(self.td(), other.td()); })
-      .def("difference",
-           [](const PyTensorDict& self, const PyTensorDict& other) -> nb::object {
-             std::string why;
-             if (equal(self.td(), other.td(), &why)) return nb::none();
-             return nb::str(why.c_str());
-           }, "None when equal, else a description of the first difference.")
+      .def(
+          "select",
+          [](const PyTensorDict& self, nb::args keys, bool strict) {
+            std::vector<Key> ks;
+            for (nb::handle k : keys) ks.push_back(to_key(k));
+            return PyTensorDict(self.td().select(ks, strict));
+          },
+          nb::arg("keys"), nb::kw_only(), nb::arg("strict") = true)
+      .def(
+          "unbind",
+          [](const PyTensorDict& self, int64_t dim) {
+            nb::list out;
+            for (TensorDict& t : self.td().unbind(dim))
+              out.append(nb::cast(PyTensorDict(std::move(t))));
+            return out;
+          },
+          nb::arg("dim") = 0)
+      .def(
+          "torch", [](const PyTensorDict& self) { return to_torch_tree(self.td()); },
+          "A nested dict of torch tensors sharing memory with this TensorDict.")
+      .def("get_torch", [](const PyTensorDict& self,
+                           nb::handle key) { return to_torch(self.td().get(to_key(key))); })
+      .def("equal", [](const PyTensorDict& self,
+                       const PyTensorDict& other) { return equal(self.td(), other.td()); })
+      .def(
+          "difference",
+          [](const PyTensorDict& self, const PyTensorDict& other) -> nb::object {
+            std::string why;
+            if (equal(self.td(), other.td(), &why)) return nb::none();
+            return nb::str(why.c_str());
+          },
+          "None when equal, else a description of the first difference.")
       .def("__repr__", [](const PyTensorDict& self) { return describe(self.td()); });
 
-  m.def("stack", [](nb::sequence tds) {
-    std::vector<TensorDict> v;
-    for (nb::handle h : tds) {
-      if (!nb::isinstance<PyTensorDict>(h)) throw TypeError("stack: expected a sequence of TensorDicts");
-      v.push_back(nb::cast<PyTensorDict&>(h).td());
-    }
-    nb::gil_scoped_release nogil;
-    return PyTensorDict(TensorDict::stack(v));
-  }, nb::arg("tds"));
-  m.def("_from_consolidated",
-        [](nb::handle storage, nb::handle metadata) {
-          // A consolidated dict written by someone else (tensordict): its storage bytes and
-          // metadata, validated like any untrusted input, viewed without a copy.
-          auto t = to_tensor(storage);
-          if (!t || t->dtype() != DType::UInt8 || t->dim() != 1 || !t->is_contiguous())
-            throw TypeError("_from_consolidated: storage must be a contiguous 1-d uint8 array");
-          Json meta = to_json(metadata, "metadata");
-          Storage bytes = Storage::external(t->data(), t->nbytes(), [keep = *t] {}, Storage::Kind::External);
-          auto layout = wire::ConsolidatedLayout::parse(std::move(meta), wire::Limits{}, t->nbytes());
-          TensorDict td = layout.instantiate(bytes);
-          td.lock_();
-          return PyTensorDict(std::move(td));
-        },
-        nb::arg("storage"), nb::arg("metadata"));
-  m.def("load", [](const std::string& path) {
-    nb::gil_scoped_release nogil;
-    return PyTensorDict(load(path));
-  }, nb::arg("path"));
+  m.def(
+      "stack",
+      [](nb::sequence tds) {
+        std::vector<TensorDict> v;
+        for (nb::handle h : tds) {
+          if (!nb::isinstance<PyTensorDict>(h))
+            throw TypeError("stack: expected a sequence of TensorDicts");
+          v.push_back(nb::cast<PyTensorDict&>(h).td());
+        }
+        nb::gil_scoped_release nogil;
+        return PyTensorDict(TensorDict::stack(v));
+      },
+      nb::arg("tds"));
+  m.def(
+      "_from_consolidated",
+      [](nb::handle storage, nb::handle metadata) {
+        // A consolidated dict written by someone else (tensordict): its storage bytes and
+        // metadata, validated like any untrusted input, viewed without a copy.
+        auto t = to_tensor(storage);
+        if (!t || t->dtype() != DType::UInt8 || t->dim() != 1 || !t->is_contiguous())
+          throw TypeError("_from_consolidated: storage must be a contiguous 1-d uint8 array");
+        Json meta = to_json(metadata, "metadata");
+        Storage bytes = Storage::external(
+            t->data(), t->nbytes(), [keep = *t] {}, Storage::Kind::External);
+        auto layout = wire::ConsolidatedLayout::parse(std::move(meta), wire::Limits{}, t->nbytes());
+        TensorDict td = layout.instantiate(bytes);
+        td.lock_();
+        return PyTensorDict(std::move(td));
+      },
+      nb::arg("storage"), nb::arg("metadata"));
+  m.def(
+      "load",
+      [](const std::string& path) {
+        nb::gil_scoped_release nogil;
+        return PyTensorDict(load(path));
+      },
+      nb::arg("path"));
 }
 
 }  // namespace tensorwire::py

@@ -17,9 +17,7 @@ struct PyTensorDict {
   PyTensorDict(std::shared_ptr<TensorDict> r, std::vector<std::string> p)
       : root(std::move(r)), prefix(std::move(p)) {}
 
-  TensorDict& td() const {
-    return prefix.empty() ? *root : root->get_tensordict(Key(prefix));
-  }
+  TensorDict& td() const { return prefix.empty() ? *root : root->get_tensordict(Key(prefix)); }
 };
 
 struct PyNonTensorStack {
@@ -30,6 +28,5 @@ struct PyNonTensorStack {
 Entry to_entry(nb::handle value, const Shape& batch_size, const std::optional<Device>& device,
                const Key& key);
 nb::object from_entry(const Entry& e, const PyTensorDict& owner, const Key& key);
-
 
 }  // namespace tensorwire::py

@@ -15,8 +15,8 @@ bool fail(std::string* why, std::string msg) {
 
 bool equal_at(const TensorDict& a, const TensorDict& b, const std::string& path, std::string* why) {
   if (a.batch_size() != b.batch_size())
-    return fail(why, path + "batch_size " + shape_str(a.batch_size()) + " != " +
-                         shape_str(b.batch_size()));
+    return fail(
+        why, path + "batch_size " + shape_str(a.batch_size()) + " != " + shape_str(b.batch_size()));
   if (a.size() != b.size())
     return fail(why, path + std::to_string(a.size()) + " keys != " + std::to_string(b.size()));
   for (const auto& [name, ea] : a.items()) {
@@ -67,8 +67,8 @@ void describe_into(const TensorDict& td, int depth, std::ostringstream& os) {
     os << indent << name << ": ";
     if (e.is_tensor()) {
       const Tensor& t = e.tensor();
-      os << dtype_name(t.dtype()).substr(6) << shape_str(t.shape()) << "  " << human_bytes(t.nbytes())
-         << "\n";
+      os << dtype_name(t.dtype()).substr(6) << shape_str(t.shape()) << "  "
+         << human_bytes(t.nbytes()) << "\n";
     } else if (e.is_tensordict()) {
       os << "TensorDict(batch_size=" << shape_str(e.tensordict().batch_size()) << ")\n";
       describe_into(e.tensordict(), depth + 1, os);

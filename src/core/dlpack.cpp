@@ -17,13 +17,13 @@ struct DTypeCode {
 };
 
 constexpr DTypeCode kCodes[] = {
-    {DType::Bool, kDLBoolCode, 8},         {DType::UInt8, kDLUInt, 8},
-    {DType::UInt16, kDLUInt, 16},      {DType::UInt32, kDLUInt, 32},
-    {DType::UInt64, kDLUInt, 64},      {DType::Int8, kDLInt, 8},
-    {DType::Int16, kDLInt, 16},        {DType::Int32, kDLInt, 32},
-    {DType::Int64, kDLInt, 64},        {DType::Float16, kDLFloat, 16},
-    {DType::BFloat16, kDLBfloat, 16},  {DType::Float32, kDLFloat, 32},
-    {DType::Float64, kDLFloat, 64},    {DType::Complex64, kDLComplex, 64},
+    {DType::Bool, kDLBoolCode, 8},        {DType::UInt8, kDLUInt, 8},
+    {DType::UInt16, kDLUInt, 16},         {DType::UInt32, kDLUInt, 32},
+    {DType::UInt64, kDLUInt, 64},         {DType::Int8, kDLInt, 8},
+    {DType::Int16, kDLInt, 16},           {DType::Int32, kDLInt, 32},
+    {DType::Int64, kDLInt, 64},           {DType::Float16, kDLFloat, 16},
+    {DType::BFloat16, kDLBfloat, 16},     {DType::Float32, kDLFloat, 32},
+    {DType::Float64, kDLFloat, 64},       {DType::Complex64, kDLComplex, 64},
     {DType::Complex128, kDLComplex, 128},
 };
 
@@ -78,7 +78,8 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
     if (strides.empty()) hi = numel - 1;
   }
   size_t item = tensorwire::itemsize(*dtype);
-  std::byte* base = static_cast<std::byte*>(t.data) + t.byte_offset + lo * static_cast<int64_t>(item);
+  std::byte* base =
+      static_cast<std::byte*>(t.data) + t.byte_offset + lo * static_cast<int64_t>(item);
   size_t nbytes = numel > 0 ? static_cast<size_t>(hi - lo + 1) * item : 0;
   Storage storage = Storage::external(base, nbytes, release, Storage::Kind::External);
   return view(std::move(storage), static_cast<size_t>(-lo * static_cast<int64_t>(item)),

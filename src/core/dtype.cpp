@@ -33,9 +33,13 @@ constexpr std::array<Info, kNumDTypes> kInfo = {{
 
 }  // namespace
 
-size_t itemsize(DType dtype) noexcept { return kInfo[static_cast<size_t>(dtype)].size; }
+size_t itemsize(DType dtype) noexcept {
+  return kInfo[static_cast<size_t>(dtype)].size;
+}
 
-std::string_view dtype_name(DType dtype) noexcept { return kInfo[static_cast<size_t>(dtype)].name; }
+std::string_view dtype_name(DType dtype) noexcept {
+  return kInfo[static_cast<size_t>(dtype)].name;
+}
 
 std::optional<DType> parse_dtype(std::string_view name) noexcept {
   for (size_t i = 0; i < kInfo.size(); ++i)

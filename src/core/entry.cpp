@@ -8,7 +8,9 @@ Entry::Entry(NonTensorStack v) : value_(std::move(v)) {}
 Entry::Entry(TensorDict td) : value_(std::make_unique<TensorDict>(std::move(td))) {}
 Entry::~Entry() = default;
 
-Entry::Entry(const Entry& o) : value_(Tensor{}) { *this = o; }
+Entry::Entry(const Entry& o) : value_(Tensor{}) {
+  *this = o;
+}
 
 Entry& Entry::operator=(const Entry& o) {
   if (this == &o) return *this;
@@ -25,10 +27,14 @@ Entry& Entry::operator=(const Entry& o) {
 
 const char* Entry::kind_name() const noexcept {
   switch (value_.index()) {
-    case 0: return "tensor";
-    case 1: return "non-tensor value";
-    case 2: return "non-tensor stack";
-    default: return "TensorDict";
+    case 0:
+      return "tensor";
+    case 1:
+      return "non-tensor value";
+    case 2:
+      return "non-tensor stack";
+    default:
+      return "TensorDict";
   }
 }
 

@@ -81,7 +81,8 @@ TensorDict TensorDict::stack(const std::vector<TensorDict>& tds) {
       NonTensorStack st;
       st.batch_size = batch;
       for (const Entry* e : column) {
-        Shape inner = e->is_non_tensor_stack() ? e->non_tensor_stack().batch_size : first.batch_size_;
+        Shape inner =
+            e->is_non_tensor_stack() ? e->non_tensor_stack().batch_size : first.batch_size_;
         auto vals = expand_values(*e, inner);
         if (e->is_non_tensor_stack() && inner.size() > first.batch_size_.size()) {
           // Stacks deeper than the batch keep their own dims.

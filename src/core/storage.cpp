@@ -65,7 +65,8 @@ Storage Storage::map_file(const std::string& path) {
   int err = errno;
   ::close(fd);
   if (p == MAP_FAILED) throw SystemError("cannot map '" + path + "'", err);
-  return external(p, size, [p, size] { ::munmap(p, size); }, Kind::Mapped);
+  return external(
+      p, size, [p, size] { ::munmap(p, size); }, Kind::Mapped);
 }
 
 }  // namespace tensorwire

@@ -117,8 +117,8 @@ std::byte* Tensor::element_ptr(std::initializer_list<int64_t> index) const {
   size_t d = 0;
   for (int64_t i : index) {
     if (i < 0 || i >= shape_[d])
-      throw ValueError("index " + std::to_string(i) + " out of range for dim " +
-                       std::to_string(d) + " of shape " + shape_str(shape_));
+      throw ValueError("index " + std::to_string(i) + " out of range for dim " + std::to_string(d) +
+                       " of shape " + shape_str(shape_));
     off += i * strides_[d++];
   }
   return static_cast<std::byte*>(data()) + off * static_cast<int64_t>(itemsize());

@@ -44,7 +44,8 @@ Entry& TensorDict::append_(std::string name, Entry value) {
   entries_.emplace_back(std::move(name), std::move(value));
   if (index_) {
     // Copies share the index until one of them changes: copy on write.
-    if (index_.use_count() > 1) index_ = std::make_shared<std::unordered_map<std::string, size_t>>(*index_);
+    if (index_.use_count() > 1)
+      index_ = std::make_shared<std::unordered_map<std::string, size_t>>(*index_);
     index_->emplace(entries_.back().first, entries_.size() - 1);
   } else if (entries_.size() > kIndexThreshold) {
     rebuild_index_();
@@ -172,12 +173,18 @@ TensorDict& TensorDict::set(const Key& key, Entry value) {
   return *this;
 }
 
-TensorDict& TensorDict::set(const Key& key, Tensor value) { return set(key, Entry(std::move(value))); }
-TensorDict& TensorDict::set(const Key& key, NonTensor value) { return set(key, Entry(std::move(value))); }
+TensorDict& TensorDict::set(const Key& key, Tensor value) {
+  return set(key, Entry(std::move(value)));
+}
+TensorDict& TensorDict::set(const Key& key, NonTensor value) {
+  return set(key, Entry(std::move(value)));
+}
 TensorDict& TensorDict::set(const Key& key, NonTensorStack value) {
   return set(key, Entry(std::move(value)));
 }
-TensorDict& TensorDict::set(const Key& key, TensorDict value) { return set(key, Entry(std::move(value))); }
+TensorDict& TensorDict::set(const Key& key, TensorDict value) {
+  return set(key, Entry(std::move(value)));
+}
 
 void TensorDict::erase(const Key& key) {
   TensorDict& parent = parent_for(key, /*create=*/false);
@@ -202,8 +209,8 @@ void TensorDict::check_update(const TensorDict& other, const Key& prefix) const 
       const Tensor& b = src.tensor();
       if (a.shape() != b.shape() || a.dtype() != b.dtype())
         throw ValueError("update_: key " + key.str() + ": destination " +
-                         std::string(dtype_name(a.dtype())) + shape_str(a.shape()) +
-                         ", source " + std::string(dtype_name(b.dtype())) + shape_str(b.shape()));
+                         std::string(dtype_name(a.dtype())) + shape_str(a.shape()) + ", source " +
+                         std::string(dtype_name(b.dtype())) + shape_str(b.shape()));
     } else if (src.is_tensordict()) {
       if (!dst->is_tensordict())
         throw TypeError("update_: key " + key.str() + " is a " + dst->kind_name() +
@@ -219,8 +226,9 @@ void TensorDict::check_update(const TensorDict& other, const Key& prefix) const 
                   (src.is_non_tensor() ? src.non_tensor() == dst->non_tensor()
                                        : src.non_tensor_stack() == dst->non_tensor_stack());
       if (!same && consolidated_)
-        throw ValueError("update_: key " + key.str() +
-                         ": cannot change a non-tensor value of a consolidated TensorDict in place");
+        throw ValueError(
+            "update_: key " + key.str() +
+            ": cannot change a non-tensor value of a consolidated TensorDict in place");
     }
   }
 }

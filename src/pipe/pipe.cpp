@@ -12,10 +12,13 @@ namespace detail {
 class ListenerImpl {
  public:
   ListenerImpl(uint16_t port, const PipeOptions& options)
-      : options_(options), listener_(std::make_unique<ucx::Listener>(port)), port_(listener_->port()) {}
+      : options_(options),
+        listener_(std::make_unique<ucx::Listener>(port)),
+        port_(listener_->port()) {}
 
-  std::optional<TensorDictPipe> accept(TensorDictPipe::Millis timeout, bool throw_on_refusal,
-                                       const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
+  std::optional<TensorDictPipe> accept(
+      TensorDictPipe::Millis timeout, bool throw_on_refusal,
+      const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
     const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
     while (true) {
       std::optional<ucx::ConnRequest> req;
@@ -52,7 +55,9 @@ class ListenerImpl {
         efd = listener_->worker().efd();
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      struct pollfd p {efd, POLLIN, 0};
+      struct pollfd p {
+        efd, POLLIN, 0
+      };
       ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100)));
     }
   }
@@ -93,7 +98,8 @@ TensorDictPipe::~TensorDictPipe() {
   if (impl_) impl_->close();
 }
 
-TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port, const PipeOptions& options) {
+TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
+                                       const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
   impl->handshake(/*as_server=*/false);
   return TensorDictPipe(std::move(impl));
@@ -108,9 +114,15 @@ TensorDictPipe TensorDictPipe::listen(uint16_t port, const PipeOptions& options,
   return std::move(*listener.accept(kForever, /*throw_on_refusal=*/true));
 }
 
-void TensorDictPipe::send(const TensorDict& td, Millis timeout) { impl_->send(td, timeout); }
-TensorDict& TensorDictPipe::recv(TensorDict* into, Millis timeout) { return impl_->recv(into, timeout); }
-bool TensorDictPipe::last_recv_was_new_schema() const { return impl_->last_new_schema(); }
+void TensorDictPipe::send(const TensorDict& td, Millis timeout) {
+  impl_->send(td, timeout);
+}
+TensorDict& TensorDictPipe::recv(TensorDict* into, Millis timeout) {
+  return impl_->recv(into, timeout);
+}
+bool TensorDictPipe::last_recv_was_new_schema() const {
+  return impl_->last_new_schema();
+}
 
 std::future<void> TensorDictPipe::send_async(TensorDict td) {
   auto impl = impl_;
@@ -120,32 +132,69 @@ std::future<void> TensorDictPipe::send_async(TensorDict td) {
 std::future<TensorDict> TensorDictPipe::recv_async() {
   auto impl = impl_;
   // A copy of the structure: the caller owns it, its tensors share the received storage.
-  return std::async(std::launch::async, [impl] { return TensorDict(impl->recv(nullptr, kForever)); });
+  return std::async(std::launch::async,
+                    [impl] { return TensorDict(impl->recv(nullptr, kForever)); });
 }
 
-void TensorDictPipe::start_send(const TensorDict& td) { impl_->start_send(td); }
-bool TensorDictPipe::poll_send() { return impl_->poll_send(); }
-TensorDict* TensorDictPipe::poll_recv(TensorDict* into) { return impl_->poll_recv(into); }
-int TensorDictPipe::fd() const { return impl_->fd(); }
-bool TensorDictPipe::arm() { return impl_->arm(); }
-int TensorDictPipe::peer_fd() const { return impl_->peer_fd(); }
-void TensorDictPipe::close() { impl_->close(); }
-bool TensorDictPipe::closed() const { return impl_->closed(); }
-uint16_t TensorDictPipe::local_port() const { return impl_->local_port(); }
-const std::string& TensorDictPipe::peer() const { return impl_->peer(); }
-const PipeOptions& TensorDictPipe::options() const { return impl_->options(); }
+void TensorDictPipe::start_send(const TensorDict& td) {
+  impl_->start_send(td);
+}
+bool TensorDictPipe::poll_send() {
+  return impl_->poll_send();
+}
+TensorDict* TensorDictPipe::poll_recv(TensorDict* into) {
+  return impl_->poll_recv(into);
+}
+int TensorDictPipe::fd() const {
+  return impl_->fd();
+}
+bool TensorDictPipe::arm() {
+  return impl_->arm();
+}
+int TensorDictPipe::peer_fd() const {
+  return impl_->peer_fd();
+}
+void TensorDictPipe::close() {
+  impl_->close();
+}
+bool TensorDictPipe::closed() const {
+  return impl_->closed();
+}
+uint16_t TensorDictPipe::local_port() const {
+  return impl_->local_port();
+}
+const std::string& TensorDictPipe::peer() const {
+  return impl_->peer();
+}
+const PipeOptions& TensorDictPipe::options() const {
+  return impl_->options();
+}
 
 PipeListener::PipeListener(uint16_t port, const PipeOptions& options)
     : impl_(std::make_unique<detail::ListenerImpl>(port, options)) {}
 PipeListener::~PipeListener() = default;
-uint16_t PipeListener::port() const { return impl_->port(); }
-std::optional<TensorDictPipe> PipeListener::accept(TensorDictPipe::Millis timeout, bool throw_on_refusal) {
-  return impl_->accept(timeout, throw_on_refusal, [](auto impl) { return TensorDictPipe(std::move(impl)); });
+uint16_t PipeListener::port() const {
+  return impl_->port();
 }
-int PipeListener::fd() const { return impl_->fd(); }
-bool PipeListener::arm() { return impl_->arm(); }
-void PipeListener::close() { impl_->close(); }
-size_t PipeListener::refused() const { return impl_->refused(); }
-const std::string& PipeListener::last_refusal() const { return impl_->last_refusal(); }
+std::optional<TensorDictPipe> PipeListener::accept(TensorDictPipe::Millis timeout,
+                                                   bool throw_on_refusal) {
+  return impl_->accept(timeout, throw_on_refusal,
+                       [](auto impl) { return TensorDictPipe(std::move(impl)); });
+}
+int PipeListener::fd() const {
+  return impl_->fd();
+}
+bool PipeListener::arm() {
+  return impl_->arm();
+}
+void PipeListener::close() {
+  impl_->close();
+}
+size_t PipeListener::refused() const {
+  return impl_->refused();
+}
+const std::string& PipeListener::last_refusal() const {
+  return impl_->last_refusal();
+}
 
 }  // namespace tensorwire

@@ -33,7 +33,8 @@ ucx::Request PipeImpl::post_control(const Json& body) {
   control_out_ = wire::Encoder::control(body);
   std::span<const std::byte> pieces[2] = {
       {control_out_.header_bytes.data(), control_out_.header_bytes.size()},
-      {reinterpret_cast<const std::byte*>(control_out_.metadata.data()), control_out_.metadata.size()}};
+      {reinterpret_cast<const std::byte*>(control_out_.metadata.data()),
+       control_out_.metadata.size()}};
   return ep_->send(kControlTag, pieces, control_iov_);
 }
 
@@ -63,7 +64,9 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, request);
 }
 
-PipeImpl::~PipeImpl() { close(); }
+PipeImpl::~PipeImpl() {
+  close();
+}
 
 // ---- handshake & control ---------------------------------------------------
 
@@ -123,7 +126,8 @@ Json PipeImpl::recv_control(Clock::time_point deadline) {
         ucx::Request req = ep_->recv(m->second, buf, &got);
         while (!req.done()) worker_->progress();
         wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
-        if (h.kind != wire::MessageKind::Control || wire::kHeaderBytes + h.metadata_bytes != buf.size())
+        if (h.kind != wire::MessageKind::Control ||
+            wire::kHeaderBytes + h.metadata_bytes != buf.size())
           fail("expected a control message during the handshake", true, true);
         wire::Incoming in;
         decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
@@ -165,7 +169,8 @@ void PipeImpl::check_alive() {
     throw ClosedError(failure_);
   }
   if (ep_->error() != UCS_OK)
-    fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()), false, false);
+    fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()), false,
+         false);
   // The pidfd check is a system call: at most every few milliseconds, so the spin phase of
   // a wait stays cheap (a clock read is a vDSO call).
   if (peer_watch_) {
@@ -173,7 +178,8 @@ void PipeImpl::check_alive() {
     if (now >= next_liveness_check_) {
       next_liveness_check_ = now + std::chrono::milliseconds(5);
       if (!peer_watch_->alive())
-        fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false, false);
+        fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false,
+             false);
     }
   }
 }
@@ -291,7 +297,7 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
   worker_->progress();
   try {
     if (state_ == RecvState::Idle) {
-        auto m = ep_->probe(kFrameTag);
+      auto m = ep_->probe(kFrameTag);
       if (!m) {
         // Data sent before a close is delivered first, and a close message before the
         // connection error that follows it.
@@ -327,8 +333,8 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
       const bool inline_payload = h.payload_bytes <= kInlineMax;
       const uint64_t expected = meta_end + (inline_payload ? h.payload_bytes : 0);
       if (frame_len_ != expected)
-        throw ProtocolError("frame of " + std::to_string(frame_len_) + " bytes, its header announces " +
-                            std::to_string(expected));
+        throw ProtocolError("frame of " + std::to_string(frame_len_) +
+                            " bytes, its header announces " + std::to_string(expected));
       if (h.kind == wire::MessageKind::Control)
         throw ProtocolError("unexpected control message on the data channel");
       decoder_.prepare(h, frame.subspan(wire::kHeaderBytes, h.metadata_bytes), into_, incoming_);

@@ -62,9 +62,9 @@ class PipeImpl {
 
  private:
   TensorDict* step_recv(TensorDict* into);  // under mu_
-  bool step_send();                          // under mu_
-  void check_alive();                        // under mu_: throws ClosedError
-  void drain_control();                      // under mu_
+  bool step_send();                         // under mu_
+  void check_alive();                       // under mu_: throws ClosedError
+  void drain_control();                     // under mu_
   [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
   void wait_event(std::chrono::steady_clock::time_point deadline, const char* what);
   void send_control(const Json& body, std::chrono::steady_clock::time_point deadline);
@@ -84,7 +84,7 @@ class PipeImpl {
   std::mutex recv_mu_;  // one receiver at a time
   std::atomic<bool> closed_{false};
   bool connected_ = false;  // the handshake completed
-  std::string failure_;  // why the pipe is unusable ("" while healthy)
+  std::string failure_;     // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
 
   wire::Encoder encoder_;

@@ -4,9 +4,12 @@
 
 namespace tensorwire {
 
-TensorDictServer::TensorDictServer(uint16_t port, const PipeOptions& options) : listener_(port, options) {}
+TensorDictServer::TensorDictServer(uint16_t port, const PipeOptions& options)
+    : listener_(port, options) {}
 
-TensorDictServer::~TensorDictServer() { close(); }
+TensorDictServer::~TensorDictServer() {
+  close();
+}
 
 std::optional<TensorDictPipe> TensorDictServer::accept(TensorDictPipe::Millis timeout) {
   if (closed()) throw ClosedError("the server is closed");

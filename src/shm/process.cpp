@@ -21,7 +21,9 @@ ProcessWatch::ProcessWatch(int pid) : pid_(pid) {
 
 bool ProcessWatch::alive() const {
   if (!fd_) return false;
-  struct pollfd p {fd_.get(), POLLIN, 0};
+  struct pollfd p {
+    fd_.get(), POLLIN, 0
+  };
   return ::poll(&p, 1, 0) == 0;
 }
 
@@ -30,7 +32,8 @@ std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     const char* abbrev = ::sigabbrev_np(sig);
-    return "killed by signal " + std::to_string(sig) + (abbrev ? " (SIG" + std::string(abbrev) + ")" : "");
+    return "killed by signal " + std::to_string(sig) +
+           (abbrev ? " (SIG" + std::string(abbrev) + ")" : "");
   }
   return "ended with wait status " + std::to_string(status);
 }

@@ -67,7 +67,8 @@ Storage Segment::storage(size_t offset, size_t nbytes) const {
     throw ValueError("segment storage [" + std::to_string(offset) + ", +" + std::to_string(nbytes) +
                      ") outside a segment of " + std::to_string(size()) + " bytes");
   auto keep = impl_;
-  return Storage::external(impl_->data + offset, nbytes, [keep] {}, Storage::Kind::Shared);
+  return Storage::external(
+      impl_->data + offset, nbytes, [keep] {}, Storage::Kind::Shared);
 }
 
 }  // namespace tensorwire::shm

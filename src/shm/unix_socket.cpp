@@ -32,7 +32,9 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
 
 // Returns false on timeout.
 bool wait_fd(int fd, short events, Millis timeout) {
-  struct pollfd p {fd, events, 0};
+  struct pollfd p {
+    fd, events, 0
+  };
   while (true) {
     int r = ::poll(&p, 1, static_cast<int>(timeout.count()));
     if (r > 0) return true;
@@ -51,7 +53,9 @@ Fd& Fd::operator=(Fd&& o) noexcept {
   return *this;
 }
 
-Fd::~Fd() { reset(); }
+Fd::~Fd() {
+  reset();
+}
 
 void Fd::reset() noexcept {
   if (fd_ >= 0) ::close(fd_);
@@ -70,10 +74,12 @@ UnixSocket UnixSocket::connect(const std::string& name, Millis timeout) {
   while (true) {
     Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd) throw SystemError("socket", errno);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0) return UnixSocket(std::move(fd));
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0)
+      return UnixSocket(std::move(fd));
     int err = errno;
     // The listener may not be up yet (ECONNREFUSED) or its backlog is full (EAGAIN).
-    if ((err != ECONNREFUSED && err != EAGAIN && err != ENOENT) || std::chrono::steady_clock::now() >= deadline)
+    if ((err != ECONNREFUSED && err != EAGAIN && err != ENOENT) ||
+        std::chrono::steady_clock::now() >= deadline)
       throw SystemError("connect to '" + name + "'", err);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -81,7 +87,8 @@ UnixSocket UnixSocket::connect(const std::string& name, Millis timeout) {
 
 std::pair<UnixSocket, UnixSocket> UnixSocket::pair() {
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw SystemError("socketpair", errno);
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw SystemError("socketpair", errno);
   return {UnixSocket(Fd(sv[0])), UnixSocket(Fd(sv[1]))};
 }
 
@@ -91,7 +98,8 @@ void UnixSocket::send(const std::string& bytes, const std::vector<int>& fds) {
   if (fds.size() > kMaxFds) throw ValueError("too many fds in one message");
   uint32_t len = static_cast<uint32_t>(bytes.size());
   unsigned char hdr[4] = {static_cast<unsigned char>(len), static_cast<unsigned char>(len >> 8),
-                          static_cast<unsigned char>(len >> 16), static_cast<unsigned char>(len >> 24)};
+                          static_cast<unsigned char>(len >> 16),
+                          static_cast<unsigned char>(len >> 24)};
   iovec iov[2] = {{hdr, 4}, {const_cast<char*>(bytes.data()), bytes.size()}};
   alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFds)];
   msghdr msg{};
@@ -136,8 +144,10 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
   while (true) {
     if (inbuf_.size() >= 4) {
       uint32_t len = static_cast<uint8_t>(inbuf_[0]) | static_cast<uint8_t>(inbuf_[1]) << 8 |
-                     static_cast<uint8_t>(inbuf_[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(inbuf_[3])) << 24;
-      if (len > kMaxMessage) throw ProtocolError("unix socket message of " + std::to_string(len) + " bytes");
+                     static_cast<uint8_t>(inbuf_[2]) << 16 |
+                     static_cast<uint32_t>(static_cast<uint8_t>(inbuf_[3])) << 24;
+      if (len > kMaxMessage)
+        throw ProtocolError("unix socket message of " + std::to_string(len) + " bytes");
       if (inbuf_.size() >= 4 + len) {
         Message m;
         m.bytes = inbuf_.substr(4, len);
@@ -149,7 +159,8 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
     }
     Millis left = timeout.count() < 0
                       ? kForever
-                      : std::max(Millis{0}, std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
+                      : std::max(Millis{0}, std::chrono::duration_cast<Millis>(
+                                                deadline - std::chrono::steady_clock::now()));
     if (!wait_fd(fd_.get(), POLLIN, left)) return std::nullopt;
     char buf[65536];
     alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFds)];
@@ -183,7 +194,8 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
 int UnixSocket::peer_pid() const {
   ucred cred{};
   socklen_t len = sizeof cred;
-  if (::getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) throw SystemError("SO_PEERCRED", errno);
+  if (::getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    throw SystemError("SO_PEERCRED", errno);
   return cred.pid;
 }
 

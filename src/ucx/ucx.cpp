@@ -91,7 +91,9 @@ bool Worker::arm() {
 void Worker::wait(std::chrono::milliseconds timeout) {
   if (progress()) return;
   if (!arm()) return;
-  struct pollfd p {efd_, POLLIN, 0};
+  struct pollfd p {
+    efd_, POLLIN, 0
+  };
   ::poll(&p, 1, static_cast<int>(timeout.count()));
 }
 
@@ -106,7 +108,9 @@ Request::Request(ucs_status_ptr_t p, bool is_recv) : is_recv_(is_recv) {
 }
 
 Request::Request(Request&& o) noexcept
-    : req_(std::exchange(o.req_, nullptr)), is_recv_(o.is_recv_), done_(std::exchange(o.done_, true)) {}
+    : req_(std::exchange(o.req_, nullptr)),
+      is_recv_(o.is_recv_),
+      done_(std::exchange(o.done_, true)) {}
 
 Request& Request::operator=(Request&& o) noexcept {
   if (this != &o) {
@@ -252,7 +256,9 @@ Endpoint::Endpoint(Worker& worker, ConnRequest& request) : worker_(worker), peer
   if (st != UCS_OK) throw_status("accept from " + peer_, st);
 }
 
-Endpoint::~Endpoint() { close(true, std::chrono::milliseconds(1000)); }
+Endpoint::~Endpoint() {
+  close(true, std::chrono::milliseconds(1000));
+}
 
 Request Endpoint::send(uint64_t tag, std::span<const std::span<const std::byte>> pieces,
                        std::vector<ucp_dt_iov_t>& iov) {
@@ -288,7 +294,8 @@ void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* 
 // receive completes through the callback (no immediate completion), which always has it.
 ucp_request_param_t recv_param(size_t* length) {
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &on_recv;
   param.user_data = length;
   return param;
@@ -298,14 +305,16 @@ ucp_request_param_t recv_param(size_t* length) {
 Request Endpoint::recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length) {
   ucp_request_param_t param = recv_param(length);
   *length = 0;
-  return Request(ucp_tag_msg_recv_nbx(worker_.handle(), into.data(), into.size(), msg, &param), true);
+  return Request(ucp_tag_msg_recv_nbx(worker_.handle(), into.data(), into.size(), msg, &param),
+                 true);
 }
 
 Request Endpoint::recv(uint64_t tag, std::span<std::byte> into, size_t* length) {
   ucp_request_param_t param = recv_param(length);
   *length = 0;
-  return Request(ucp_tag_recv_nbx(worker_.handle(), into.data(), into.size(), tag, ~uint64_t{0}, &param),
-                 true);
+  return Request(
+      ucp_tag_recv_nbx(worker_.handle(), into.data(), into.size(), tag, ~uint64_t{0}, &param),
+      true);
 }
 
 void Endpoint::discard_unexpected() {
@@ -317,14 +326,17 @@ void Endpoint::discard_unexpected() {
     scratch.resize(info.length);
     size_t got = 0;
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
     param.user_data = &got;
-    ucs_status_ptr_t p = ucp_tag_msg_recv_nbx(worker_.handle(), scratch.data(), scratch.size(), msg, &param);
+    ucs_status_ptr_t p =
+        ucp_tag_msg_recv_nbx(worker_.handle(), scratch.data(), scratch.size(), msg, &param);
     if (UCS_PTR_IS_ERR(p)) return;
     if (p) {
       auto until = Clock::now() + std::chrono::milliseconds(100);
-      while (ucp_request_check_status(p) == UCS_INPROGRESS && Clock::now() < until) worker_.progress();
+      while (ucp_request_check_status(p) == UCS_INPROGRESS && Clock::now() < until)
+        worker_.progress();
       if (ucp_request_check_status(p) == UCS_INPROGRESS) ucp_request_cancel(worker_.handle(), p);
       ucp_request_free(p);
     }

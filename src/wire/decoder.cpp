@@ -16,28 +16,37 @@ Json to_ordered(nlohmann::json&& j) {
       Json out = Json::object();
       auto& members = out.get_ref<Json::object_t&>();
       members.reserve(j.size());
-      for (auto& [k, v] : j.get_ref<nlohmann::json::object_t&>()) members.emplace_back(k, to_ordered(std::move(v)));
+      for (auto& [k, v] : j.get_ref<nlohmann::json::object_t&>())
+        members.emplace_back(k, to_ordered(std::move(v)));
       return out;
     }
     case nlohmann::json::value_t::array: {
       Json out = Json::array();
       auto& items = out.get_ref<Json::array_t&>();
       items.reserve(j.size());
-      for (auto& v : j.get_ref<nlohmann::json::array_t&>()) items.push_back(to_ordered(std::move(v)));
+      for (auto& v : j.get_ref<nlohmann::json::array_t&>())
+        items.push_back(to_ordered(std::move(v)));
       return out;
     }
-    case nlohmann::json::value_t::string: return Json(std::move(j.get_ref<std::string&>()));
-    case nlohmann::json::value_t::boolean: return Json(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Json(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: return Json(j.get<uint64_t>());
-    case nlohmann::json::value_t::number_float: return Json(j.get<double>());
-    default: return Json(nullptr);
+    case nlohmann::json::value_t::string:
+      return Json(std::move(j.get_ref<std::string&>()));
+    case nlohmann::json::value_t::boolean:
+      return Json(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Json(j.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      return Json(j.get<uint64_t>());
+    case nlohmann::json::value_t::number_float:
+      return Json(j.get<double>());
+    default:
+      return Json(nullptr);
   }
 }
 
 }  // namespace
 
-Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits, const char* what) {
+Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits,
+                          const char* what) {
   const char* begin = reinterpret_cast<const char*>(bytes.data());
   // JSON nesting is bounded too: deeply nested input must not exhaust the stack of a
   // recursive consumer. Two JSON levels per TensorDict level, plus room for values.
@@ -61,7 +70,8 @@ FrameHeader Decoder::read_header(std::span<const std::byte> bytes) const {
   return FrameHeader::decode(bytes, limits_);
 }
 
-Incoming Decoder::prepare(const FrameHeader& h, std::span<const std::byte> metadata, TensorDict* into) {
+Incoming Decoder::prepare(const FrameHeader& h, std::span<const std::byte> metadata,
+                          TensorDict* into) {
   Incoming in;
   prepare(h, metadata, into, in);
   return in;
@@ -88,9 +98,10 @@ void Decoder::prepare(const FrameHeader& h, std::span<const std::byte> metadata,
   throw ProtocolError("unknown message kind");
 }
 
-void Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in) {
-  ConsolidatedLayout layout =
-      ConsolidatedLayout::parse(parse_untrusted_json(metadata, limits_, "schema"), limits_, h.payload_bytes);
+void Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata,
+                             Incoming& in) {
+  ConsolidatedLayout layout = ConsolidatedLayout::parse(
+      parse_untrusted_json(metadata, limits_, "schema"), limits_, h.payload_bytes);
   // Everything is validated: only now is memory allocated for the payload.
   Storage storage = Storage::allocate(h.payload_bytes, 64);
   TensorDict td = layout.instantiate(storage);
@@ -139,14 +150,17 @@ void Decoder::prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& 
   in.buffers.emplace_back(dst.data(), dst.nbytes());
 }
 
-void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in) {
+void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata,
+                                       Incoming& in) {
   Json header = parse_untrusted_json(metadata, limits_, "non-consolidated header");
   auto bad = [](const std::string& rule) -> ProtocolError {
     return ProtocolError("invalid non-consolidated header: " + rule);
   };
   if (!header.is_object()) throw bad("must be a JSON object");
   auto shape_of = [&](const Json& v, const std::string& what) {
-    if (!v.is_array() || v.size() > limits_.max_dims) throw bad(what + " must be a list of at most " + std::to_string(limits_.max_dims) + " integers");
+    if (!v.is_array() || v.size() > limits_.max_dims)
+      throw bad(what + " must be a list of at most " + std::to_string(limits_.max_dims) +
+                " integers");
     Shape s;
     for (const Json& d : v) {
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
@@ -154,7 +168,11 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
       if (d.get<uint64_t>() > (1ull << 62)) throw bad(what + " dim too large");
       s.push_back(d.get<int64_t>());
     }
-    try { checked_numel(s); } catch (const Error& e) { throw bad(what + ": " + e.what()); }
+    try {
+      checked_numel(s);
+    } catch (const Error& e) {
+      throw bad(what + ": " + e.what());
+    }
     return s;
   };
   auto bs = header.find("batch_size");
@@ -162,10 +180,17 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
   auto entries = header.find("entries");
   if (entries == header.end() || !entries->is_array()) throw bad("\"entries\" must be a list");
   if (entries->size() > limits_.max_leaves)
-    throw bad(std::to_string(entries->size()) + " entries exceed max_leaves " + std::to_string(limits_.max_leaves));
+    throw bad(std::to_string(entries->size()) + " entries exceed max_leaves " +
+              std::to_string(limits_.max_leaves));
 
   // First pass: validate every entry and size the payload, before allocating.
-  struct Leaf { size_t entry; DType dtype; Shape shape; uint64_t nbytes; uint64_t offset; };
+  struct Leaf {
+    size_t entry;
+    DType dtype;
+    Shape shape;
+    uint64_t nbytes;
+    uint64_t offset;
+  };
   std::vector<Leaf> leaves;
   uint64_t sum = 0, storage_bytes = 0;
   for (size_t i = 0; i < entries->size(); ++i) {
@@ -207,7 +232,8 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
       auto b = e.find("batch_size");
       auto v = e.find("values");
       auto sd = e.find("stack_dim");
-      if (b == e.end() || v == e.end() || !v->is_array() || sd == e.end() || !sd->is_number_integer())
+      if (b == e.end() || v == e.end() || !v->is_array() || sd == e.end() ||
+          !sd->is_number_integer())
         throw bad(where + ": a non_tensor_stack needs batch_size, stack_dim and values");
       shape_of(*b, where + " batch_size");
     } else {
@@ -224,9 +250,12 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
     std::optional<Device> device;
     if (auto d = header.find("device"); d != header.end() && !d->is_null()) device = Device::cpu();
     TensorDict td(shape_of(*bs, "batch_size"), device);
-    if (auto n = header.find("names"); n != header.end() && n->is_array() && n->size() == td.batch_size().size()) {
+    if (auto n = header.find("names");
+        n != header.end() && n->is_array() && n->size() == td.batch_size().size()) {
       std::vector<std::optional<std::string>> names;
-      for (const Json& x : *n) names.push_back(x.is_string() ? std::optional<std::string>(x.get<std::string>()) : std::nullopt);
+      for (const Json& x : *n)
+        names.push_back(x.is_string() ? std::optional<std::string>(x.get<std::string>())
+                                      : std::nullopt);
       td.set_names(std::move(names));
     }
     Storage storage = Storage::allocate(storage_bytes, 64);
@@ -286,9 +315,9 @@ TensorDict& Decoder::decode(std::span<const std::byte> message, TensorDict* into
   FrameHeader h = read_header(message.first(kHeaderBytes));
   const uint64_t rest = message.size() - kHeaderBytes;
   if (h.metadata_bytes > rest || h.payload_bytes != rest - h.metadata_bytes)
-    throw ProtocolError("message of " + std::to_string(message.size()) + " bytes does not match its header (" +
-                        std::to_string(h.metadata_bytes) + " metadata + " + std::to_string(h.payload_bytes) +
-                        " payload bytes)");
+    throw ProtocolError("message of " + std::to_string(message.size()) +
+                        " bytes does not match its header (" + std::to_string(h.metadata_bytes) +
+                        " metadata + " + std::to_string(h.payload_bytes) + " payload bytes)");
   Incoming in = prepare(h, message.subspan(kHeaderBytes, h.metadata_bytes), into);
   const std::byte* src = message.data() + kHeaderBytes + h.metadata_bytes;
   for (auto& buf : in.buffers) {

@@ -4,7 +4,9 @@ namespace tensorwire::wire {
 
 namespace {
 
-Json shape_json(const Shape& s) { return Json(s); }
+Json shape_json(const Shape& s) {
+  return Json(s);
+}
 
 void header_entries(const TensorDict& td, Json& entries, std::vector<std::string>& path) {
   for (const auto& [name, e] : td.items()) {
@@ -14,7 +16,8 @@ void header_entries(const TensorDict& td, Json& entries, std::vector<std::string
     if (e.is_tensor()) {
       const Tensor& t = e.tensor();
       if (!t.device().is_cpu())
-        throw ValueError("key '" + name + "' is on " + t.device().str() + "; only CPU tensors can be sent");
+        throw ValueError("key '" + name + "' is on " + t.device().str() +
+                         "; only CPU tensors can be sent");
       entry["type"] = "tensor";
       entry["dtype"] = std::string(dtype_name(t.dtype()));
       entry["shape"] = shape_json(t.shape());

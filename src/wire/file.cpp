@@ -63,7 +63,9 @@ TensorDict load(const std::string& path, const wire::Limits& limits) {
   auto bad = [&](const std::string& rule) {
     return ProtocolError("cannot load '" + path + "': " + rule);
   };
-  if (size < 8) throw bad("truncated file: " + std::to_string(size) + " bytes, a saved TensorDict ends with an 8-byte metadata length");
+  if (size < 8)
+    throw bad("truncated file: " + std::to_string(size) +
+              " bytes, a saved TensorDict ends with an 8-byte metadata length");
   const uint64_t json_len = wire::detail::load_le<uint64_t>(file.data() + size - 8);
   if (json_len > size - 8)
     throw bad("metadata length " + std::to_string(json_len) + " is larger than the file (" +
@@ -74,13 +76,15 @@ TensorDict load(const std::string& path, const wire::Limits& limits) {
   const uint64_t storage_bytes = size - 8 - json_len;
   wire::ConsolidatedLayout layout;
   try {
-    Json meta = wire::parse_untrusted_json({file.data() + storage_bytes, json_len}, limits, "metadata");
+    Json meta =
+        wire::parse_untrusted_json({file.data() + storage_bytes, json_len}, limits, "metadata");
     layout = wire::ConsolidatedLayout::parse(std::move(meta), limits, storage_bytes);
   } catch (const ProtocolError& e) {
     throw bad(e.what());
   }
   // The storage is the mapped file's first storage_bytes; it keeps the mapping alive.
-  Storage storage = Storage::external(file.data(), storage_bytes, [file] {}, Storage::Kind::Mapped);
+  Storage storage = Storage::external(
+      file.data(), storage_bytes, [file] {}, Storage::Kind::Mapped);
   TensorDict td = layout.instantiate(storage);
   td.lock_();
   return td;

@@ -36,10 +36,14 @@ constexpr size_t magic = 0, version = 4, kind = 6, flags = 7, schema_id = 8, met
 
 const char* kind_name(MessageKind kind) noexcept {
   switch (kind) {
-    case MessageKind::SchemaAndStorage: return "schema+storage";
-    case MessageKind::Storage: return "storage";
-    case MessageKind::NonConsolidated: return "non-consolidated";
-    case MessageKind::Control: return "control";
+    case MessageKind::SchemaAndStorage:
+      return "schema+storage";
+    case MessageKind::Storage:
+      return "storage";
+    case MessageKind::NonConsolidated:
+      return "non-consolidated";
+    case MessageKind::Control:
+      return "control";
   }
   return "unknown";
 }
@@ -68,11 +72,12 @@ FrameHeader FrameHeader::decode(std::span<const std::byte> b, const Limits& limi
   if (b.size() != kHeaderBytes)
     bad("length", std::to_string(b.size()) + " bytes, a header is " + std::to_string(kHeaderBytes));
   if (uint32_t m = load_le<uint32_t>(b.data() + off::magic); m != kMagic)
-    bad("magic", "expected 0x52495754 (\"TWIR\"), got 0x" + [m] {
-      char buf[9];
-      std::snprintf(buf, sizeof buf, "%08x", m);
-      return std::string(buf);
-    }());
+    bad(
+        "magic", "expected 0x52495754 (\"TWIR\"), got 0x" + [m] {
+          char buf[9];
+          std::snprintf(buf, sizeof buf, "%08x", m);
+          return std::string(buf);
+        }());
   if (uint16_t v = load_le<uint16_t>(b.data() + off::version); v != kVersion)
     bad("version", "this side speaks version " + std::to_string(kVersion) + ", peer sent " +
                        std::to_string(v));
@@ -90,8 +95,10 @@ FrameHeader FrameHeader::decode(std::span<const std::byte> b, const Limits& limi
   h.payload_bytes = load_le<uint64_t>(b.data() + off::payload);
 
   const bool has_schema = h.kind == MessageKind::SchemaAndStorage || h.kind == MessageKind::Storage;
-  if (has_schema && h.schema_id == 0) bad("schema_id", std::string("must be non-zero for a ") + kind_name(h.kind) + " message");
-  if (!has_schema && h.schema_id != 0) bad("schema_id", std::string("must be 0 for a ") + kind_name(h.kind) + " message");
+  if (has_schema && h.schema_id == 0)
+    bad("schema_id", std::string("must be non-zero for a ") + kind_name(h.kind) + " message");
+  if (!has_schema && h.schema_id != 0)
+    bad("schema_id", std::string("must be 0 for a ") + kind_name(h.kind) + " message");
   if (h.kind == MessageKind::Storage) {
     if (h.metadata_bytes != 0) bad("metadata_bytes", "must be 0 for a storage message");
   } else {

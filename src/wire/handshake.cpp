@@ -53,15 +53,21 @@ std::string str_field(const Json& j, const char* name) {
 
 PeerIdentity identity_of(const Json& hello) {
   PeerIdentity p;
-  if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer()) p.pid = it->get<int>();
+  if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer())
+    p.pid = it->get<int>();
   p.boot_id = str_field(hello, "boot_id");
   return p;
 }
 
 Json hello(const HandshakeConfig& c, const char* role, const std::string& my_nonce) {
-  return {{"tensorwire", kVersion}, {"role", role},          {"protocol", c.protocol},
-          {"mode", c.mode},         {"auth", !c.auth_key.empty()}, {"nonce", my_nonce},
-          {"pid", static_cast<int>(::getpid())}, {"boot_id", boot_id()}};
+  return {{"tensorwire", kVersion},
+          {"role", role},
+          {"protocol", c.protocol},
+          {"mode", c.mode},
+          {"auth", !c.auth_key.empty()},
+          {"nonce", my_nonce},
+          {"pid", static_cast<int>(::getpid())},
+          {"boot_id", boot_id()}};
 }
 
 // What is wrong with the peer's hello, or "" when nothing is.
@@ -81,7 +87,9 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
 
 }  // namespace
 
-bool PeerIdentity::same_host() const { return !boot_id.empty() && boot_id == wire::boot_id(); }
+bool PeerIdentity::same_host() const {
+  return !boot_id.empty() && boot_id == wire::boot_id();
+}
 
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -92,7 +100,8 @@ std::string hmac_sha256_hex(const std::string& key, const std::string& message) 
   return hex(out, len);
 }
 
-PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& send, const RecvControl& recv) {
+PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& send,
+                                 const RecvControl& recv) {
   const std::string my_nonce = nonce();
   send(hello(c, "server", my_nonce));
   Json h = recv();
@@ -101,7 +110,8 @@ PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& se
   if (problem.empty() && !c.auth_key.empty() && !peer_auth)
     problem = "authentication required: the server has an auth_key and the client gave none";
   if (problem.empty() && c.auth_key.empty() && peer_auth)
-    problem = "the client gave an auth_key but the server has none (both sides must use the same key)";
+    problem =
+        "the client gave an auth_key but the server has none (both sides must use the same key)";
   if (problem.empty() && !c.auth_key.empty() &&
       !same_secret(str_field(h, "mac"), hmac_sha256_hex(c.auth_key, "client:" + my_nonce)))
     problem = "authentication failed: the client's auth_key does not match the server's";
@@ -110,22 +120,26 @@ PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& se
     throw HandshakeError("connection refused: " + problem);
   }
   Json verdict = {{"ok", true}, {"mac", nullptr}};
-  if (!c.auth_key.empty()) verdict["mac"] = hmac_sha256_hex(c.auth_key, "server:" + str_field(h, "nonce"));
+  if (!c.auth_key.empty())
+    verdict["mac"] = hmac_sha256_hex(c.auth_key, "server:" + str_field(h, "nonce"));
   send(verdict);
   return identity_of(h);
 }
 
-PeerIdentity handshake_as_client(const HandshakeConfig& c, const SendControl& send, const RecvControl& recv) {
+PeerIdentity handshake_as_client(const HandshakeConfig& c, const SendControl& send,
+                                 const RecvControl& recv) {
   Json server = recv();
   const std::string my_nonce = nonce();
   Json mine = hello(c, "client", my_nonce);
-  mine["mac"] = c.auth_key.empty() ? Json(nullptr)
-                                   : Json(hmac_sha256_hex(c.auth_key, "client:" + str_field(server, "nonce")));
+  mine["mac"] = c.auth_key.empty()
+                    ? Json(nullptr)
+                    : Json(hmac_sha256_hex(c.auth_key, "client:" + str_field(server, "nonce")));
   send(mine);
   Json verdict = recv();
   if (!verdict.is_object() || !verdict.value("ok", false)) {
     std::string why = verdict.is_object() ? str_field(verdict, "error") : "";
-    throw HandshakeError("connection refused by the server: " + (why.empty() ? check_hello(c, server, "server") : why));
+    throw HandshakeError("connection refused by the server: " +
+                         (why.empty() ? check_hello(c, server, "server") : why));
   }
   if (!c.auth_key.empty() &&
       !same_secret(str_field(verdict, "mac"), hmac_sha256_hex(c.auth_key, "server:" + my_nonce)))

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <unordered_set>
 #include <limits>
+#include <unordered_set>
 
 namespace tensorwire::wire {
 
@@ -59,7 +59,8 @@ struct Parser {
   }
 
   uint64_t as_u64(const Json& v, const std::string& path, const char* what) const {
-    if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
+    if (!v.is_number_integer() ||
+        (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
       bad(path, std::string(what) + " must be a non-negative integer");
     return v.get<uint64_t>();
   }
@@ -73,7 +74,8 @@ struct Parser {
     s.reserve(v.size());
     for (const Json& d : v) {
       uint64_t x = as_u64(d, path, what);
-      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) bad(path, std::string(what) + " dim too large");
+      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        bad(path, std::string(what) + " dim too large");
       s.push_back(static_cast<int64_t>(x));
     }
     try {
@@ -118,7 +120,8 @@ struct Parser {
       bad(path, "nesting deeper than " + std::to_string(limits.max_depth) + " (max_depth)");
     const Json& cls = field(node, "cls", path);
     if (!cls.is_string() || cls.get_ref<const std::string&>() != "TensorDict")
-      bad(path, "cls " + cls.dump() + " is not supported (only \"TensorDict\" and \"NonTensorStack\")");
+      bad(path,
+          "cls " + cls.dump() + " is not supported (only \"TensorDict\" and \"NonTensorStack\")");
     auto out = std::make_shared<Node>();
     out->meta = &node;
     const Json& cm = field(node, "cls_metadata", path);
@@ -134,8 +137,10 @@ struct Parser {
         bad(path, "names must be a list with one entry per batch dim");
       for (size_t i = 0; i < it->size(); ++i) {
         const Json& n = (*it)[i];
-        if (n.is_string()) out->names[i] = n.get<std::string>();
-        else if (!n.is_null()) bad(path, "names entries must be strings or null");
+        if (n.is_string())
+          out->names[i] = n.get<std::string>();
+        else if (!n.is_null())
+          bad(path, "names entries must be strings or null");
       }
     }
     if (auto it = cm.find("is_locked"); it != cm.end()) {
@@ -160,7 +165,8 @@ struct Parser {
       item.kind = Node::Kind::NonTensor;
       item.order = kNoOffset;
       const Json& v = it.value();
-      if (!v.is_array() || v.size() != 3) bad(p, "a non-tensor entry must be [value, batch_size, device]");
+      if (!v.is_array() || v.size() != 3)
+        bad(p, "a non-tensor entry must be [value, batch_size, device]");
       as_shape(v[1], p, "non-tensor batch_size");
       as_device(v[2], p);
       item.value = v[0];
@@ -206,8 +212,7 @@ struct Parser {
   ConsolidatedLayout::Node::Item parse_leaf(const std::string& name, const Json& v,
                                             const std::string& p, const Shape& batch) {
     using Node = ConsolidatedLayout::Node;
-    if (!v.is_array() || v.size() < 5)
-      bad(p, "a leaf must be [dtype, shape, start, stop, pad]");
+    if (!v.is_array() || v.size() < 5) bad(p, "a leaf must be [dtype, shape, start, stop, pad]");
     if (v.size() > 5) bad(p, "ragged (nested-jagged) leaves are not supported");
     Node::Item item;
     item.name = name;
@@ -218,15 +223,18 @@ struct Parser {
     item.dtype = *dt;
     item.shape = as_shape(v[1], p, "shape");
     if (!has_prefix(item.shape, batch))
-      bad(p, "shape " + shape_str(item.shape) + " does not start with batch_size " + shape_str(batch));
+      bad(p,
+          "shape " + shape_str(item.shape) + " does not start with batch_size " + shape_str(batch));
     const uint64_t start = as_u64(v[2], p, "start");
     const uint64_t stop = as_u64(v[3], p, "stop");
     const uint64_t pad = as_u64(v[4], p, "pad");
     const uint64_t numel = static_cast<uint64_t>(checked_numel(item.shape));
     const uint64_t item_size = itemsize(item.dtype);
-    if (numel > std::numeric_limits<uint64_t>::max() / item_size) bad(p, "shape x itemsize overflows");
+    if (numel > std::numeric_limits<uint64_t>::max() / item_size)
+      bad(p, "shape x itemsize overflows");
     const uint64_t nbytes = numel * item_size;
-    if (stop < start) bad(p, "stop " + std::to_string(stop) + " is before start " + std::to_string(start));
+    if (stop < start)
+      bad(p, "stop " + std::to_string(stop) + " is before start " + std::to_string(start));
     if (pad > stop - start || stop - start - pad != nbytes)
       bad(p, "stop - start - pad = " + std::to_string(stop - start) + " - " + std::to_string(pad) +
                  " must equal the leaf's size " + std::to_string(nbytes));
@@ -251,9 +259,11 @@ struct Parser {
     NonTensorStack st;
     const Json& cm = field(node, "cls_metadata", path);
     check_object(cm, path + " cls_metadata");
-    if (auto it = cm.find("stack_dim"); it != cm.end()) st.stack_dim = static_cast<int64_t>(as_u64(*it, path, "stack_dim"));
+    if (auto it = cm.find("stack_dim"); it != cm.end())
+      st.stack_dim = static_cast<int64_t>(as_u64(*it, path, "stack_dim"));
     const Json& leaves = field(node, "leaves", path);
-    if (!leaves.is_object() || !leaves.empty()) bad(path, "a NonTensorStack cannot hold tensor leaves");
+    if (!leaves.is_object() || !leaves.empty())
+      bad(path, "a NonTensorStack cannot hold tensor leaves");
     const Json& nts = field(node, "non_tensors", path);
     check_object(nts, path + " non_tensors");
     // Elements are keyed "0".."n-1": each key is placed by its index in one pass (a lookup
@@ -268,15 +278,19 @@ struct Parser {
     std::vector<const Json*> children;
     for (auto it = node.begin(); it != node.end(); ++it) {
       const std::string& k = it.key();
-      if (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size") continue;
+      if (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size")
+        continue;
       children.push_back(&it.value());
     }
-    if (!nts.empty() && !children.empty()) bad(path, "a NonTensorStack mixes values and sub-stacks");
+    if (!nts.empty() && !children.empty())
+      bad(path, "a NonTensorStack mixes values and sub-stacks");
     const size_t n = nts.empty() ? children.size() : nts.size();
     std::vector<const Json*> elements(n, nullptr);
-    for (auto it = (nts.empty() ? node.begin() : nts.begin()); it != (nts.empty() ? node.end() : nts.end()); ++it) {
+    for (auto it = (nts.empty() ? node.begin() : nts.begin());
+         it != (nts.empty() ? node.end() : nts.end()); ++it) {
       const std::string& k = it.key();
-      if (nts.empty() && (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size"))
+      if (nts.empty() &&
+          (k == "cls" || k == "leaves" || k == "non_tensors" || k == "cls_metadata" || k == "size"))
         continue;
       size_t i = index_of(k);
       if (i >= n) continue;  // then some index below n is missing: reported next
@@ -296,8 +310,10 @@ struct Parser {
         if (!ccls.is_string() || ccls.get_ref<const std::string&>() != "NonTensorStack")
           bad(where, "elements of a stack must be NonTensorStack or values");
         NonTensorStack sub = parse_stack(child, where, depth + 1);
-        if (i == 0) inner = sub.batch_size;
-        else if (sub.batch_size != inner) bad(path, "stack elements have different shapes");
+        if (i == 0)
+          inner = sub.batch_size;
+        else if (sub.batch_size != inner)
+          bad(path, "stack elements have different shapes");
         st.values.insert(st.values.end(), sub.values.begin(), sub.values.end());
       }
       st.batch_size = {static_cast<int64_t>(n)};
@@ -307,7 +323,8 @@ struct Parser {
         const std::string where = join(path, std::to_string(i));
         count_entry(where);
         const Json& e = *elements[i];
-        if (!e.is_array() || e.size() != 3) bad(where, "a non-tensor entry must be [value, batch_size, device]");
+        if (!e.is_array() || e.size() != 3)
+          bad(where, "a non-tensor entry must be [value, batch_size, device]");
         st.values.push_back(e[0]);
       }
       st.batch_size = {static_cast<int64_t>(n)};
@@ -362,8 +379,8 @@ ConsolidatedLayout ConsolidatedLayout::parse(Json metadata, const Limits& limits
   for (const Parser::Range& r : p.ranges) {
     if (r.start == r.stop) continue;
     if (prev && r.start < prev->stop)
-      p.bad(r.path, "overlaps leaf '" + prev->path + "' (bytes " + std::to_string(r.start) +
-                        ".." + std::to_string(prev->stop) + ")");
+      p.bad(r.path, "overlaps leaf '" + prev->path + "' (bytes " + std::to_string(r.start) + ".." +
+                        std::to_string(prev->stop) + ")");
     if (!prev || r.stop > prev->stop) prev = &r;
   }
   layout.total_bytes_ = p.total;

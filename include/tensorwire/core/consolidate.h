@@ -43,8 +43,10 @@ bool is_consolidated_root(const TensorDict& td) noexcept;
 template <class Fn>
 void for_each_leaf(const TensorDict& td, Fn&& fn) {
   for (const auto& [name, e] : td.items()) {
-    if (e.is_tensor()) fn(e.tensor());
-    else if (e.is_tensordict()) for_each_leaf(e.tensordict(), fn);
+    if (e.is_tensor())
+      fn(e.tensor());
+    else if (e.is_tensordict())
+      for_each_leaf(e.tensordict(), fn);
   }
 }
 

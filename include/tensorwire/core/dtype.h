@@ -6,7 +6,6 @@
 #include <optional>
 #include <string_view>
 
-
 namespace tensorwire {
 
 enum class DType : uint8_t {
@@ -44,9 +43,9 @@ std::optional<DType> parse_dtype(std::string_view name) noexcept;
 // C++ type -> DType, for typed element access.
 template <class T>
 struct dtype_of;
-#define TENSORWIRE_DTYPE_OF(T, D) \
-  template <>                     \
-  struct dtype_of<T> {            \
+#define TENSORWIRE_DTYPE_OF(T, D)            \
+  template <>                                \
+  struct dtype_of<T> {                       \
     static constexpr DType value = DType::D; \
   }
 TENSORWIRE_DTYPE_OF(bool, Bool);

@@ -52,7 +52,8 @@ class ClosedError : public Error {
   using Error::Error;
 };
 
-// A failing operating-system call; the message carries the call and strerror (Python: RuntimeError).
+// A failing operating-system call; the message carries the call and strerror (Python:
+// RuntimeError).
 class SystemError : public Error {
  public:
   SystemError(const std::string& what, int err);

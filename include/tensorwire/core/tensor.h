@@ -37,8 +37,8 @@ class Tensor {
 
   // A view into existing storage. `offset` is in bytes; `strides` in elements
   // (empty = contiguous). Throws ValueError when the view would leave the storage.
-  static Tensor view(Storage storage, size_t offset, Shape shape, DType dtype,
-                     Shape strides = {}, Device device = Device::cpu());
+  static Tensor view(Storage storage, size_t offset, Shape shape, DType dtype, Shape strides = {},
+                     Device device = Device::cpu());
 
   // Copies `values` into a new tensor of the given shape (numel must match).
   template <class T>

@@ -11,8 +11,8 @@
 
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -118,7 +118,7 @@ class TensorDict {
   // difference otherwise); non-tensor values that differ become a NonTensorStack.
   static TensorDict stack(const std::vector<TensorDict>& tds);
   std::vector<TensorDict> unbind(int64_t dim = 0) const;  // only dim 0
-  TensorDict index(int64_t i) const;                       // views, along dim 0
+  TensorDict index(int64_t i) const;                      // views, along dim 0
 
   // --- consolidation & locking -----------------------------------------------
   bool is_consolidated() const noexcept { return consolidated_ != nullptr; }

@@ -37,7 +37,8 @@ class TensorDictPipe {
   static constexpr Millis kForever{-1};
 
   // Connects to a listener or server on host:port (handshake included).
-  static TensorDictPipe connect(const std::string& host, uint16_t port, const PipeOptions& options = {});
+  static TensorDictPipe connect(const std::string& host, uint16_t port,
+                                const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first
   // client and returns the connected pipe; later clients are refused.
   static TensorDictPipe listen(uint16_t port, const PipeOptions& options = {},

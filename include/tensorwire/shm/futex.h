@@ -39,7 +39,8 @@ struct alignas(8) WaitWord {
   // the wait: when it returns false, wait() returns `seen` early.
   template <class Alive>
   uint32_t wait(uint32_t seen, std::chrono::steady_clock::time_point deadline, Alive&& alive,
-                SpinPolicy spin = {}, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+                SpinPolicy spin = {},
+                std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 };
 static_assert(sizeof(WaitWord) == 8);
 

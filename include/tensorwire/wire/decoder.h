@@ -68,17 +68,18 @@ class Decoder {
  private:
   void prepare_schema(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in);
   void prepare_storage(const FrameHeader& h, TensorDict* into, Incoming& in);
-  void prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata, Incoming& in);
+  void prepare_non_consolidated(const FrameHeader& h, std::span<const std::byte> metadata,
+                                Incoming& in);
 
   bool same_layout(const std::shared_ptr<const Json>& meta);
 
   Limits limits_;
   uint64_t schema_id_ = 0;
   std::optional<ConsolidatedLayout> layout_;
-  TensorDict current_;     // the last consolidated receive (target of Storage messages)
+  TensorDict current_;       // the last consolidated receive (target of Storage messages)
   Storage current_storage_;  // its storage, kept even if the caller unlocks current_
   std::shared_ptr<const Json> matched_into_meta_;  // a caller's layout found equal to the schema
-  TensorDict nc_current_;  // the last non-consolidated receive
+  TensorDict nc_current_;                          // the last non-consolidated receive
 };
 
 // Parses a JSON document from untrusted bytes; ProtocolError (naming `what`) on bad JSON

@@ -54,11 +54,11 @@ class Encoder {
   OutMessage msg_;
   uint64_t schema_id_ = 0;
   uint64_t next_schema_id_ = 1;
-  std::string last_metadata_;                 // metadata of schema_id_
+  std::string last_metadata_;  // metadata of schema_id_
   // Metadata of the consolidated TD last sent as-is. Held (not a raw pointer) so that its
   // address cannot be reused by another TD's metadata while it identifies schema_id_.
   std::shared_ptr<const Json> last_source_;
-  ConsolidatedPlan plan_;                      // for staging
+  ConsolidatedPlan plan_;  // for staging
   Storage staging_;
 };
 

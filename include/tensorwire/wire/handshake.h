@@ -3,9 +3,10 @@
 // crosses the wire), and the peer's identity (pid and boot id, so a peer on the same host
 // can be watched through a pidfd).
 //
-//   server -> client  {"tensorwire":1, "role":"server", "protocol", "mode", "auth", "nonce", "pid", "boot_id"}
-//   client -> server  {... "role":"client", "nonce", "mac": HMAC(key, "client:" + server nonce) | null}
-//   server -> client  {"ok": true, "mac": HMAC(key, "server:" + client nonce) | null}
+//   server -> client  {"tensorwire":1, "role":"server", "protocol", "mode", "auth", "nonce", "pid",
+//   "boot_id"} client -> server  {... "role":"client", "nonce", "mac": HMAC(key, "client:" + server
+//   nonce) | null} server -> client  {"ok": true, "mac": HMAC(key, "server:" + client nonce) |
+//   null}
 //                     or {"ok": false, "error": "..."}
 //
 // Without a key the handshake authenticates nothing: for trusted networks only.

@@ -28,8 +28,9 @@ struct Raw {
   }
   void send_control(const Json& j) {
     auto m = wire::Encoder::control(j);
-    send(detail::kControlTag, {{m.header_bytes.data(), m.header_bytes.size()},
-                               {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}});
+    send(detail::kControlTag,
+         {{m.header_bytes.data(), m.header_bytes.size()},
+          {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}});
   }
   std::optional<Json> recv_control(std::chrono::milliseconds timeout) {
     auto until = Clock::now() + timeout;
@@ -40,7 +41,8 @@ struct Raw {
         size_t got = 0;
         ucx::Request r = ep->recv(m->second, buf, &got);
         while (!r.done()) worker.progress();
-        std::string js(reinterpret_cast<const char*>(buf.data()) + wire::kHeaderBytes, buf.size() - wire::kHeaderBytes);
+        std::string js(reinterpret_cast<const char*>(buf.data()) + wire::kHeaderBytes,
+                       buf.size() - wire::kHeaderBytes);
         return Json::parse(js);
       }
       if (ep->error() != UCS_OK) return std::nullopt;
@@ -54,7 +56,8 @@ struct Raw {
 int main(int argc, char** argv) {
   if (argc != 4) return 2;
   Raw raw;
-  raw.ep = std::make_unique<ucx::Endpoint>(raw.worker, argv[1], static_cast<uint16_t>(std::atoi(argv[2])));
+  raw.ep = std::make_unique<ucx::Endpoint>(raw.worker, argv[1],
+                                           static_cast<uint16_t>(std::atoi(argv[2])));
   std::string kind = argv[3];
   wire::handshake_as_client(
       {"pipe", "consolidated", ""}, [&](const Json& j) { raw.send_control(j); },
@@ -78,7 +81,9 @@ int main(int argc, char** argv) {
   } else if (kind == "wrong-schema-id") {
     // A valid first message, then storage for a schema id that was never sent.
     auto b = h.encode();
-    raw.send(detail::kFrameTag, {{b.data(), b.size()}, {reinterpret_cast<const std::byte*>(meta.data()), meta.size()}, {payload.data(), payload.size()}});
+    raw.send(detail::kFrameTag, {{b.data(), b.size()},
+                                 {reinterpret_cast<const std::byte*>(meta.data()), meta.size()},
+                                 {payload.data(), payload.size()}});
     h.kind = wire::MessageKind::Storage;
     h.schema_id = 77;
     meta.clear();
@@ -90,7 +95,9 @@ int main(int argc, char** argv) {
   h.metadata_bytes = meta.size();
   auto b = h.encode();
   if (kind == "bad-magic") b[0] = std::byte{'X'};
-  raw.send(detail::kFrameTag, {{b.data(), b.size()}, {reinterpret_cast<const std::byte*>(meta.data()), meta.size()}, {payload.data(), payload.size()}});
+  raw.send(detail::kFrameTag, {{b.data(), b.size()},
+                               {reinterpret_cast<const std::byte*>(meta.data()), meta.size()},
+                               {payload.data(), payload.size()}});
   auto reply = raw.recv_control(std::chrono::seconds(10));
   if (reply && reply->contains("error")) {
     std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());

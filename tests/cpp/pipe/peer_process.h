@@ -19,9 +19,11 @@ namespace tensorwire::test_support {
 
 class PeerProcess {
  public:
-  PeerProcess(const std::vector<std::string>& args, const std::vector<std::string>& env_extra = {}) {
+  PeerProcess(const std::vector<std::string>& args,
+              const std::vector<std::string>& env_extra = {}) {
     int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+      throw std::runtime_error("pipe2");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
@@ -52,7 +54,8 @@ class PeerProcess {
   }
 
   // Reads stdout until a line starting with `prefix` (or timeout); returns the line.
-  std::string read_line(const std::string& prefix, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  std::string read_line(const std::string& prefix,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       size_t nl;
@@ -61,7 +64,9 @@ class PeerProcess {
         out_buf_.erase(0, nl + 1);
         if (line.rfind(prefix, 0) == 0) return line;
       }
-      struct pollfd p {out_, POLLIN, 0};
+      struct pollfd p {
+        out_, POLLIN, 0
+      };
       if (::poll(&p, 1, 100) > 0) {
         char buf[4096];
         ssize_t n = ::read(out_, buf, sizeof buf);

@@ -42,7 +42,9 @@ TensorDict sample(int i) {
 
 TEST_P(PipeTest, ConsolidatedStreamReturnsSameObjectWithNewValuesUntilSchemaChanges) {
   PipeListener listener(0);
-  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "6", "--change-at", "4"}, env());
+  PeerProcess p(
+      {peer(), "send", "127.0.0.1", std::to_string(listener.port()), "6", "--change-at", "4"},
+      env());
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe);
   TensorDict* first = nullptr;
@@ -70,7 +72,9 @@ TEST_P(PipeTest, NonConsolidatedStreamBuildsANewDictEachTime) {
   PipeOptions opt;
   opt.consolidated = false;
   PipeListener listener(0, opt);
-  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--nc", "--big", "200000"}, env());
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--nc", "--big",
+                 "200000"},
+                env());
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe);
   for (int i = 0; i < 3; ++i) {
@@ -87,7 +91,9 @@ TEST_P(PipeTest, NonConsolidatedStreamBuildsANewDictEachTime) {
 
 TEST_P(PipeTest, LargeStorageTravelsOutOfLineIntoTheReceiveBuffer) {
   PipeListener listener(0);
-  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--big", "4000000"}, env());
+  PeerProcess p(
+      {peer(), "send", "127.0.0.1", std::to_string(listener.port()), "3", "--big", "4000000"},
+      env());
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe);
   for (int i = 0; i < 3; ++i) {
@@ -118,7 +124,8 @@ TEST_P(PipeTest, CppSenderAndCppReceiverInSeparateProcesses) {
   PeerProcess r({peer(), "recv", "0", "4"}, env());
   std::string line = r.read_line("PORT ");
   ASSERT_FALSE(line.empty()) << r.stderr_text();
-  auto pipe = TensorDictPipe::connect("127.0.0.1", static_cast<uint16_t>(std::stoi(line.substr(5))));
+  auto pipe =
+      TensorDictPipe::connect("127.0.0.1", static_cast<uint16_t>(std::stoi(line.substr(5))));
   for (int i = 0; i < 4; ++i) pipe.send(sample(i));
   EXPECT_EQ(r.read_line("OK"), "OK 4");
   EXPECT_EQ(r.exit_code(), 0) << r.stderr_text();
@@ -140,19 +147,25 @@ TEST_P(PipeTest, ModeMismatchIsAnErrorOnBothSides) {
 TEST_P(PipeTest, WrongOrMissingAuthKeyIsRefusedOnBothSides) {
   PipeOptions opt;
   opt.auth_key = "secret";
-  for (std::vector<std::string> extra : {std::vector<std::string>{"--key", "wrong"}, std::vector<std::string>{}}) {
+  for (std::vector<std::string> extra :
+       {std::vector<std::string>{"--key", "wrong"}, std::vector<std::string>{}}) {
     PipeListener listener(0, opt);
-    std::vector<std::string> args = {peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1"};
+    std::vector<std::string> args = {peer(), "send", "127.0.0.1", std::to_string(listener.port()),
+                                     "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     PeerProcess p(args, env());
     EXPECT_THROW(listener.accept(20s, true), wire::HandshakeError);
     EXPECT_EQ(p.exit_code(), 3);
     std::string err = p.stderr_text();
-    EXPECT_NE(err.find(extra.empty() ? "authentication required" : "authentication failed"), std::string::npos) << err;
+    EXPECT_NE(err.find(extra.empty() ? "authentication required" : "authentication failed"),
+              std::string::npos)
+        << err;
   }
   // The right key connects.
   PipeListener listener(0, opt);
-  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1", "--key", "secret"}, env());
+  PeerProcess p(
+      {peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1", "--key", "secret"},
+      env());
   auto pipe = listener.accept(20s, true);
   ASSERT_TRUE(pipe);
   EXPECT_EQ(pipe->recv(nullptr, 20s).get("x").data<float>()[0], 0.f);
@@ -161,7 +174,8 @@ TEST_P(PipeTest, WrongOrMissingAuthKeyIsRefusedOnBothSides) {
 
 TEST_P(PipeTest, PeerKilledMidStreamMakesRecvFailWithinFiveSeconds) {
   PipeListener listener(0);
-  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "2", "--hang"}, env());
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "2", "--hang"},
+                env());
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe);
   pipe->recv(nullptr, 20s);
@@ -199,7 +213,8 @@ TEST_P(PipeTest, SendAndRecvOnAClosedPipeThrow) {
 }
 
 TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
-  for (std::string kind : {"storage-without-schema", "bad-magic", "oversize", "short-payload", "wrong-schema-id"}) {
+  for (std::string kind :
+       {"storage-without-schema", "bad-magic", "oversize", "short-payload", "wrong-schema-id"}) {
     PipeOptions opt;
     opt.limits.max_message_bytes = 1 << 20;
     PipeListener listener(0, opt);
@@ -225,7 +240,8 @@ TEST_P(PipeTest, ServerServesThreeConcurrentClients) {
   std::vector<std::unique_ptr<PeerProcess>> peers;
   for (int c = 0; c < 3; ++c)
     peers.push_back(std::make_unique<PeerProcess>(
-        std::vector<std::string>{peer(), "echo", "127.0.0.1", std::to_string(server.port()), "5"}, env()));
+        std::vector<std::string>{peer(), "echo", "127.0.0.1", std::to_string(server.port()), "5"},
+        env()));
   std::vector<TensorDictPipe> pipes;
   for (int c = 0; c < 3; ++c) {
     auto p = server.accept(20s);

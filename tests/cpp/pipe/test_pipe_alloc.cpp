@@ -25,11 +25,21 @@ void* operator new(size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void* operator new[](size_t n) {
+  return operator new(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 extern "C" void* aligned_alloc(size_t alignment, size_t n) {
   if (counting) ++allocations;
@@ -50,7 +60,10 @@ using namespace std::chrono_literals;
 TEST(PipeAllocation, TheCounterSeesTensorwireAllocations) {
   allocations = 0;
   counting = true;
-  { TensorDict td({2}); td.set("x", Tensor::zeros({2}, DType::Float32)); }  // new + aligned_alloc
+  {
+    TensorDict td({2});
+    td.set("x", Tensor::zeros({2}, DType::Float32));
+  }  // new + aligned_alloc
   counting = false;
   EXPECT_GE(allocations, 2u);
 }
@@ -60,8 +73,9 @@ TEST(PipeAllocation, SteadyStateReceivesAllocateNothing) {
     ::setenv("UCX_TLS", tls, 1);
     for (int64_t big : {int64_t{0}, int64_t{1000000}}) {  // inline payloads and out-of-line ones
       PipeListener listener(0);
-      test_support::PeerProcess p({PIPE_PEER, "echo", "127.0.0.1", std::to_string(listener.port()), "60"},
-                                  {std::string("UCX_TLS=") + tls});
+      test_support::PeerProcess p(
+          {PIPE_PEER, "echo", "127.0.0.1", std::to_string(listener.port()), "60"},
+          {std::string("UCX_TLS=") + tls});
       auto pipe = listener.accept(20s);
       ASSERT_TRUE(pipe);
       TensorDict td({4});
