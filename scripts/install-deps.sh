@@ -22,6 +22,9 @@ PY_PACKAGES=(
   "torch==2.13.0" numpy pytest pytest-timeout
   "nanobind==3.1.0" "scikit-build-core==1.1.2"
   "tensordict==0.14.3" "torchrl==0.14.1"
+  # tensorpack's dataflow runners, for the side-by-side benchmark and the drop-in tests
+  # (its dataflow imports need no TensorFlow; these are the dependencies they use)
+  "tensorpack==0.11" "msgpack==1.2.4" "msgpack-numpy==0.4.8" "pyzmq==27.3.0"
 )
 
 missing=()
@@ -47,7 +50,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "install-deps: pip install into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}" 2>&1 \
     | grep -v -E "^WARNING: Location .* is ignored" || true
-  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, tensordict, torchrl" \
+  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, tensordict, torchrl, tensorpack.dataflow" \
     || { echo "install-deps: Python packages failed to import" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -6,6 +6,8 @@ tensors through ``td.torch()``) over the same memory as the C++ storage.
 from ._C import NonTensorStack, ProtocolError, TensorDict, load, stack
 from ._interop import from_tensordict, to_tensordict
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
+from .dataflow import MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
+from .inference import InferenceServer, SharedMemoryTransport, SocketTransport, ThreadTransport
 
 TensorDict.from_tensordict = staticmethod(from_tensordict)
 TensorDict.to_tensordict = to_tensordict
@@ -21,5 +23,7 @@ __all__ = [
     "TensorDictPipe",
     "TensorDictServer",
     "PipeListener",
+    "MultiProcessRunnerZMQ", "MultiProcessMapDataZMQ", "RemoteDataZMQ", "send_dataflow_zmq",
+    "InferenceServer", "SharedMemoryTransport", "SocketTransport", "ThreadTransport",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,117 @@
+// DataFlow: a source of datapoints (TensorDicts), tensorpack's DataFlow contract in C++.
+//
+// A dataflow is reset once in each process that iterates it, then iterated in passes: a
+// pass begins with start() and ends when next() returns std::nullopt (an infinite
+// dataflow never ends its pass). size() is the number of datapoints per pass, when known.
+//
+// Thread-safety: a DataFlow is used by one thread of one process at a time; a runner
+// iterates its own copy in each worker process (after fork(), so each worker's state is
+// independent).
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "tensorwire/core/tensordict.h"
+
+namespace tensorwire::dataflow {
+
+class DataFlow {
+ public:
+  virtual ~DataFlow() = default;
+  // Called once in each process that iterates this dataflow (in a runner's worker: after
+  // the fork, before the first pass). Seed random generators here (see current_worker()).
+  virtual void reset_state() {}
+  // Begins a pass. Called before the first next() and again after next() returned nullopt.
+  virtual void start() {}
+  // The next datapoint of the current pass, or std::nullopt when the pass is over.
+  virtual std::optional<TensorDict> next() = 0;
+  // Datapoints per pass, when known.
+  virtual std::optional<size_t> size() const { return std::nullopt; }
+};
+
+// A dataflow made of a function: each pass yields fn(0), fn(1), ... fn(size-1), or runs
+// for ever when size is std::nullopt.
+class FunctionFlow : public DataFlow {
+ public:
+  using Fn = std::function<TensorDict(uint64_t index)>;
+  FunctionFlow(Fn fn, std::optional<size_t> size) : fn_(std::move(fn)), size_(size) {}
+  void start() override { index_ = 0; }
+  std::optional<TensorDict> next() override {
+    if (size_ && index_ >= *size_) return std::nullopt;
+    return fn_(index_++);
+  }
+  std::optional<size_t> size() const override { return size_; }
+
+ private:
+  Fn fn_;
+  std::optional<size_t> size_;
+  uint64_t index_ = 0;
+};
+
+// Who this process is, in a runner's worker process.
+struct WorkerInfo {
+  int index = 0;  // 0 .. num_workers-1
+  int num_workers = 0;
+  uint64_t seed = 0;  // the runner's base seed + index: distinct per worker, reproducible
+};
+// This process's worker information, or nullptr when it is not a runner's worker.
+const WorkerInfo* current_worker() noexcept;
+
+// What a worker reports about an exception it caught.
+struct Failure {
+  std::string type;  // e.g. "tensorwire::ValueError", "builtins.KeyError"
+  std::string message;
+  std::string traceback;  // may be empty (C++ workers)
+  std::string payload;    // opaque to C++ (Python: the pickled exception)
+};
+// The default description: the C++ type and what().
+Failure describe_exception(std::exception_ptr e);
+
+// Hooks run around each fork() of a runner (in the forking thread): the Python binding
+// uses them for PyOS_BeforeFork / PyOS_AfterFork_*.
+struct ForkHooks {
+  std::function<void()> before;
+  std::function<void()> parent;
+  std::function<void()> child;
+};
+
+// A worker raised: thrown in the main process by the runner that received the report.
+class WorkerError : public Error {
+ public:
+  WorkerError(const std::string& runner, int worker, int pid, Failure failure);
+  int worker() const noexcept { return worker_; }
+  int pid() const noexcept { return pid_; }
+  const Failure& failure() const noexcept { return failure_; }
+
+ private:
+  int worker_;
+  int pid_;
+  Failure failure_;
+};
+
+// A worker process ended (killed, out of memory, exited): iteration cannot go on.
+class WorkerDiedError : public Error {
+ public:
+  WorkerDiedError(const std::string& what, int worker, int pid, int wait_status)
+      : Error(what), worker_(worker), pid_(pid), status_(wait_status) {}
+  int worker() const noexcept { return worker_; }
+  int pid() const noexcept { return pid_; }
+  int wait_status() const noexcept { return status_; }  // as from waitpid(); -1 if unknown
+
+ private:
+  int worker_;
+  int pid_;
+  int status_;
+};
+
+// A second concurrent iteration, or reset_state() called twice (Python: RuntimeError).
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace tensorwire::dataflow

@@ -1,0 +1,54 @@
+// SocketTransport: requests of any structure from any process, as wire-codec messages
+// over an abstract Unix socket (the role of torchrl's MPTransport, without pickling).
+//
+// Each request and response is one tensorwire message (docs/protocol.md) prefixed with a
+// kind byte and a request id. Requests of different structures are batched separately.
+// The owner watches each client (EOF, pidfd) and drops the requests of one that died;
+// clients watch the owner (EOF, pidfd) and raise ClosedError when it is gone. Slower
+// than SharedMemoryTransport (every byte crosses the kernel twice, and is decoded), but
+// needs no spec.
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tensorwire/inference/transport.h"
+
+namespace tensorwire::inference {
+
+struct SocketOptions {
+  std::string name;  // abstract socket name; empty: a unique one
+};
+
+class SocketTransport : public Transport {
+ public:
+  static std::shared_ptr<SocketTransport> create(SocketOptions options = {});
+  // A client of the transport listening on `name`, connecting on first use.
+  static Client client_for(const std::string& name);
+  ~SocketTransport() override;
+
+  const std::string& name() const noexcept;
+  const char* kind() const noexcept override { return "socket"; }
+  Client client() override;
+
+  void open_server() override;
+  void close_server(const std::string& reason, bool fail_pending) override;
+  void wait_for_work(Clock::time_point deadline) override;
+  void interrupt() override;
+  void drain(size_t max_items, Drained& out) override;
+  void collate(const Drained& drained, std::vector<Group>& groups) override;
+  void resolve(const Drained& drained, const Group& group, const TensorDict& output,
+               const VersionStamp& stamp) override;
+  void reject(const Drained& drained, std::span<const size_t> rows,
+              const RemoteError& error) override;
+
+  struct Owner;
+
+ private:
+  SocketTransport() = default;
+  std::unique_ptr<Owner> o_;
+};
+
+}  // namespace tensorwire::inference

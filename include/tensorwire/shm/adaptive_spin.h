@@ -1,0 +1,79 @@
+// AdaptiveSpin: spin-then-futex waiting on a WaitWord, with a spin budget that follows
+// the waits this waiter actually sees.
+//
+// Spinning only pays when the answer comes while we spin, which needs the other side to
+// be running on another CPU at that moment. On a quiet machine the partner answers within
+// a microsecond and a short spin saves a futex sleep and wake-up (several to tens of
+// microseconds on a virtual machine). On an oversubscribed machine the partner may be
+// descheduled for milliseconds and every spin burns CPU time the partner needs. So the
+// budget tracks recent waits: after a wait of t (spinning or sleeping), the next spin
+// lasts about 2t when 2t fits under the maximum, and the budget halves otherwise. Every
+// 64th wait spins the full maximum once, so a budget that fell to zero can come back
+// when the machine quietens.
+//
+// The CPU cost is bounded by the maximum: a waiter never spins longer than max_spins
+// pause iterations (pause_ns() each) before it sleeps in the kernel.
+//
+// Thread-safety: wait() may be called concurrently; the shared estimate then only gets
+// less accurate (it is a relaxed atomic).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "tensorwire/shm/futex.h"
+
+namespace tensorwire::shm {
+
+class AdaptiveSpin {
+ public:
+  explicit AdaptiveSpin(uint32_t max_spins = 400) noexcept : max_(max_spins), budget_(max_spins) {}
+  AdaptiveSpin(const AdaptiveSpin& o) noexcept : max_(o.max_), budget_(o.budget()) {}
+  AdaptiveSpin& operator=(const AdaptiveSpin& o) noexcept {
+    max_ = o.max_;
+    budget_.store(o.budget(), std::memory_order_relaxed);
+    return *this;
+  }
+
+  // As WaitWord::wait: returns the new seq, or `seen` at the deadline or when alive()
+  // turns false (alive is polled only once the waiter sleeps).
+  template <class Alive>
+  uint32_t wait(WaitWord& word, uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                Alive&& alive, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+
+  uint32_t budget() const noexcept { return budget_.load(std::memory_order_relaxed); }
+  uint32_t max_spins() const noexcept { return max_; }
+  // Nanoseconds one pause iteration takes on this machine (measured once, then cached).
+  static double pause_ns() noexcept;
+
+ private:
+  void learn(std::chrono::steady_clock::duration waited) noexcept;
+  uint32_t max_;
+  std::atomic<uint32_t> budget_;
+  std::atomic<uint32_t> waits_{0};
+};
+
+template <class Alive>
+uint32_t AdaptiveSpin::wait(WaitWord& word, uint32_t seen,
+                            std::chrono::steady_clock::time_point deadline, Alive&& alive,
+                            std::chrono::milliseconds poll) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  uint32_t spins = budget_.load(std::memory_order_relaxed);
+  if ((waits_.fetch_add(1, std::memory_order_relaxed) & 63) == 63) spins = max_;  // probe
+  if (spins > 0) {
+    // A deadline in the past: spin `spins` times, then return without sleeping.
+    uint32_t now = word.wait(
+        seen, clock::time_point{}, [] { return true; }, SpinPolicy{spins});
+    if (now != seen) {
+      learn(clock::now() - t0);
+      return now;
+    }
+  }
+  uint32_t now = word.wait(seen, deadline, alive, SpinPolicy{0}, poll);
+  learn(clock::now() - t0);
+  return now;
+}
+
+}  // namespace tensorwire::shm

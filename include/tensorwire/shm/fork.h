@@ -1,0 +1,21 @@
+// Fork detection for objects that hold per-process state.
+//
+// After fork() the child holds a byte-for-byte copy of its parent's objects: a client id,
+// a connected socket, a std::thread handle that does not exist in the child. An object
+// that records fork_generation() when it sets up such state can tell, with one load, that
+// it now lives in a forked child and must start over (reconnect, get its own id) instead
+// of acting as its parent. The generation changes in the child of every fork() made
+// through libc (os.fork, multiprocessing's "fork" start method), via pthread_atfork.
+//
+// Thread-safety: fork_generation() may be called from any thread.
+#pragma once
+
+#include <cstdint>
+
+namespace tensorwire::shm {
+
+// A value that is the same for the whole life of a process and differs in each forked
+// child from its parent's (and from the child's own children's).
+uint64_t fork_generation() noexcept;
+
+}  // namespace tensorwire::shm

@@ -1,0 +1,339 @@
+"""Parallel data loading: tensorpack's dataflow runners, with tensor bytes in shared memory.
+
+``MultiProcessRunnerZMQ`` runs a dataflow in worker processes, ``MultiProcessMapDataZMQ``
+runs a map function in worker processes, and ``send_dataflow_zmq`` / ``RemoteDataZMQ``
+feed a trainer from producers on other machines. The behaviour is tensorpack's
+(``tensorwire.tensorpack`` has the drop-in names), with what tensorpack lacks: a worker
+that dies makes iteration raise within seconds instead of hanging, workers die with
+their parent and are reaped on close, garbage collection and interpreter exit, each
+worker gets a distinct reproducible seed, and datapoints come back as zero-copy views
+into the workers' shared memory (docs/dataflow.md).
+
+A dataflow is any object with ``reset_state()``, ``__iter__`` and optionally
+``__len__``, yielding lists or dicts (or tuples) of numpy arrays, torch tensors,
+numbers, strings and bytes, nested at will; other picklable objects are allowed and
+are pickled (slower). A datapoint comes back with the same structure.
+
+Memory: a datapoint's arrays view the worker's shared memory, which is recycled when
+the last array of the datapoint is dropped. A consumer that keeps datapoints keeps
+their memory (copy the arrays to keep them without it).
+"""
+from __future__ import annotations
+
+import atexit
+import builtins
+import collections
+import logging
+import pickle
+import random
+import sys
+import threading
+import warnings
+import weakref
+
+from . import _C
+from ._C import WorkerDiedError
+
+__all__ = [
+    "DataFlow",
+    "MultiProcessRunnerZMQ",
+    "MultiProcessMapDataZMQ",
+    "send_dataflow_zmq",
+    "RemoteDataZMQ",
+    "WorkerInfo",
+    "get_worker_info",
+    "WorkerDiedError",
+    "RemoteTraceback",
+    "MalformedMessageWarning",
+]
+
+logger = logging.getLogger("tensorwire.dataflow")
+
+WorkerInfo = collections.namedtuple("WorkerInfo", ["id", "num_workers", "seed"])
+WorkerInfo.__doc__ = "This process's place among a runner's workers: index, count and seed."
+
+
+def get_worker_info():
+    """The ``WorkerInfo`` of this process when it is a runner's worker, else ``None``.
+
+    ``seed`` is the runner's base seed plus the worker index: distinct per worker and
+    reproducible when the runner was given ``seed=``. Python workers have already seeded
+    ``random``, ``numpy.random`` and (when imported) ``torch`` with it.
+    """
+    info = _C._current_worker()
+    return None if info is None else WorkerInfo(*info)
+
+
+def _seed_worker(seed):
+    """Runs in each worker right after the fork (called from the C++ fork hook)."""
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % (1 << 32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process (set as ``__cause__``)."""
+
+    def __init__(self, tb):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return self.tb
+
+
+def _worker_exception(owner, worker, pid, type_name, message, tb, payload):
+    """Rebuilds a worker's exception in this process (called from the C++ binding)."""
+    exc = None
+    if payload:
+        try:
+            exc = pickle.loads(payload)
+        except Exception:
+            exc = None
+    if not isinstance(exc, Exception):
+        # Not picklable (or a C++ worker): the same builtin type when there is one.
+        module, _, name = type_name.rpartition(".")
+        cls = getattr(builtins, name, None) if module == "builtins" else None
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                exc = cls(message)
+            except Exception:
+                exc = None
+        if exc is None:
+            # SystemExit / KeyboardInterrupt in a worker must not end this process.
+            exc = RuntimeError(f"{type_name}: {message}")
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""' if tb else type_name)
+    note = f"raised in {owner} worker {worker} (pid {pid})"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    exc.worker_traceback = tb
+    exc.worker = worker
+    logger.error("%s: %s in worker %d:\n%s", owner, type_name, worker, tb)
+    return exc
+
+
+# Every runner that forked, so that interpreter exit reaps their workers even when the
+# objects are still referenced (module globals) and never collected.
+_live = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all():
+    with _live_lock:
+        runners = list(_live)
+    for r in runners:
+        try:
+            r.close()
+        except Exception:
+            pass
+
+
+class DataFlow:
+    """The dataflow contract (tensorpack's): ``reset_state``, ``__iter__``, ``__len__``."""
+
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        raise NotImplementedError
+
+    def __len__(self):
+        raise NotImplementedError()
+
+
+class _Forking(DataFlow):
+    _core = None
+
+    def _register(self):
+        with _live_lock:
+            _live.add(self)
+
+    def close(self):
+        """Kills and reaps the workers; idempotent. Datapoints already received stay valid."""
+        if self._core is not None:
+            self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def pids(self):
+        """Process ids of the workers (empty before ``reset_state()``)."""
+        return list(self._core.pids)
+
+    @property
+    def base_seed(self):
+        """The base seed: worker ``i`` is seeded with ``base_seed + i``."""
+        return self._core.base_seed
+
+
+class MultiProcessRunnerZMQ(_Forking):
+    """Runs ``ds`` in ``num_proc`` worker processes and yields their datapoints.
+
+    Nothing forks in the constructor: ``reset_state()`` (once; a second call raises
+    ``RuntimeError``) forks the workers, each of which calls ``ds.reset_state()`` and
+    loops over ``ds`` for ever, sending each datapoint through shared memory it owns. At
+    most ``hwm`` datapoints per worker are sent and not yet received.
+
+    Iterating yields ``len(ds)`` datapoints when the length is known (an endless stream
+    otherwise); a second concurrent iteration raises ``RuntimeError``. With one worker
+    the datapoints come in the order of ``ds``; with several, in the same distribution
+    (each worker runs all of ``ds``: expect duplicates and reordering).
+
+    A worker's exception is raised here with its type, message and the worker's
+    traceback (as ``__cause__``); a worker that dies makes iteration raise
+    ``WorkerDiedError`` naming it and its signal within seconds.
+    """
+
+    def __init__(self, ds, num_proc=1, hwm=50, *, seed=None):
+        if num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self.ds = ds
+        self.num_proc = num_proc
+        self._hwm = hwm
+        self._core = _C._Runner(ds, num_proc, hwm, seed)
+        if num_proc > 1:
+            logger.info("[MultiProcessRunnerZMQ] Will fork a dataflow more than one times. "
+                        "This assumes the datapoints are i.i.d.")
+
+    def reset_state(self):
+        self._core.reset_state()
+        self._register()
+
+    def __iter__(self):
+        return self._core.epoch()
+
+    def __len__(self):
+        return self.ds.__len__()
+
+    @property
+    def shared_memory_bytes(self):
+        """Bytes of worker shared memory mapped in this process (the chunk arenas)."""
+        return self._core.shared_memory_bytes
+
+
+PrefetchDataZMQ = MultiProcessRunnerZMQ
+
+
+class MultiProcessMapDataZMQ(_Forking):
+    """Iterates ``ds`` here and applies ``map_func`` in ``num_proc`` worker processes.
+
+    ``buffer_size`` datapoints are in flight. ``strict=False``: iteration is endless (the
+    dataflow repeats), results come in completion order and a ``None`` result drops the
+    datapoint. ``strict=True``: each iteration yields the mapping of every datapoint of
+    one pass exactly once (``None`` is an error). An exception in ``map_func`` is raised
+    here with its traceback; a dead worker raises ``WorkerDiedError``. Never a hang.
+    """
+
+    def __init__(self, ds, num_proc, map_func, *, buffer_size=200, strict=False, seed=None):
+        if num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self.ds = ds
+        self.num_proc = num_proc
+        self.map_func = map_func
+        self._strict = strict
+        self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed)
+        self._buffer_size = self._core.buffer_size
+
+    def reset_state(self):
+        self._core.reset_state()
+        self._register()
+
+    def __iter__(self):
+        return self._core.epoch()
+
+    def __len__(self):
+        return self.ds.__len__()
+
+
+MultiProcessMapData = MultiProcessMapDataZMQ
+
+
+def send_dataflow_zmq(df, addr, hwm=50, format=None, bind=False, *, max_datapoints=None, progress=None):
+    """Resets ``df`` and sends its datapoints to ``addr`` (a PUSH socket) pass after pass.
+
+    Runs for ever (as tensorpack's), or until ``max_datapoints`` were sent. Datapoints go
+    in tensorwire's wire format; tensors are never pickled. ``progress(sent)`` is called
+    after each datapoint. Returns the number sent.
+    """
+    if format not in (None, "tensorwire"):
+        warnings.warn(f"send_dataflow_zmq: format={format!r} is ignored; datapoints go in "
+                      "tensorwire's wire format", stacklevel=2)
+    return _C._send_dataflow_zmq(df, addr, hwm, bind, max_datapoints, progress)
+
+
+class MalformedMessageWarning(RuntimeWarning):
+    """A message RemoteDataZMQ rejected (the stream goes on)."""
+
+
+class RemoteDataZMQ(DataFlow):
+    """Receives datapoints sent by ``send_dataflow_zmq`` on one or two PULL sockets.
+
+    Iteration is endless. A malformed message is rejected with a warning naming the
+    socket and the rule it broke (``errors="raise"``: raised as ``tensorwire.ProtocolError``
+    instead; iterating again goes on with the stream) and never stops the datapoints of
+    other producers. Pickled values (odd objects in Python datapoints) are refused unless
+    ``allow_pickle=True``: unpickling runs code chosen by whoever can reach the socket.
+    """
+
+    def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn"):
+        if errors not in ("warn", "raise"):
+            raise ValueError("errors must be 'warn' or 'raise'")
+        self._errors = errors
+        self._core = _C._RemoteData(addr1, addr2 or "", hwm, bind, allow_pickle)
+        self._guard = threading.Lock()
+
+    def reset_state(self):
+        self._core.reset_state()
+
+    def endpoint(self, which=0):
+        """The endpoint actually bound (``tcp://host:*`` resolved to its port)."""
+        return self._core.endpoint(which)
+
+    @property
+    def cnt1(self):
+        return self._core.count(0)
+
+    @property
+    def cnt2(self):
+        return self._core.count(1)
+
+    @property
+    def rejected(self):
+        """Malformed messages dropped so far."""
+        return self._core.rejected
+
+    def recv(self, timeout=None):
+        """The next datapoint, or ``None`` after ``timeout`` seconds."""
+        return self._core.next(timeout)
+
+    def __iter__(self):
+        if not self._guard.acquire(False):
+            raise RuntimeError("This DataFlow is not reentrant!")
+        try:
+            while True:
+                try:
+                    yield self._core.next(None)
+                except _C.ProtocolError as e:
+                    if self._errors == "raise":
+                        raise
+                    warnings.warn(str(e), MalformedMessageWarning, stacklevel=2)
+        finally:
+            self._guard.release()
+
+    def close(self):
+        self._core.close()

@@ -1,0 +1,306 @@
+"""Batched policy inference for many actor processes.
+
+Transports (all share one client API: ``client(td, timeout=None)``,
+``client.submit(td, timeout=None).result(timeout=None)``):
+
+* :class:`SharedMemoryTransport` -- fixed request/response layout; two preallocated
+  shared-memory slot banks, only slot indices and control words cross processes. Any
+  process can attach by name; clients pickle to that name (fork and spawn both work).
+* :class:`SocketTransport` -- any structure, across processes, through tensorwire's wire
+  codec over a Unix socket (the role of torchrl's ``MPTransport``).
+* :class:`ThreadTransport` -- any structure, threads of one process.
+
+:class:`InferenceServer` runs one thread that drains requests in batches and calls the
+policy once per batch; the GIL is taken only for that call. The C++ core
+(``tensorwire._C``) does the waiting, the copying and the batching.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import weakref
+
+from . import _C
+from ._C import TensorDict
+
+__all__ = [
+    "InferenceServer",
+    "SharedMemoryTransport",
+    "SocketTransport",
+    "ThreadTransport",
+    "InferenceClient",
+    "InferenceFuture",
+]
+
+InferenceClient = _C.InferenceClient
+InferenceFuture = _C.InferenceFuture
+
+
+def _is_tensordict(obj) -> bool:
+    """True for a tensordict.TensorDictBase (without importing tensordict needlessly)."""
+    td = sys.modules.get("tensordict")
+    return td is not None and isinstance(obj, td.TensorDictBase)
+
+
+def _is_torch_module(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _as_tensorwire(spec, what: str) -> TensorDict:
+    if isinstance(spec, TensorDict):
+        return spec
+    if _is_tensordict(spec):
+        return TensorDict.from_tensordict(spec)
+    if isinstance(spec, dict):
+        return TensorDict(spec)
+    raise TypeError(f"{what} must be a TensorDict (tensorwire or tensordict) or a dict, "
+                    f"got {type(spec).__name__}")
+
+
+class _Transport:
+    """What every transport offers: ``client()`` and, for the server, ``_impl``."""
+
+    _impl = None
+    _tensordict_specs = False
+    _response_keys = None
+
+    def client(self) -> InferenceClient:
+        """A new client. Clients are independent; each may be shared by threads."""
+        return self._impl.client()
+
+    def clients(self, num_clients: int) -> list:
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int):
+            raise TypeError("num_clients must be an integer")
+        if num_clients < 1:
+            raise ValueError("num_clients must be at least 1")
+        return [self.client() for _ in range(num_clients)]
+
+    @property
+    def kind(self) -> str:
+        return self._impl.kind
+
+
+class SharedMemoryTransport(_Transport):
+    """Requests and responses in two preallocated shared-memory slot banks.
+
+    Args:
+        request_spec, response_spec: a representative single request / response
+            (tensorwire or tensordict TensorDict, or a dict of arrays): keys, shapes,
+            dtypes and batch size define the slot layout. Tensor leaves only (TypeError
+            otherwise), at least one (ValueError), on the CPU (ValueError).
+        num_slots: requests in flight across all clients; ``submit`` blocks while all are
+            taken (with a timeout: TimeoutError).
+        copy_result: ``False`` returns views of the response slot, valid until a later
+            request reuses the slot (read or copy them before submitting again).
+        name: the abstract socket name other processes attach to (default: unique).
+        spin: the most pause iterations a waiter spins before sleeping on a futex.
+
+    Only declared keys travel: extra keys are dropped, a missing one raises KeyError, a
+    leaf of the wrong shape or dtype raises ValueError naming the key, expected and given.
+    The memory is anonymous (memfd passed over a Unix socket): nothing appears in
+    /dev/shm and nothing is left behind when any process exits, however it exits.
+    """
+
+    def __init__(self, request_spec, response_spec, *, num_slots: int, copy_result: bool = True,
+                 name: str | None = None, spin: int | None = None):
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int):
+            raise TypeError(f"num_slots must be an integer, got {type(num_slots).__name__}")
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be a positive integer, got {num_slots}")
+        self._tensordict_specs = _is_tensordict(request_spec)
+        self._impl = _C._SharedMemoryTransport.create(
+            _as_tensorwire(request_spec, "request_spec"), _as_tensorwire(response_spec, "response_spec"),
+            num_slots, bool(copy_result), name, spin)
+        self._response_keys = self._impl.response_keys
+
+    @classmethod
+    def attach(cls, name: str, timeout: float = 5.0) -> "SharedMemoryTransport":
+        """The transport another process created under ``name``; it makes clients only."""
+        self = cls.__new__(cls)
+        self._impl = _C._SharedMemoryTransport.attach(name, timeout)
+        self._response_keys = self._impl.response_keys
+        return self
+
+    @staticmethod
+    def client_for(name: str) -> InferenceClient:
+        """A client of the transport named ``name``, connecting on first use."""
+        return _C._inference_client_for("shared_memory", name)
+
+    def __reduce__(self):
+        return (SharedMemoryTransport.attach, (self.name,))
+
+    name = property(lambda self: self._impl.name, doc="The name other processes attach to.")
+    num_slots = property(lambda self: self._impl.num_slots)
+    copy_result = property(lambda self: self._impl.copy_result)
+    request_keys = property(lambda self: self._impl.request_keys)
+    response_keys = property(lambda self: self._impl.response_keys)
+    request_spec = property(lambda self: self._impl.request_spec)
+    response_spec = property(lambda self: self._impl.response_spec)
+    is_owner = property(lambda self: self._impl.is_owner, doc="True in the creating process.")
+    slots_in_use = property(lambda self: self._impl.slots_in_use)
+    sizes = property(lambda self: self._impl.sizes,
+                     doc="Bytes of the control area and of each bank.")
+
+
+class SocketTransport(_Transport):
+    """Requests of any structure from any process, over a Unix socket (wire codec)."""
+
+    def __init__(self, *, name: str | None = None):
+        self._impl = _C._SocketTransport.create(name)
+
+    @staticmethod
+    def client_for(name: str) -> InferenceClient:
+        return _C._inference_client_for("socket", name)
+
+    name = property(lambda self: self._impl.name)
+
+
+class ThreadTransport(_Transport):
+    """Requests of any structure from threads of this process."""
+
+    def __init__(self):
+        self._impl = _C._ThreadTransport.create()
+
+
+def _to_tensorwire(out, response_keys, batch_size):
+    """A policy's output as a tensorwire TensorDict (the declared keys only, when known)."""
+    if isinstance(out, TensorDict):
+        return out
+    if _is_tensordict(out):
+        if response_keys is None:
+            return TensorDict.from_tensordict(out)
+        result = TensorDict(batch_size=tuple(out.batch_size)[:1] or batch_size)
+        for key in response_keys:
+            value = out.get(key, None)
+            if value is not None:
+                result[key] = value.detach() if getattr(value, "requires_grad", False) else value
+        return result
+    raise TypeError(f"the policy returned a {type(out).__name__}; it must return a TensorDict "
+                    "(tensorwire or tensordict)")
+
+
+def _make_adapter(policy, transport: _Transport, input_type: str | None):
+    """The callable the C++ server invokes (with the GIL) once per batch."""
+    if input_type not in (None, "tensorwire", "tensordict"):
+        raise ValueError(f"input_type must be None, 'tensorwire' or 'tensordict', got {input_type!r}")
+    if input_type is None:
+        input_type = "tensordict" if (_is_torch_module(policy) or transport._tensordict_specs) else "tensorwire"
+    keys = transport._response_keys
+    if input_type == "tensorwire":
+        def adapter(batch):
+            out = policy(batch)
+            if out is None:
+                raise TypeError("the policy returned None; it must return a TensorDict")
+            return _to_tensorwire(out, keys, batch.batch_size[:1])
+        return adapter
+
+    import tensordict
+    import torch
+
+    def adapter(batch):
+        td = tensordict.TensorDict(batch.torch(), batch_size=batch.batch_size)
+        with torch.no_grad():
+            out = policy(td)
+        if out is None:  # a module that writes into its input
+            out = td
+        return _to_tensorwire(out, keys, batch.batch_size[:1])
+    return adapter
+
+
+_live_servers: "weakref.WeakSet[InferenceServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():  # the serving threads must not outlive the interpreter
+    for server in list(_live_servers):
+        server.shutdown(timeout=1.0)
+
+
+class InferenceServer:
+    """Serves a policy to the clients of a transport, in batches.
+
+    Args:
+        policy: a callable taking and returning a TensorDict (tensorwire or tensordict), a
+            ``torch.nn.Module`` or a ``tensordict.nn.TensorDictModule``. It gets a
+            tensordict.TensorDict when it is a torch module or the transport was built
+            from tensordict specs (``input_type`` overrides), a tensorwire TensorDict
+            otherwise; torch modules run under ``torch.no_grad()``.
+        transport: a SharedMemoryTransport (created in this process), SocketTransport or
+            ThreadTransport.
+        max_batch_size, min_batch_size, timeout: the batching rule (torchrl's): drain up
+            to ``max_batch_size``; below ``min_batch_size`` keep draining for up to
+            ``timeout`` seconds.
+        policy_version, policy_version_key: responses get the policy version under this
+            key (for a SharedMemoryTransport only when its response spec declares it).
+
+    An exception raised by the policy fails every request of its batch: clients raise
+    the same exception type when it is a builtin, a RuntimeError naming it otherwise.
+    """
+
+    def __init__(self, policy, transport: _Transport, *, max_batch_size: int = 64,
+                 min_batch_size: int = 1, timeout: float = 0.01, stats_window_size: int = 1024,
+                 policy_version: int = 0, policy_version_key="policy_version",
+                 input_type: str | None = None):
+        if not isinstance(transport, _Transport):
+            raise TypeError(f"transport must be a tensorwire transport, got {type(transport).__name__}")
+        if min_batch_size < 1 or max_batch_size < 1:
+            raise ValueError("max_batch_size and min_batch_size must be at least 1")
+        self.policy = policy
+        self.transport = transport
+        self.max_batch_size = max_batch_size
+        self.min_batch_size = min_batch_size
+        self.timeout = timeout
+        # The C++ server holds the adapter weakly (see inference_py.cpp): keep it here.
+        self._adapter = _make_adapter(policy, transport, input_type)
+        self._server = _C._InferenceServer(
+            self._adapter, transport._impl, max_batch_size,
+            min_batch_size, float(timeout), stats_window_size, policy_version_key, policy_version)
+        _live_servers.add(self)
+
+    def start(self) -> "InferenceServer":
+        """Starts the serving thread (RuntimeError when already running)."""
+        self._server.start()
+        return self
+
+    def shutdown(self, timeout: float | None = 5.0) -> bool:
+        """Stops serving: pending requests fail with RuntimeError, later submits too.
+
+        Waits up to ``timeout`` seconds for a policy call in progress; returns whether the
+        serving thread stopped in time.
+        """
+        return self._server.shutdown(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._server.is_alive
+
+    @property
+    def policy_version(self) -> int:
+        return self._server.policy_version
+
+    def update_model(self, fn, *, mark_weight_update: bool = True):
+        """Runs ``fn(policy)`` between batches and, by default, bumps the policy version."""
+        return self._server.update_model(lambda: fn(self.policy), mark_weight_update)
+
+    def stats(self, *, reset: bool = False) -> dict:
+        """requests, batches, requests_per_s, batches_per_s, avg_batch_size, p50/p95
+        queue and forward times (ms), policy_version, weight_updates."""
+        return self._server.stats(reset)
+
+    def client(self) -> InferenceClient:
+        return self.transport.client()
+
+    def clients(self, num_clients: int) -> list:
+        return self.transport.clients(num_clients)
+
+    def __enter__(self) -> "InferenceServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    def __del__(self):
+        server = getattr(self, "_server", None)
+        if server is not None and server.is_alive:
+            server.shutdown(1.0)

@@ -1,0 +1,121 @@
+"""A drop-in for torchrl's ``SharedMemoryTransport``, on tensorwire's slot banks.
+
+``tensorwire.torchrl.SharedMemoryTransport`` implements torchrl's
+``InferenceTransport`` interface (``submit``, ``drain``, ``wait_for_work``, ``resolve``,
+``resolve_exception``, ``client``; plus ``drain_with_timing``) with tensordict.TensorDict
+in and out, so torchrl's own ``InferenceServer`` runs on it unchanged::
+
+    from torchrl.modules.inference_server import InferenceServer
+    from tensorwire.torchrl import SharedMemoryTransport
+
+    transport = SharedMemoryTransport(request_spec, response_spec, num_slots=8)
+    client = transport.client()  # picklable: hand it to spawned or forked actors
+    with InferenceServer(policy, transport, max_batch_size=8):
+        action = client(TensorDict({"observation": obs}))["action"]
+
+What changes against torchrl's own transport: requests and responses cross processes
+through shared memory with futex wake-ups instead of ``multiprocessing`` queues; clients
+can also be made after the actors start (``SharedMemoryTransport.client_for(name)``);
+a dropped future gives its slot back; a dead actor's slots are reclaimed; a timeout
+raises ``TimeoutError`` (torchrl raises ``queue.Empty``).
+
+torchrl is needed only when this module is imported.
+"""
+from __future__ import annotations
+
+import tensordict
+from torchrl.modules.inference_server import InferenceTransport
+
+from . import inference as _inference
+from ._C import TensorDict as _TwTensorDict
+
+__all__ = ["SharedMemoryTransport"]
+
+
+class SharedMemoryTransport(InferenceTransport):
+    """torchrl's SharedMemoryTransport interface over tensorwire's shared-memory slots.
+
+    Args:
+        request_spec (tensordict.TensorDictBase): a representative single request.
+        response_spec (tensordict.TensorDictBase): a representative single response
+            (declare ``"policy_version"`` to receive the server's version stamp).
+        num_slots (int): requests in flight across all clients.
+        copy_result (bool): ``False`` returns views of the response slot.
+        ctx: accepted for signature compatibility with torchrl and ignored (no
+            multiprocessing queues are used).
+    """
+
+    def __init__(self, request_spec, response_spec, *, num_slots: int, ctx=None,
+                 copy_result: bool = True, name: str | None = None):
+        super().__init__()
+        del ctx
+        self._tw = _inference.SharedMemoryTransport(
+            request_spec, response_spec, num_slots=num_slots, copy_result=copy_result, name=name)
+        self._impl = self._tw._impl
+        self._response_keys = self._tw.response_keys
+        self._request_batch = tuple(self._impl.request_spec.batch_size)
+        self._default_client = None
+
+    # -- actor side ---------------------------------------------------------------------
+
+    def client(self):
+        """A client taking and returning tensordict.TensorDict; picklable by name."""
+        return self._tw.client()
+
+    @staticmethod
+    def client_for(name: str):
+        return _inference.SharedMemoryTransport.client_for(name)
+
+    def submit(self, td):
+        """Submits through a transport-wide client; returns a future."""
+        if self._default_client is None:
+            self._default_client = self._tw.client()
+        return self._default_client.submit(td)
+
+    @property
+    def name(self) -> str:
+        return self._tw.name
+
+    @property
+    def num_slots(self) -> int:
+        return self._tw.num_slots
+
+    # -- server side (torchrl's InferenceServer calls these from its worker thread) -------
+
+    def wait_for_work(self, timeout: float) -> None:
+        self._impl._wait_for_work(max(float(timeout), 0.0))
+
+    def drain_with_timing(self, max_items: int):
+        drained = self._impl._drain(max_items)
+        items, callbacks, submitted_at = [], [], []
+        for slot, submitted in drained:
+            row = self._impl._request_row(slot)
+            # A tensordict over the slot's memory (zero-copy), unlocked so the model can
+            # write its outputs into the collated batch.
+            items.append(tensordict.TensorDict(row.torch(), batch_size=self._request_batch))
+            callbacks.append(slot)
+            submitted_at.append(submitted)
+        return items, callbacks, submitted_at
+
+    def drain(self, max_items: int):
+        items, callbacks, _ = self.drain_with_timing(max_items)
+        return items, callbacks
+
+    def resolve(self, callback, result) -> None:
+        response = _TwTensorDict()
+        for key in self._response_keys:
+            value = result.get(key, None)
+            if value is None:
+                raise KeyError(f"the policy output has no key {key!r} (declared in the response spec)")
+            if value.device.type != "cpu":
+                value = value.cpu()
+            if value.requires_grad:
+                value = value.detach()
+            response[key] = value
+        self._impl._resolve_one(callback, response)
+
+    def resolve_exception(self, callback, exc: BaseException) -> None:
+        cls = type(exc)
+        name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
+        self._impl._reject_one(callback, name, message)

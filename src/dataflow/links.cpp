@@ -1,0 +1,214 @@
+#include "dataflow/links.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+namespace tensorwire::dataflow::detail {
+
+// ---- MainLink ----------------------------------------------------------------------------
+
+void MainLink::make_sockets(int num_workers) {
+  owner_pid = ::getpid();
+  for (int i = 0; i < num_workers; ++i) {
+    auto [a, b] = shm::UnixSocket::pair();
+    parent_ends.push_back(std::move(a));
+    child_ends.push_back(std::move(b));
+  }
+}
+
+shm::UnixSocket MainLink::take_child_end(int index) {
+  shm::UnixSocket mine = std::move(child_ends.at(static_cast<size_t>(index)));
+  parent_ends.clear();
+  child_ends.clear();
+  workers.forget_in_child();
+  return mine;
+}
+
+void MainLink::open(const std::string& endpoint) {
+  child_ends.clear();  // the children have theirs; EOF on ours must mean "worker gone"
+  ctx = std::make_unique<zmqio::Context>();
+  // The runner's own credits bound what is in flight; the ZeroMQ queue is never the limit.
+  pull = std::make_unique<zmqio::Socket>(*ctx, zmq::socket_type::pull,
+                                         zmqio::SocketOptions{.rcvhwm = 0});
+  pull->bind(endpoint);
+  receiver = std::make_unique<ShmReceiver>(
+      [this](uint16_t sender, uint32_t index) { return fetch_segment(sender, index); });
+  next_check = std::chrono::steady_clock::now() + liveness;
+}
+
+shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
+  if (sender >= parent_ends.size())
+    throw ProtocolError(owner + ": descriptor from unknown sender " + std::to_string(sender));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    std::optional<std::pair<uint32_t, shm::Segment>> m;
+    try {
+      m = recv_segment(parent_ends[sender], Millis(100));
+    } catch (const ClosedError&) {
+      // The worker is gone: say so. Its fds close a moment before its pidfd reports it.
+      for (int i = 0; i < 200; ++i) {
+        workers.check();
+        std::this_thread::sleep_for(Millis(5));
+      }
+      throw;
+    }
+    if (m) {
+      if (m->first == index) return std::move(m->second);
+      throw ProtocolError(owner + ": worker " + std::to_string(sender) + " sent segment " +
+                          std::to_string(m->first) + " where " + std::to_string(index) +
+                          " was expected");
+    }
+    workers.check();
+    if (std::chrono::steady_clock::now() > deadline)
+      throw TimeoutError(owner + ": worker " + std::to_string(sender) + " named segment " +
+                         std::to_string(index) + " but did not send it");
+  }
+}
+
+std::optional<ShmReceiver::Received> MainLink::receive(Millis timeout) {
+  if (!pull) throw ClosedError(owner + " is closed");
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
+  std::vector<zmqio::PollItem> items;
+  while (true) {
+    const auto now = clock::now();
+    // Checked on a clock, not per message: a pidfd poll per datapoint would cost a syscall.
+    if (now >= next_check) {
+      workers.check();
+      next_check = now + liveness;
+    }
+    if (rest_.empty()) {
+      bool more = false;
+      if (pull->try_recv_frame(msg_, more)) {
+        if (more) {
+          std::vector<zmq::message_t> extra;
+          pull->try_recv(extra);
+          throw ProtocolError(owner + ": a descriptor message of several frames");
+        }
+        rest_ = std::span(static_cast<const std::byte*>(msg_.data()), msg_.size());
+      }
+    }
+    if (!rest_.empty()) {
+      DescriptorBatch batch(rest_);
+      std::span<const std::byte> d;
+      try {
+        d = batch.next();
+      } catch (...) {
+        rest_ = {};
+        throw;
+      }
+      rest_ = rest_.subspan(4 + d.size());
+      return receiver->decode(d);
+    }
+    if (now >= deadline) return std::nullopt;
+    auto wait = liveness;
+    if (deadline != clock::time_point::max())
+      wait = std::min(wait, std::chrono::duration_cast<Millis>(deadline - now) + Millis(1));
+    items.clear();
+    items.push_back({pull.get(), -1, false});
+    for (int fd : workers.pidfds()) items.push_back({nullptr, fd, false});
+    zmqio::poll(items, wait);
+    for (size_t i = 1; i < items.size(); ++i)
+      if (items[i].ready) next_check = clock::time_point{};  // a worker ended: report it now
+  }
+}
+
+void MainLink::close() noexcept {
+  if (owner_pid != ::getpid()) return;  // a forked copy: nothing here is ours to close
+  workers.kill_all();
+  pull.reset();
+  ctx.reset();
+  parent_ends.clear();
+  child_ends.clear();
+  // The receiver's segments stay mapped as long as received datapoints view them.
+  receiver.reset();
+}
+
+// ---- WorkerLink --------------------------------------------------------------------------
+
+WorkerLink::WorkerLink(int index_, shm::UnixSocket socket_, const std::string& endpoint, int sndhwm,
+                       size_t min_chunks)
+    : index(index_),
+      socket(std::move(socket_)),
+      push(ctx, zmq::socket_type::push, zmqio::SocketOptions{.sndhwm = sndhwm}),
+      sender("dataflow-w" + std::to_string(index_), min_chunks,
+             [this](uint32_t i, const shm::Segment& s) { send_segment(socket, i, s); }) {
+  push.connect(endpoint);
+}
+
+namespace {
+
+void put_u32(std::string& out, uint32_t v) {
+  const char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 24)};
+  out.append(b, 4);
+}
+
+}  // namespace
+
+std::span<const std::byte> DescriptorBatch::next() {
+  if (rest_.empty()) return {};
+  if (rest_.size() < 4) throw ProtocolError("descriptor batch: truncated length");
+  const uint32_t n =
+      std::to_integer<uint32_t>(rest_[0]) | std::to_integer<uint32_t>(rest_[1]) << 8 |
+      std::to_integer<uint32_t>(rest_[2]) << 16 | std::to_integer<uint32_t>(rest_[3]) << 24;
+  if (n == 0 || n > rest_.size() - 4)
+    throw ProtocolError("descriptor batch: a descriptor of " + std::to_string(n) + " bytes in " +
+                        std::to_string(rest_.size() - 4));
+  auto d = rest_.subspan(4, n);
+  rest_ = rest_.subspan(4 + n);
+  return d;
+}
+
+void WorkerLink::add(std::string_view descriptor) {
+  put_u32(batch_, static_cast<uint32_t>(descriptor.size()));
+  batch_.append(descriptor);
+  ++batched_;
+}
+
+void WorkerLink::flush() {
+  if (batched_ == 0) return;
+  zmq::message_t m(batch_.data(), batch_.size());
+  try {
+    while (!push.send(m, Millis(200)))
+      if (parent_gone()) ::_exit(0);
+  } catch (...) {
+    // Not sent: give the chunks back (the caller reports the error).
+    DescriptorBatch b(std::as_bytes(std::span(batch_)));
+    for (auto d = b.next(); !d.empty(); d = b.next())
+      if (DescriptorHeader::decode(d).kind == DescriptorKind::Datapoint)
+        sender.abandon(d, peer_schema);
+    batch_.clear();
+    batched_ = 0;
+    throw;
+  }
+  batch_.clear();
+  batched_ = 0;
+}
+
+void WorkerLink::add_datapoint(const TensorDict& td, DescriptorHeader h) {
+  h.sender = static_cast<uint16_t>(index);
+  scratch.clear();
+  sender.encode(td, h, scratch, peer_schema);
+  add(scratch);
+}
+
+void WorkerLink::send_failure(const Failure& f, DescriptorHeader h) {
+  h.sender = static_cast<uint16_t>(index);
+  h.kind = DescriptorKind::Error;
+  h.segment = kNoSegment;
+  scratch.clear();
+  h.encode(scratch);
+  scratch += encode_failure(f);
+  add(scratch);
+  flush();
+}
+
+void WorkerLink::park() {
+  while (!parent_gone()) std::this_thread::sleep_for(Millis(50));
+  ::_exit(0);
+}
+
+}  // namespace tensorwire::dataflow::detail

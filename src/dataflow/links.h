@@ -1,0 +1,115 @@
+// The two sides of a runner's pipe, shared by MultiProcessRunnerZMQ and
+// MultiProcessMapDataZMQ.
+//
+// MainLink (the main process): the worker processes, a Unix socket pair per worker for
+// segments, the PULL socket the workers push descriptors into, and the ShmReceiver that
+// turns them into TensorDicts. receive() waits for the next descriptor while watching
+// every worker's pidfd, so a dead worker ends any wait within `liveness`.
+//
+// WorkerLink (a worker): its own ZeroMQ context (created after the fork), the PUSH
+// socket, and an ShmSender whose new segments go to the main process over the worker's
+// Unix socket before any descriptor names them. Descriptors are batched: one ZeroMQ
+// message carries one or more (the caller decides when to flush), which divides the
+// per-message costs of ZeroMQ (two I/O threads, wake-ups) among small datapoints. Every
+// wait checks that the parent is still there and exits the worker when it is not.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dataflow/shm_channel.h"
+#include "dataflow/workers.h"
+#include "zmq/zmq.h"
+
+namespace tensorwire::dataflow::detail {
+
+using Millis = std::chrono::milliseconds;
+
+struct MainLink {
+  explicit MainLink(std::string owner_name, Millis liveness_interval)
+      : owner(std::move(owner_name)), workers(owner), liveness(liveness_interval) {}
+  ~MainLink() { close(); }
+
+  // Before forking: one socket pair per worker (`child_ends` go to the children).
+  void make_sockets(int num_workers);
+  // In a child, before anything else: drops what belongs to the parent and returns the
+  // child's own end of its socket pair.
+  shm::UnixSocket take_child_end(int index);
+  // After forking: the ZeroMQ context, the PULL socket bound to `endpoint`, the receiver.
+  void open(const std::string& endpoint);
+
+  // The next descriptor (decoded), std::nullopt after `timeout` (negative: no limit).
+  // WorkerDiedError when a worker has ended; ProtocolError for a bad descriptor.
+  std::optional<ShmReceiver::Received> receive(Millis timeout);
+  // Checks the workers now (throws WorkerDiedError).
+  void check_workers() { workers.check(); }
+
+  void close() noexcept;
+
+  std::string owner;
+  WorkerProcesses workers;
+  Millis liveness;
+  std::vector<shm::UnixSocket> parent_ends, child_ends;
+  std::unique_ptr<zmqio::Context> ctx;
+  std::unique_ptr<zmqio::Socket> pull;
+  std::unique_ptr<ShmReceiver> receiver;
+  std::chrono::steady_clock::time_point next_check{};
+  int owner_pid = -1;
+
+ private:
+  shm::Segment fetch_segment(uint16_t sender, uint32_t index);
+  zmq::message_t msg_;               // the message being read
+  std::span<const std::byte> rest_;  // its descriptors not read yet
+};
+
+struct WorkerLink {
+  // `min_chunks`: see ShmSender. Connects a PUSH socket to `endpoint`.
+  WorkerLink(int index, shm::UnixSocket socket, const std::string& endpoint, int sndhwm,
+             size_t min_chunks);
+
+  // Encodes `td` into shared memory and adds its descriptor to the batch (not sent yet).
+  void add_datapoint(const TensorDict& td, DescriptorHeader h);
+  // Adds a descriptor to the batch.
+  void add(std::string_view descriptor);
+  // Sends the batch as one ZeroMQ message, waiting (with parent checks) for room. Exits
+  // the process when the parent is gone.
+  void flush();
+  size_t batched() const noexcept { return batched_; }
+
+  void send_datapoint(const TensorDict& td, DescriptorHeader h) {
+    add_datapoint(td, h);
+    flush();
+  }
+  void send_failure(const Failure& f, DescriptorHeader h);
+  // Waits until the parent is gone, then exits: a worker that reported a failure stays
+  // until it is killed, so its report is delivered and never races its death.
+  [[noreturn]] void park();
+
+  int index;
+  shm::UnixSocket socket;
+  zmqio::Context ctx;
+  zmqio::Socket push;
+  ShmSender sender;
+  uint64_t peer_schema = 0;  // the last schema the main process got
+  std::string scratch;
+
+ private:
+  std::string batch_;  // [u32 length][descriptor] ...
+  size_t batched_ = 0;
+};
+
+// The descriptors of one message: [u32 length][descriptor] repeated.
+class DescriptorBatch {
+ public:
+  explicit DescriptorBatch(std::span<const std::byte> message) : rest_(message) {}
+  // The next descriptor; empty at the end. ProtocolError for a truncated message.
+  std::span<const std::byte> next();
+
+ private:
+  std::span<const std::byte> rest_;
+};
+
+}  // namespace tensorwire::dataflow::detail

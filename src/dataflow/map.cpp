@@ -1,0 +1,355 @@
+#include "tensorwire/dataflow/map.h"
+
+#include <unistd.h>
+
+#include <deque>
+#include <map>
+#include <random>
+#include <variant>
+
+#include "dataflow/links.h"
+
+namespace tensorwire::dataflow {
+
+namespace {
+
+constexpr const char* kName = "MultiProcessMapDataZMQ";
+using Millis = std::chrono::milliseconds;
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+struct MultiProcessMapDataZMQ::Impl {
+  Impl(std::shared_ptr<DataFlow> d, MapFunction f, MapOptions o)
+      : ds(std::move(d)),
+        map(std::move(f)),
+        opt(std::move(o)),
+        link(kName, opt.liveness_interval) {}
+
+  std::shared_ptr<DataFlow> ds;
+  MapFunction map;
+  MapOptions opt;
+  std::optional<size_t> size;
+  size_t buffer_size = 0;
+  uint64_t seed = 0;
+  bool reset_done = false;
+  bool in_epoch = false;
+  std::string result_endpoint, task_endpoint;  // worker i takes tasks from task_endpoint + i
+  detail::MainLink link;
+  // One task socket per worker, so that a task goes to the least busy worker (not blindly
+  // round-robin) and the schema is sent once to each worker that needs it.
+  std::vector<std::unique_ptr<zmqio::Socket>> tasks;
+  std::vector<size_t> worker_in_flight;
+  std::vector<uint64_t> worker_schema;
+  std::unique_ptr<detail::ShmSender> task_sender;
+  std::exception_ptr failed;
+
+  // What is in flight, per pass of the dataflow (strict mode keeps passes apart).
+  uint64_t seq = 0;
+  size_t in_flight = 0;
+  uint32_t send_pass = 0;                  // the pass tasks are being taken from
+  uint32_t yield_pass = 0;                 // the pass the current epoch yields
+  bool pass_had_items = false;             // send_pass has produced at least one task
+  std::map<uint32_t, size_t> outstanding;  // pass -> tasks not yet back
+  std::map<uint32_t, bool> complete;       // pass -> the dataflow ended it
+  // Results (or a map function's error) of passes later than the one being yielded.
+  std::map<uint32_t, std::deque<std::variant<TensorDict, std::exception_ptr>>> stash;
+  std::string scratch;
+
+  [[noreturn]] void worker_main(int index);
+  void send_task(const TensorDict& td);
+  void fill();
+  // The next result; a worker's own failure (not one datapoint's) throws WorkerError.
+  std::optional<detail::ShmReceiver::Received> receive(Millis timeout);
+  WorkerError worker_error(detail::ShmReceiver::Received& r);
+};
+
+void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
+  shm::UnixSocket sock = link.take_child_end(index);
+  // The task socket's end in this worker: its own queue is as deep as the whole buffer,
+  // so that the main process never blocks sending a task.
+  detail::WorkerLink w(index, std::move(sock), result_endpoint, 0,
+                       buffer_size / static_cast<size_t>(opt.num_proc) + 4);
+  zmqio::Socket pull(w.ctx, zmq::socket_type::pull, {.rcvhwm = static_cast<int>(buffer_size) + 1});
+  pull.connect(task_endpoint + std::to_string(index));
+  detail::ShmReceiver tasks_in([&w](uint16_t, uint32_t index_wanted) {
+    while (true) {
+      auto m = detail::recv_segment(w.socket, Millis(200));
+      if (m) {
+        if (m->first != index_wanted) throw ProtocolError("segments out of order");
+        return std::move(m->second);
+      }
+      if (detail::parent_gone()) ::_exit(0);
+    }
+  });
+  try {
+    zmqio::PollItem item{&pull, -1, false};
+    zmq::message_t msg;
+    while (true) {
+      bool more = false;
+      if (!pull.try_recv_frame(msg, more)) {
+        zmqio::poll(std::span(&item, 1), Millis(200));
+        if (detail::parent_gone()) ::_exit(0);
+        continue;
+      }
+      auto r = tasks_in.decode(std::span(static_cast<const std::byte*>(msg.data()), msg.size()));
+      detail::DescriptorHeader h{.seq = r.header.seq, .pass = r.header.pass};
+      if (!r.datapoint) continue;
+      std::optional<TensorDict> out;
+      try {
+        out = map(std::move(*r.datapoint));
+      } catch (...) {
+        Failure f;
+        try {
+          f = opt.describe_failure(std::current_exception());
+        } catch (...) {
+          f = describe_exception(std::current_exception());
+        }
+        w.send_failure(f, h);
+        continue;  // one bad datapoint does not end the worker
+      }
+      r.datapoint.reset();  // release the input chunk before producing more
+      if (out) {
+        w.send_datapoint(*out, h);
+      } else {
+        h.sender = static_cast<uint16_t>(index);
+        h.kind = detail::DescriptorKind::Filtered;
+        w.scratch.clear();
+        h.encode(w.scratch);
+        w.add(w.scratch);
+        w.flush();
+      }
+    }
+  } catch (...) {
+    Failure f;
+    try {
+      f = opt.describe_failure(std::current_exception());
+    } catch (...) {
+      f = describe_exception(std::current_exception());
+    }
+    w.send_failure(f, {.seq = ~0ull});
+  }
+  w.park();
+}
+
+void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
+  size_t w = 0;
+  for (size_t i = 1; i < worker_in_flight.size(); ++i)
+    if (worker_in_flight[i] < worker_in_flight[w]) w = i;
+  scratch.clear();
+  task_sender->encode(td, {.sender = detail::kMainSender, .seq = seq++, .pass = send_pass}, scratch,
+                      worker_schema[w]);
+  zmq::message_t m(scratch.data(), scratch.size());
+  // The queues hold the whole buffer, so this does not wait; if it does, a worker is
+  // stuck or gone, which the liveness check reports.
+  while (!tasks[w]->send(m, Millis(100))) link.check_workers();
+  ++worker_in_flight[w];
+  ++in_flight;
+  if (opt.strict) ++outstanding[send_pass];
+  pass_had_items = true;
+}
+
+void MultiProcessMapDataZMQ::Impl::fill() {
+  while (in_flight < buffer_size) {
+    if (opt.strict && send_pass > yield_pass + 1) return;  // prefetch one pass ahead at most
+    std::optional<TensorDict> dp = ds->next();
+    if (dp) {
+      send_task(*dp);
+      continue;
+    }
+    // The pass is over.
+    if (opt.strict) complete[send_pass] = true;
+    const bool empty = !pass_had_items;
+    ++send_pass;
+    pass_had_items = false;
+    ds->start();
+    if (!opt.strict && empty) return;  // an empty pass: do not spin on it
+  }
+}
+
+std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::receive(Millis timeout) {
+  auto r = link.receive(timeout);
+  if (!r) return r;
+  if (r->header.sender >= opt.num_proc)
+    throw ProtocolError(std::string(kName) + ": result from sender " +
+                        std::to_string(r->header.sender));
+  if (r->header.kind == detail::DescriptorKind::Error && r->header.seq == ~0ull) {
+    // The worker itself failed (not one datapoint): it is parked and its tasks are lost,
+    // so the map cannot go on.
+    failed = std::make_exception_ptr(worker_error(*r));
+    std::rethrow_exception(failed);
+  }
+  --in_flight;
+  if (worker_in_flight[r->header.sender] > 0) --worker_in_flight[r->header.sender];
+  auto it = outstanding.find(r->header.pass);
+  if (it != outstanding.end() && it->second > 0) --it->second;
+  return r;
+}
+
+WorkerError MultiProcessMapDataZMQ::Impl::worker_error(detail::ShmReceiver::Received& r) {
+  const auto pids = link.workers.pids();
+  return WorkerError(kName, r.header.sender, pids.at(r.header.sender), std::move(r.failure));
+}
+
+MultiProcessMapDataZMQ::MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, MapFunction map,
+                                               MapOptions options)
+    : impl_(std::make_unique<Impl>(std::move(ds), std::move(map), std::move(options))) {
+  Impl& m = *impl_;
+  if (!m.ds) throw ValueError(std::string(kName) + ": no dataflow");
+  if (!m.map) throw ValueError(std::string(kName) + ": no map function");
+  if (m.opt.num_proc < 1 || m.opt.num_proc > 1024)
+    throw ValueError(std::string(kName) + ": num_proc must be in [1, 1024], got " +
+                     std::to_string(m.opt.num_proc));
+  if (m.opt.buffer_size < 1)
+    throw ValueError(std::string(kName) + ": buffer_size must be at least 1");
+  m.size = m.ds->size();
+  m.buffer_size = m.opt.buffer_size;
+  // As tensorpack: a strict buffer larger than the dataflow could never be filled.
+  if (m.opt.strict && m.size && *m.size > 0) m.buffer_size = std::min(m.buffer_size, *m.size);
+  m.seed = m.opt.seed ? *m.opt.seed : random_seed();
+}
+
+MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
+  close();
+}
+
+void MultiProcessMapDataZMQ::reset_state() {
+  Impl& m = *impl_;
+  if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
+  m.reset_done = true;
+  const int n = m.opt.num_proc;
+  const std::string base = "ipc://@" + shm::unique_name("dataflow-map");
+  m.result_endpoint = base + "-results";
+  m.task_endpoint = base + "-tasks-";
+  m.link.make_sockets(n);
+  for (int i = 0; i < n; ++i) {
+    WorkerInfo info{i, n, m.seed + static_cast<uint64_t>(i)};
+    m.link.workers.spawn(info, m.opt.fork_hooks, [&m, i]() -> int { m.worker_main(i); });
+  }
+  m.link.open(m.result_endpoint);
+  for (int i = 0; i < n; ++i) {
+    m.tasks.push_back(std::make_unique<zmqio::Socket>(
+        *m.link.ctx, zmq::socket_type::push,
+        zmqio::SocketOptions{.sndhwm = static_cast<int>(m.buffer_size) + 1}));
+    m.tasks.back()->bind(m.task_endpoint + std::to_string(i));
+  }
+  m.worker_in_flight.assign(static_cast<size_t>(n), 0);
+  m.worker_schema.assign(static_cast<size_t>(n), 0);
+  m.task_sender = std::make_unique<detail::ShmSender>("dataflow-map-tasks", m.buffer_size + 4,
+                                                      [&m](uint32_t index, const shm::Segment& s) {
+                                                        for (auto& sock : m.link.parent_ends) {
+                                                          try {
+                                                            detail::send_segment(sock, index, s);
+                                                          } catch (const ClosedError&) {
+                                                            m.link.check_workers();
+                                                            throw;
+                                                          }
+                                                        }
+                                                      });
+  m.ds->reset_state();
+  m.ds->start();
+  m.fill();
+}
+
+Epoch MultiProcessMapDataZMQ::epoch() {
+  return Epoch(this);
+}
+
+void MultiProcessMapDataZMQ::epoch_begin() {
+  if (!impl_->reset_done)
+    throw StateError(std::string(kName) + ": call reset_state() before iterating");
+  if (impl_->in_epoch) throw StateError("This DataFlow is not reentrant!");
+  impl_->in_epoch = true;
+}
+
+void MultiProcessMapDataZMQ::epoch_end() noexcept {
+  impl_->in_epoch = false;
+}
+
+EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
+  Impl& m = *impl_;
+  if (m.failed) std::rethrow_exception(m.failed);
+  try {
+    if (!m.opt.strict) {
+      while (true) {
+        m.fill();
+        if (m.in_flight == 0) return {std::nullopt, true};  // an empty dataflow
+        auto r = m.receive(timeout);
+        if (!r) return {};
+        if (r->header.kind == detail::DescriptorKind::Error) throw m.worker_error(*r);
+        if (r->header.kind == detail::DescriptorKind::Filtered) continue;
+        return {std::move(r->datapoint), false};
+      }
+    }
+    while (true) {
+      auto& stash = m.stash[m.yield_pass];
+      if (!stash.empty()) {
+        auto item = std::move(stash.front());
+        stash.pop_front();
+        if (auto* err = std::get_if<std::exception_ptr>(&item)) std::rethrow_exception(*err);
+        return {std::move(std::get<TensorDict>(item)), false};
+      }
+      if (m.complete[m.yield_pass] && m.outstanding[m.yield_pass] == 0) {
+        m.stash.erase(m.yield_pass);
+        m.outstanding.erase(m.yield_pass);
+        m.complete.erase(m.yield_pass);
+        ++m.yield_pass;
+        m.fill();
+        return {std::nullopt, true};
+      }
+      m.fill();
+      auto r = m.receive(timeout);
+      if (!r) return {};
+      if (r->header.kind == detail::DescriptorKind::Error) {
+        // A map error belongs to the pass of its datapoint: a later pass's waits for it.
+        auto err = std::make_exception_ptr(m.worker_error(*r));
+        if (r->header.pass == m.yield_pass) std::rethrow_exception(err);
+        m.stash[r->header.pass].push_back(err);
+        continue;
+      }
+      if (r->header.kind == detail::DescriptorKind::Filtered)
+        throw ValueError(std::string(kName) + ": the map function returned nothing in strict mode");
+      if (r->header.pass == m.yield_pass) return {std::move(r->datapoint), false};
+      m.stash[r->header.pass].push_back(std::move(*r->datapoint));
+    }
+  } catch (const WorkerError&) {
+    throw;  // one datapoint failed: the stream can go on
+  } catch (const ValueError&) {
+    throw;
+  } catch (const Error&) {
+    m.failed = std::current_exception();
+    throw;
+  }
+}
+
+std::optional<size_t> MultiProcessMapDataZMQ::size() const {
+  return impl_->size;
+}
+uint64_t MultiProcessMapDataZMQ::base_seed() const noexcept {
+  return impl_->seed;
+}
+const MapOptions& MultiProcessMapDataZMQ::options() const noexcept {
+  return impl_->opt;
+}
+size_t MultiProcessMapDataZMQ::buffer_size() const noexcept {
+  return impl_->buffer_size;
+}
+std::vector<int> MultiProcessMapDataZMQ::pids() const {
+  return impl_->link.workers.pids();
+}
+
+void MultiProcessMapDataZMQ::close() {
+  Impl& m = *impl_;
+  if (m.link.owner_pid != ::getpid()) return;
+  m.tasks.clear();
+  m.link.close();
+  m.task_sender.reset();
+  if (!m.failed && m.reset_done)
+    m.failed = std::make_exception_ptr(ClosedError(std::string(kName) + " is closed"));
+}
+
+}  // namespace tensorwire::dataflow

@@ -1,0 +1,260 @@
+#include "tensorwire/dataflow/runner.h"
+
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+#include "dataflow/links.h"
+#include "tensorwire/shm/futex.h"
+
+namespace tensorwire::dataflow {
+
+namespace {
+
+constexpr const char* kName = "MultiProcessRunnerZMQ";
+// Descriptor batching in the workers (see worker_main).
+constexpr size_t kMaxBatch = 32;
+constexpr auto kSlowDatapoint = std::chrono::microseconds(50);
+constexpr auto kIdleWait = std::chrono::microseconds(10);
+constexpr auto kBusyWait = std::chrono::microseconds(200);
+
+// Credits, one cache line per worker, in a segment the main process creates before the
+// fork (so both sides map it): the main process counts the datapoints it has received
+// from each worker; a worker sends only while (sent - received) < hwm.
+//
+// A worker that runs out of credits sleeps until half its window is free, not until the
+// next credit: it then sends a burst instead of one datapoint per wake-up, and the main
+// process makes one futex_wake per half window (only when the worker sleeps and the
+// count reaches `wake_at`), not one per datapoint.
+struct alignas(64) Credit {
+  std::atomic<uint32_t> received{0};
+  std::atomic<uint32_t> sleeping{0};  // the worker is (about to be) in futex_wait
+  std::atomic<uint32_t> wake_at{0};   // the `received` count it waits for
+
+  void on_received() noexcept {
+    const uint32_t r = received.fetch_add(1, std::memory_order_seq_cst) + 1;
+    if (sleeping.load(std::memory_order_seq_cst) &&
+        static_cast<int32_t>(r - wake_at.load(std::memory_order_relaxed)) >= 0)
+      shm::futex_wake(&received);
+  }
+  // Worker side: waits until received reaches `target` (or the parent is gone).
+  uint32_t wait_for(uint32_t target) noexcept {
+    uint32_t r = received.load(std::memory_order_acquire);
+    while (static_cast<int32_t>(r - target) < 0) {
+      if (detail::parent_gone()) ::_exit(0);
+      wake_at.store(target, std::memory_order_relaxed);
+      sleeping.store(1, std::memory_order_seq_cst);
+      // Re-read after announcing: a count that reached the target in between is seen
+      // here, or the main process saw `sleeping` and wakes us.
+      r = received.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(r - target) < 0)
+        shm::futex_wait(&received, r, std::chrono::milliseconds(100));
+      sleeping.store(0, std::memory_order_relaxed);
+      r = received.load(std::memory_order_acquire);
+    }
+    return r;
+  }
+};
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+struct MultiProcessRunnerZMQ::Impl {
+  Impl(std::shared_ptr<DataFlow> d, RunnerOptions o)
+      : ds(std::move(d)), opt(std::move(o)), link(kName, opt.liveness_interval) {}
+
+  std::shared_ptr<DataFlow> ds;
+  RunnerOptions opt;
+  std::optional<size_t> size;
+  uint64_t seed = 0;
+  bool reset_done = false;
+  bool in_epoch = false;
+  uint64_t epoch_count = 0;
+  std::string endpoint;
+  shm::Segment credits;
+  detail::MainLink link;
+  std::exception_ptr failed;
+
+  Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
+  [[noreturn]] void worker_main(int index);
+};
+
+void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
+  detail::WorkerLink w(index, link.take_child_end(index), endpoint, opt.hwm + 2,
+                       static_cast<size_t>(opt.hwm) + 4);
+  Credit& c = credit(index);
+  const auto hwm = static_cast<uint32_t>(opt.hwm);
+  uint32_t sent = 0, flushed = 0;
+  uint64_t seq = 0;
+  using clock = std::chrono::steady_clock;
+  try {
+    ds->reset_state();
+    auto last = clock::now(), batch_start = last;
+    while (true) {
+      ds->start();
+      bool any = false;
+      while (auto dp = ds->next()) {
+        any = true;
+        const auto produced = clock::now();
+        uint32_t received = c.received.load(std::memory_order_acquire);
+        if (sent - received >= hwm) {
+          w.flush();  // never wait for credits with datapoints the main process cannot see
+          flushed = sent;
+          received = c.wait_for(sent - hwm + (hwm + 1) / 2);  // half the window free
+        }
+        if (w.batched() == 0) batch_start = produced;
+        w.add_datapoint(*dp, {.seq = seq++});
+        ++sent;
+        // Batch while the dataflow is fast. Send when the batch is full, when this datapoint
+        // took long to make (the next one would only delay it), or when the oldest one has
+        // waited long enough: kIdleWait if the main process has read everything sent (it
+        // may be waiting), kBusyWait if it still has datapoints to read.
+        const auto now = clock::now();
+        const auto waited = now - batch_start;
+        if (w.batched() >= kMaxBatch || produced - last > kSlowDatapoint ||
+            waited > (received == flushed ? kIdleWait : kBusyWait)) {
+          w.flush();
+          flushed = sent;
+        }
+        last = now;
+      }
+      // An empty pass: do not spin on a dataflow that has nothing (for now).
+      if (!any) {
+        w.flush();
+        flushed = sent;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (...) {
+    Failure f;
+    try {
+      f = opt.describe_failure(std::current_exception());
+    } catch (...) {
+      f = describe_exception(std::current_exception());
+    }
+    w.flush();
+    w.send_failure(f, {.seq = seq});
+  }
+  w.park();
+}
+
+MultiProcessRunnerZMQ::MultiProcessRunnerZMQ(std::shared_ptr<DataFlow> ds, RunnerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(ds), std::move(options))) {
+  if (!impl_->ds) throw ValueError(std::string(kName) + ": no dataflow");
+  if (impl_->opt.num_proc < 1 || impl_->opt.num_proc > 1024)
+    throw ValueError(std::string(kName) + ": num_proc must be in [1, 1024], got " +
+                     std::to_string(impl_->opt.num_proc));
+  if (impl_->opt.hwm < 1) throw ValueError(std::string(kName) + ": hwm must be at least 1");
+  impl_->size = impl_->ds->size();
+  impl_->seed = impl_->opt.seed ? *impl_->opt.seed : random_seed();
+}
+
+MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
+  close();
+}
+
+void MultiProcessRunnerZMQ::reset_state() {
+  Impl& m = *impl_;
+  if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
+  m.reset_done = true;
+  const int n = m.opt.num_proc;
+  m.endpoint = "ipc://@" + shm::unique_name("dataflow");
+  m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) new (&m.credit(i)) Credit{};
+  m.link.make_sockets(n);
+  for (int i = 0; i < n; ++i) {
+    WorkerInfo info{i, n, m.seed + static_cast<uint64_t>(i)};
+    m.link.workers.spawn(info, m.opt.fork_hooks, [&m, i]() -> int { m.worker_main(i); });
+  }
+  // Contexts and threads only after every fork (a context does not survive one).
+  m.link.open(m.endpoint);
+}
+
+std::optional<TensorDict> MultiProcessRunnerZMQ::next(std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  if (m.failed) std::rethrow_exception(m.failed);
+  if (!m.reset_done) throw StateError(std::string(kName) + ": call reset_state() before iterating");
+  try {
+    while (true) {
+      auto r = m.link.receive(timeout);
+      if (!r) return std::nullopt;
+      const int w = r->header.sender;
+      if (w >= m.opt.num_proc)
+        throw ProtocolError(std::string(kName) + ": descriptor from sender " + std::to_string(w));
+      if (r->header.kind == detail::DescriptorKind::Error) {
+        const auto pids = m.link.workers.pids();
+        throw WorkerError(kName, w, pids.empty() ? -1 : pids[static_cast<size_t>(w)],
+                          std::move(r->failure));
+      }
+      if (r->header.kind != detail::DescriptorKind::Datapoint) continue;
+      m.credit(w).on_received();
+      return std::move(r->datapoint);
+    }
+  } catch (const ClosedError&) {
+    throw;
+  } catch (const Error&) {
+    m.failed = std::current_exception();
+    throw;
+  }
+}
+
+TensorDict MultiProcessRunnerZMQ::next() {
+  return *next(std::chrono::milliseconds(-1));
+}
+
+Epoch MultiProcessRunnerZMQ::epoch() {
+  return Epoch(this);
+}
+
+void MultiProcessRunnerZMQ::epoch_begin() {
+  if (!impl_->reset_done)
+    throw StateError(std::string(kName) + ": call reset_state() before iterating");
+  if (impl_->in_epoch) throw StateError("This DataFlow is not reentrant!");
+  impl_->in_epoch = true;
+  impl_->epoch_count = 0;
+}
+
+void MultiProcessRunnerZMQ::epoch_end() noexcept {
+  impl_->in_epoch = false;
+}
+
+EpochSource::Step MultiProcessRunnerZMQ::epoch_step(std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  if (m.size && m.epoch_count >= *m.size) return {std::nullopt, true};
+  auto dp = next(timeout);
+  if (dp) ++m.epoch_count;
+  return {std::move(dp), false};
+}
+
+std::optional<size_t> MultiProcessRunnerZMQ::size() const {
+  return impl_->size;
+}
+uint64_t MultiProcessRunnerZMQ::base_seed() const noexcept {
+  return impl_->seed;
+}
+const RunnerOptions& MultiProcessRunnerZMQ::options() const noexcept {
+  return impl_->opt;
+}
+std::vector<int> MultiProcessRunnerZMQ::pids() const {
+  return impl_->link.workers.pids();
+}
+std::string MultiProcessRunnerZMQ::endpoint() const {
+  return impl_->endpoint;
+}
+
+size_t MultiProcessRunnerZMQ::shared_memory_bytes() const {
+  return impl_->link.receiver ? impl_->link.receiver->mapped_bytes() : 0;
+}
+
+void MultiProcessRunnerZMQ::close() {
+  impl_->link.close();
+  if (!impl_->failed && impl_->reset_done && impl_->link.owner_pid == ::getpid())
+    impl_->failed = std::make_exception_ptr(ClosedError(std::string(kName) + " is closed"));
+}
+
+}  // namespace tensorwire::dataflow

@@ -1,0 +1,64 @@
+// Worker processes of a runner: fork, die-with-parent, liveness and reaping.
+//
+// A worker is a fork() of the calling process that runs a body and _exit()s: it never
+// returns into the caller's code, so no destructor of the parent's objects runs in it.
+// In the child: the fork hooks run, PR_SET_PDEATHSIG(SIGKILL) ties it to the thread that
+// forked (and it exits at once if that is already gone), SIGINT is ignored (Ctrl-C
+// is for the main process; workers go when it closes them or dies), and
+// current_worker() describes it.
+//
+// The parent watches each worker through a pidfd: check() throws WorkerDiedError naming
+// the worker and its exit status as soon as one has ended. kill_all() sends SIGKILL and
+// reaps; it does nothing in a process other than the one that forked (a forked copy of
+// the object must not kill its siblings).
+//
+// Thread-safety: one thread at a time.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/shm/process.h"
+
+namespace tensorwire::dataflow::detail {
+
+class WorkerProcesses {
+ public:
+  explicit WorkerProcesses(std::string owner) : owner_(std::move(owner)) {}
+  ~WorkerProcesses() { kill_all(); }
+  WorkerProcesses(const WorkerProcesses&) = delete;
+  WorkerProcesses& operator=(const WorkerProcesses&) = delete;
+
+  // Forks worker `info.index`; the child runs body() and _exit()s with its result.
+  void spawn(const WorkerInfo& info, const ForkHooks& hooks, const std::function<int()>& body);
+
+  // Throws WorkerDiedError for the first worker found ended (and reaps it).
+  void check();
+  // Pollable fds, one per worker, readable once it has ended.
+  std::vector<int> pidfds() const;
+  std::vector<int> pids() const;
+  size_t size() const noexcept { return workers_.size(); }
+  // In a child: closes the parent-side pidfds it inherited.
+  void forget_in_child() noexcept;
+
+  void kill_all() noexcept;
+
+ private:
+  struct Worker {
+    int index = 0;
+    int pid = -1;
+    shm::ProcessWatch watch;
+    bool reaped = false;
+    int status = -1;
+  };
+  std::string owner_;
+  std::vector<Worker> workers_;
+  int parent_pid_ = -1;
+};
+
+// The parent of this worker process is gone (reparented).
+bool parent_gone() noexcept;
+
+}  // namespace tensorwire::dataflow::detail

@@ -1,0 +1,302 @@
+#include "tensorwire/inference/server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "tensorwire/shm/fork.h"
+
+namespace tensorwire::inference {
+
+namespace {
+
+// A fixed-capacity window of recent samples (allocated once).
+class Window {
+ public:
+  explicit Window(size_t capacity) : v_(std::max<size_t>(capacity, 1)) {}
+  void add(double x) noexcept {
+    v_[next_] = x;
+    next_ = (next_ + 1) % v_.size();
+    n_ = std::min(n_ + 1, v_.size());
+  }
+  void clear() noexcept { next_ = n_ = 0; }
+  // Nearest rank, sorted[round((n - 1) p)], as torchrl computes it.
+  double percentile(double p) const {
+    if (n_ == 0) return 0;
+    std::vector<double> s(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(n_));
+    std::sort(s.begin(), s.end());
+    return s[static_cast<size_t>(static_cast<double>(n_ - 1) * p + 0.5)];
+  }
+  double mean() const {
+    if (n_ == 0) return 0;
+    double sum = 0;
+    for (size_t i = 0; i < n_; ++i) sum += v_[i];
+    return sum / static_cast<double>(n_);
+  }
+
+ private:
+  std::vector<double> v_;
+  size_t next_ = 0, n_ = 0;
+};
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+struct InferenceServer::State {
+  Policy policy;
+  std::shared_ptr<Transport> transport;
+  ServerOptions options;
+
+  std::thread worker;
+  uint64_t worker_generation = 0;
+  std::atomic<bool> stop{false};
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool finished = true;
+
+  std::mutex model_mu;  // held during each batch's policy calls and by update_model
+  std::atomic<int64_t> version{0};
+
+  std::mutex stats_mu;
+  Clock::time_point stats_since = Clock::now();
+  uint64_t requests = 0, batches = 0, weight_updates = 0;
+  Window batch_sizes, queue_ms, forward_ms;
+
+  explicit State(size_t window) : batch_sizes(window), queue_ms(window), forward_ms(window) {}
+
+  void run();
+  std::vector<TensorDict> outputs;                 // serving thread: one per group
+  std::vector<std::optional<RemoteError>> errors;  // serving thread: one per group
+
+  void serve(Drained& d, std::vector<Group>& groups);
+  void record(const Drained& d, Clock::time_point start, Clock::time_point forward_start,
+              Clock::time_point forward_end);
+};
+
+void InferenceServer::State::run() {
+  Drained d;
+  d.ids.reserve(options.max_batch_size);
+  d.submitted_ns.reserve(options.max_batch_size);
+  std::vector<Group> groups;
+  while (!stop.load(std::memory_order_acquire)) {
+    try {
+      transport->wait_for_work(Clock::now() + options.timeout);
+      if (stop.load(std::memory_order_acquire)) break;
+      d.clear();
+      transport->drain(options.max_batch_size, d);
+      if (d.empty()) continue;
+      if (d.size() < options.min_batch_size) {
+        const auto deadline = Clock::now() + options.timeout;
+        while (d.size() < options.min_batch_size && Clock::now() < deadline &&
+               !stop.load(std::memory_order_acquire)) {
+          transport->wait_for_work(deadline);
+          transport->drain(options.max_batch_size - d.size(), d);
+        }
+      }
+      serve(d, groups);
+    } catch (const std::exception& e) {
+      // Not the policy's fault (serve() catches those): a transport failure. Fail what
+      // was drained and keep serving.
+      std::fprintf(stderr, "tensorwire: InferenceServer: %s\n", e.what());
+      if (!d.empty()) {
+        std::vector<size_t> all(d.size());
+        for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+        try {
+          transport->reject(d, all, describe_exception(std::current_exception()));
+        } catch (...) {
+        }
+        d.clear();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  try {
+    transport->close_server("InferenceServer is shutting down.", true);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tensorwire: InferenceServer shutdown: %s\n", e.what());
+  }
+  std::lock_guard<std::mutex> lock(done_mu);
+  finished = true;
+  done_cv.notify_all();
+}
+
+void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
+  const auto start = Clock::now();
+  try {
+    transport->collate(d, groups);
+  } catch (...) {
+    std::vector<size_t> all(d.size());
+    for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+    transport->reject(d, all, describe_exception(std::current_exception()));
+    return;
+  }
+  // The policy runs for every group first; stats are recorded before any response goes
+  // out (as torchrl does), so a client that has its answer also sees it counted.
+  outputs.resize(groups.size());
+  errors.resize(groups.size());
+  Clock::time_point forward_start, forward_end;
+  VersionStamp stamp;
+  {
+    std::lock_guard<std::mutex> lock(model_mu);
+    if (options.policy_version_key) stamp.key = &*options.policy_version_key;
+    stamp.version = version.load(std::memory_order_relaxed);
+    forward_start = Clock::now();
+    for (size_t k = 0; k < groups.size(); ++k) {
+      errors[k].reset();
+      try {
+        outputs[k] = policy(*groups[k].input);
+      } catch (...) {
+        errors[k] = describe_exception(std::current_exception());
+      }
+    }
+    forward_end = Clock::now();
+  }
+  record(d, start, forward_start, forward_end);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    if (!errors[k]) {
+      try {
+        transport->resolve(d, groups[k], outputs[k], stamp);
+      } catch (...) {
+        errors[k] = describe_exception(std::current_exception());
+      }
+    }
+    if (errors[k]) transport->reject(d, groups[k].rows, *errors[k]);
+    outputs[k] = TensorDict();
+  }
+}
+
+void InferenceServer::State::record(const Drained& d, Clock::time_point start,
+                                    Clock::time_point forward_start,
+                                    Clock::time_point forward_end) {
+  const int64_t start_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+  std::lock_guard<std::mutex> lock(stats_mu);
+  requests += d.size();
+  ++batches;
+  batch_sizes.add(static_cast<double>(d.size()));
+  for (int64_t t : d.submitted_ns)
+    if (t > 0) queue_ms.add(static_cast<double>(std::max<int64_t>(start_ns - t, 0)) / 1e6);
+  forward_ms.add(ms_between(forward_start, forward_end));
+}
+
+InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> transport,
+                                 ServerOptions options)
+    : s_(std::make_unique<State>(options.stats_window)) {
+  if (!policy) throw ValueError("InferenceServer: the policy is empty");
+  if (!transport) throw ValueError("InferenceServer: the transport is null");
+  if (options.max_batch_size < 1)
+    throw ValueError("max_batch_size must be at least 1, got " +
+                     std::to_string(options.max_batch_size));
+  if (options.min_batch_size < 1 || options.min_batch_size > options.max_batch_size)
+    throw ValueError(
+        "min_batch_size must be in [1, max_batch_size=" + std::to_string(options.max_batch_size) +
+        "], got " + std::to_string(options.min_batch_size));
+  if (options.timeout.count() < 0) throw ValueError("timeout must not be negative");
+  s_->policy = std::move(policy);
+  s_->transport = std::move(transport);
+  s_->version = options.policy_version;
+  s_->options = std::move(options);
+}
+
+InferenceServer::~InferenceServer() {
+  if (s_->worker.joinable() && s_->worker_generation != shm::fork_generation()) {
+    new std::thread(std::move(s_->worker));  // a forked copy: the thread is the parent's
+    return;
+  }
+  shutdown(kNoTimeout);
+  if (s_->worker.joinable()) s_->worker.join();
+}
+
+void InferenceServer::start() {
+  if (running()) throw Error("the InferenceServer is already running");
+  if (s_->worker.joinable()) s_->worker.join();  // finished earlier
+  s_->transport->open_server();
+  s_->stop = false;
+  {
+    std::lock_guard<std::mutex> lock(s_->done_mu);
+    s_->finished = false;
+  }
+  s_->worker_generation = shm::fork_generation();
+  s_->worker = std::thread([s = s_.get()] { s->run(); });
+}
+
+bool InferenceServer::shutdown(Timeout timeout) {
+  if (!s_->worker.joinable()) return true;
+  if (s_->worker_generation != shm::fork_generation()) return false;
+  s_->stop = true;
+  s_->transport->close_server("InferenceServer is shutting down.", false);
+  s_->transport->interrupt();
+  std::unique_lock<std::mutex> lock(s_->done_mu);
+  auto finished = [&] { return s_->finished; };
+  if (timeout.count() < 0)
+    s_->done_cv.wait(lock, finished);
+  else if (!s_->done_cv.wait_for(lock, timeout, finished))
+    return false;
+  lock.unlock();
+  s_->worker.join();
+  return true;
+}
+
+bool InferenceServer::running() const noexcept {
+  std::lock_guard<std::mutex> lock(s_->done_mu);
+  return s_->worker.joinable() && !s_->finished && s_->worker_generation == shm::fork_generation();
+}
+
+void InferenceServer::update_model(const std::function<void()>& fn, bool mark) {
+  std::lock_guard<std::mutex> lock(s_->model_mu);
+  fn();
+  if (mark) {
+    s_->version.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> st(s_->stats_mu);
+    ++s_->weight_updates;
+  }
+}
+
+int64_t InferenceServer::policy_version() const noexcept {
+  return s_->version.load();
+}
+
+ServerStats InferenceServer::stats(bool reset) {
+  std::lock_guard<std::mutex> lock(s_->stats_mu);
+  ServerStats st;
+  const double elapsed =
+      std::max(std::chrono::duration<double>(Clock::now() - s_->stats_since).count(), 1e-12);
+  st.requests = s_->requests;
+  st.batches = s_->batches;
+  st.requests_per_s = static_cast<double>(s_->requests) / elapsed;
+  st.batches_per_s = static_cast<double>(s_->batches) / elapsed;
+  st.avg_batch_size = s_->batch_sizes.mean();
+  st.p50_queue_ms = s_->queue_ms.percentile(0.50);
+  st.p95_queue_ms = s_->queue_ms.percentile(0.95);
+  st.p50_forward_ms = s_->forward_ms.percentile(0.50);
+  st.p95_forward_ms = s_->forward_ms.percentile(0.95);
+  st.policy_version = s_->version.load();
+  st.weight_updates = s_->weight_updates;
+  if (reset) {
+    s_->stats_since = Clock::now();
+    s_->requests = s_->batches = s_->weight_updates = 0;
+    s_->batch_sizes.clear();
+    s_->queue_ms.clear();
+    s_->forward_ms.clear();
+  }
+  return st;
+}
+
+Client InferenceServer::client() {
+  return s_->transport->client();
+}
+const std::shared_ptr<Transport>& InferenceServer::transport() const noexcept {
+  return s_->transport;
+}
+const ServerOptions& InferenceServer::options() const noexcept {
+  return s_->options;
+}
+
+}  // namespace tensorwire::inference

@@ -1,0 +1,389 @@
+// SharedMemoryTransport: creation, attachment, and the server side of the slot protocol.
+// The client side is in shm_client.cpp, the watcher of attached clients in shm_owner.cpp.
+#include "tensorwire/inference/shared_memory_transport.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "shm_client.h"
+#include "shm_owner.h"
+#include "tensorwire/shm/fork.h"
+
+namespace tensorwire::inference {
+
+using namespace detail;
+
+namespace {
+
+std::string leaf_str(DType dtype, const Shape& shape) {
+  std::string s(dtype_name(dtype));
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  return s + shape_str(shape);
+}
+
+// Writes `value` converted to `dtype` into `count` consecutive elements at dst.
+void fill_scalar(std::byte* dst, DType dtype, int64_t value, size_t count) {
+  auto fill = [&](auto v) {
+    for (size_t i = 0; i < count; ++i) std::memcpy(dst + i * sizeof v, &v, sizeof v);
+  };
+  switch (dtype) {
+    case DType::Int64:
+      return fill(static_cast<int64_t>(value));
+    case DType::Int32:
+      return fill(static_cast<int32_t>(value));
+    case DType::Int16:
+      return fill(static_cast<int16_t>(value));
+    case DType::Int8:
+      return fill(static_cast<int8_t>(value));
+    case DType::UInt8:
+      return fill(static_cast<uint8_t>(value));
+    case DType::UInt16:
+      return fill(static_cast<uint16_t>(value));
+    case DType::UInt32:
+      return fill(static_cast<uint32_t>(value));
+    case DType::UInt64:
+      return fill(static_cast<uint64_t>(value));
+    case DType::Float32:
+      return fill(static_cast<float>(value));
+    case DType::Float64:
+      return fill(static_cast<double>(value));
+    default:
+      throw ValueError(
+          "policy_version can only be stamped into an integer or float32/float64 "
+          "leaf, the response spec declares " +
+          std::string(dtype_name(dtype)));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
+    const TensorDict& request_spec, const TensorDict& response_spec, SharedMemoryOptions options) {
+  if (options.num_slots < 1)
+    throw ValueError("num_slots must be at least 1, got " + std::to_string(options.num_slots));
+  std::shared_ptr<SharedMemoryTransport> t(new SharedMemoryTransport());
+  t->name_ = options.name.empty() ? shm::unique_name("infer") : options.name;
+  t->region_ = ShmRegion::create(request_spec, response_spec, options.num_slots,
+                                 options.copy_result, options.spin);
+  t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_);
+  return t;
+}
+
+std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::attach(
+    const std::string& name, std::chrono::milliseconds timeout) {
+  std::shared_ptr<ShmConnection> c = connect_by_name(name, timeout);
+  std::shared_ptr<SharedMemoryTransport> t(new SharedMemoryTransport());
+  t->name_ = name;
+  t->region_ = c->region;
+  t->attachment_ = c;  // stays open (and watched by the owner) while the transport lives
+  return t;
+}
+
+Client SharedMemoryTransport::client_for(const std::string& name) {
+  return Client(std::make_shared<ShmClient>(name, nullptr));
+}
+
+SharedMemoryTransport::~SharedMemoryTransport() {
+  if (owner_ && owner_->here()) {
+    // Clients still holding the region must not wait for a server that cannot come.
+    close_server("the shared-memory transport was closed", true);
+  }
+}
+
+const std::string& SharedMemoryTransport::name() const noexcept {
+  return name_;
+}
+uint32_t SharedMemoryTransport::num_slots() const noexcept {
+  return region_->num_slots;
+}
+bool SharedMemoryTransport::copy_result() const noexcept {
+  return region_->copy_result;
+}
+const TensorDict& SharedMemoryTransport::request_spec() const noexcept {
+  return region_->request.spec();
+}
+const TensorDict& SharedMemoryTransport::response_spec() const noexcept {
+  return region_->response.spec();
+}
+std::vector<Key> SharedMemoryTransport::request_keys() const {
+  return region_->request.keys();
+}
+std::vector<Key> SharedMemoryTransport::response_keys() const {
+  return region_->response.keys();
+}
+bool SharedMemoryTransport::is_owner() const noexcept {
+  return owner_ && owner_->here();
+}
+uint32_t SharedMemoryTransport::slots_in_use() const noexcept {
+  return region_->slots_in_use();
+}
+
+SharedMemoryTransport::Sizes SharedMemoryTransport::sizes() const noexcept {
+  return {region_->control_segment.size(), region_->request_segment.size(),
+          region_->response_segment.size()};
+}
+
+Client SharedMemoryTransport::client() {
+  return Client(std::make_shared<ShmClient>(name_, is_owner() ? region_ : nullptr));
+}
+
+void SharedMemoryTransport::open_server() {
+  if (!is_owner())
+    throw Error(
+        "this SharedMemoryTransport was attached by name: only the process that created "
+        "it (pid " +
+        std::to_string(region_->header->owner_pid) + ") can serve it");
+  uint32_t s = region_->header->server_state.load();
+  do {
+    if (s == kServing) throw Error("another InferenceServer already serves this transport");
+  } while (!region_->header->server_state.compare_exchange_weak(s, kServing));
+  if (!owner_->staging.defined())
+    owner_->staging = Storage::allocate(region_->request.bank_bytes(), 64);
+}
+
+void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pending) {
+  ShmRegion& r = *region_;
+  r.header->server_state.store(kStopped, std::memory_order_seq_cst);
+  r.header->freed.notify_all();  // clients waiting for a slot re-check the state
+  if (!fail_pending) return;
+  // Requests made ready after this sweep are taken back by their clients, who see the
+  // state (seq_cst on both sides: either we see their bit or they see kStopped).
+  std::vector<uint32_t> taken(r.num_slots);
+  uint32_t cursor = 0;
+  while (size_t n = r.ready.take(r.num_slots, taken.data(), cursor)) {
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t i = taken[k];
+      SlotControl& sc = r.slot(i);
+      uint64_t w = sc.state.load(std::memory_order_acquire);
+      while (state_of(w) == kReady) {
+        if (sc.state.compare_exchange_weak(w, pack_state(kTaken, owner_of(w)),
+                                           std::memory_order_acq_rel)) {
+          r.write_error(i, kClosedError, "RuntimeError", reason);
+          uint64_t taken_word = pack_state(kTaken, owner_of(w));
+          if (!sc.state.compare_exchange_strong(taken_word, pack_state(kFailed, owner_of(w)),
+                                                std::memory_order_acq_rel))
+            r.free_slot(i, taken_word);  // abandoned meanwhile
+          sc.wake.notify_all();
+          break;
+        }
+      }
+    }
+  }
+}
+
+void SharedMemoryTransport::wait_for_work(Clock::time_point deadline) {
+  ShmRegion& r = *region_;
+  if (!r.ready.empty()) return;
+  const uint32_t seen = r.header->doorbell.seq.load(std::memory_order_acquire);
+  if (!r.ready.empty()) return;
+  owner_->doorbell_wait.wait(r.header->doorbell, seen, deadline, [] { return true; });
+}
+
+void SharedMemoryTransport::interrupt() {
+  region_->header->doorbell.notify_all();
+}
+
+void SharedMemoryTransport::drain(size_t max_items, Drained& out) {
+  if (!is_owner())
+    throw Error("only the process that created a SharedMemoryTransport can drain it");
+  ShmRegion& r = *region_;
+  ShmOwner& o = *owner_;
+  const size_t n = r.ready.take(std::min<size_t>(max_items, r.num_slots), o.taken.data(), o.cursor);
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t i = o.taken[k];
+    SlotControl& sc = r.slot(i);
+    uint64_t w = sc.state.load(std::memory_order_acquire);
+    // A bit whose slot is no longer Ready (taken back by its client, reclaimed) is stale.
+    while (state_of(w) == kReady) {
+      if (sc.state.compare_exchange_weak(w, pack_state(kTaken, owner_of(w)),
+                                         std::memory_order_acq_rel)) {
+        out.ids.push_back(i);
+        out.submitted_ns.push_back(sc.submitted_ns);
+        break;
+      }
+    }
+  }
+}
+
+void SharedMemoryTransport::collate(const Drained& d, std::vector<Group>& groups) {
+  ShmRegion& r = *region_;
+  ShmOwner& o = *owner_;
+  groups.resize(1);
+  Group& g = groups[0];
+  g.rows.resize(d.size());
+  for (size_t k = 0; k < d.size(); ++k) g.rows[k] = k;
+  // Rows in slot order: contiguous slots then make a contiguous view of the bank.
+  std::sort(g.rows.begin(), g.rows.end(), [&](size_t a, size_t b) { return d.ids[a] < d.ids[b]; });
+  const size_t n = g.rows.size();
+  const uint64_t first = d.ids[g.rows[0]];
+  const bool contiguous = d.ids[g.rows[n - 1]] - first == n - 1;
+  if (!contiguous) {
+    for (const LeafSlot& l : r.request.leaves()) {
+      std::byte* dst = o.staging.data() + l.offset;
+      const std::byte* src = r.request_data() + l.offset;
+      for (size_t k = 0; k < n; ++k)
+        std::memcpy(dst + k * l.row_bytes, src + d.ids[g.rows[k]] * l.row_bytes, l.row_bytes);
+    }
+  }
+  const uint64_t key = (contiguous ? first << 32 : uint64_t{1} << 63) | n;
+  auto it = o.views.find(key);
+  if (it == o.views.end()) {
+    if (o.views.size() >= 4096) o.views.clear();
+    auto view = std::make_shared<const TensorDict>(
+        contiguous ? r.request.rows(r.request_bank, first, static_cast<int64_t>(n))
+                   : r.request.rows(o.staging, 0, static_cast<int64_t>(n)));
+    it = o.views.emplace(key, std::move(view)).first;
+  }
+  g.input = it->second;
+}
+
+void SharedMemoryTransport::resolve(const Drained& d, const Group& g, const TensorDict& output,
+                                    const VersionStamp& stamp) {
+  ShmRegion& r = *region_;
+  const int64_t n = static_cast<int64_t>(g.rows.size());
+  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
+    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
+                " for a batch of " + std::to_string(n) + " requests");
+  const auto& leaves = r.response.leaves();
+  thread_local std::vector<const Tensor*> src;
+  src.assign(leaves.size(), nullptr);
+  // Validate everything before writing anything.
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    const LeafSlot& l = leaves[k];
+    const bool stamped = stamp.key && l.key == *stamp.key;
+    if (!output.contains(l.key)) {
+      if (stamped) continue;
+      throw KeyError("the policy output has no key " + l.key.str() +
+                     " (declared in the response spec)");
+    }
+    if (stamped) continue;
+    const Entry& e = output.entry(l.key);
+    auto expected = [&] {
+      Shape s{n};
+      s.insert(s.end(), l.shape.begin(), l.shape.end());
+      return leaf_str(l.dtype, s);
+    };
+    if (!e.is_tensor())
+      throw ValueError("policy output key " + l.key.str() + ": expected a tensor " + expected() +
+                       ", got a " + e.kind_name());
+    const Tensor& t = e.tensor();
+    if (!t.device().is_cpu())
+      throw ValueError("policy output key " + l.key.str() + " is on " + t.device().str() +
+                       "; move results to the CPU");
+    const Shape& ts = t.shape();
+    if (t.dtype() != l.dtype || ts.size() != l.shape.size() + 1 || ts[0] != n ||
+        !std::equal(l.shape.begin(), l.shape.end(), ts.begin() + 1))
+      throw ValueError("policy output key " + l.key.str() + ": expected " + expected() + ", got " +
+                       leaf_str(t.dtype(), ts));
+    src[k] = &t;
+  }
+  const uint64_t first = d.ids[g.rows[0]];
+  const bool contiguous = d.ids[g.rows[n - 1]] - first == static_cast<uint64_t>(n - 1);
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    const LeafSlot& l = leaves[k];
+    std::byte* bank = r.response_data() + l.offset;
+    if (!src[k]) {
+      if (stamp.key && l.key == *stamp.key) {
+        const size_t per_row = l.row_bytes / itemsize(l.dtype);
+        for (int64_t j = 0; j < n; ++j)
+          fill_scalar(bank + d.ids[g.rows[j]] * l.row_bytes, l.dtype, stamp.version, per_row);
+      }
+      continue;
+    }
+    if (contiguous) {
+      src[k]->copy_to(bank + first * l.row_bytes);
+      continue;
+    }
+    Tensor c = src[k]->contiguous();
+    const std::byte* from = static_cast<const std::byte*>(c.data());
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(bank + d.ids[g.rows[j]] * l.row_bytes, from + j * l.row_bytes, l.row_bytes);
+  }
+  // Stamping when the policy returned the key too: the server's version wins.
+  if (stamp.key) {
+    int idx = r.response.find(*stamp.key);
+    if (idx >= 0 && src[static_cast<size_t>(idx)]) {
+      const LeafSlot& l = leaves[static_cast<size_t>(idx)];
+      const size_t per_row = l.row_bytes / itemsize(l.dtype);
+      for (int64_t j = 0; j < n; ++j)
+        fill_scalar(r.response_data() + l.offset + d.ids[g.rows[j]] * l.row_bytes, l.dtype,
+                    stamp.version, per_row);
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t i = static_cast<uint32_t>(d.ids[g.rows[j]]);
+    SlotControl& sc = r.slot(i);
+    uint64_t w = sc.state.load(std::memory_order_relaxed);
+    if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
+                                                                  std::memory_order_acq_rel)) {
+      sc.wake.notify_all();
+    } else if (state_of(w) == kAbandoned) {
+      r.free_slot(i, w);
+    }
+  }
+}
+
+TensorDict SharedMemoryTransport::request_row(uint32_t slot) const {
+  if (slot >= region_->num_slots)
+    throw ValueError("slot " + std::to_string(slot) + " out of range");
+  return region_->request.row(region_->request_bank, slot);
+}
+
+void SharedMemoryTransport::resolve_one(uint32_t slot, const TensorDict& response) {
+  ShmRegion& r = *region_;
+  if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
+  const auto& leaves = r.response.leaves();
+  std::vector<const Tensor*> src(leaves.size(), nullptr);
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    const LeafSlot& l = leaves[k];
+    if (!response.contains(l.key))
+      throw KeyError("the response has no key " + l.key.str() + " (declared in the response spec)");
+    const Entry& e = response.entry(l.key);
+    if (!e.is_tensor() || !e.tensor().device().is_cpu() || e.tensor().dtype() != l.dtype ||
+        e.tensor().shape() != l.shape)
+      throw ValueError("response key " + l.key.str() + ": expected " + leaf_str(l.dtype, l.shape) +
+                       " on cpu, got " +
+                       (e.is_tensor() ? leaf_str(e.tensor().dtype(), e.tensor().shape()) + " on " +
+                                            e.tensor().device().str()
+                                      : std::string("a ") + e.kind_name()));
+    src[k] = &e.tensor();
+  }
+  for (size_t k = 0; k < leaves.size(); ++k)
+    src[k]->copy_to(r.response_data() + leaves[k].offset + slot * leaves[k].row_bytes);
+  SlotControl& sc = r.slot(slot);
+  uint64_t w = sc.state.load(std::memory_order_relaxed);
+  if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
+                                                                std::memory_order_acq_rel))
+    sc.wake.notify_all();
+  else if (state_of(w) == kAbandoned)
+    r.free_slot(slot, w);
+}
+
+void SharedMemoryTransport::reject_one(uint32_t slot, const RemoteError& error) {
+  if (slot >= region_->num_slots)
+    throw ValueError("slot " + std::to_string(slot) + " out of range");
+  Drained d;
+  d.ids.push_back(slot);
+  const size_t row = 0;
+  reject(d, std::span<const size_t>(&row, 1), error);
+}
+
+void SharedMemoryTransport::reject(const Drained& d, std::span<const size_t> rows,
+                                   const RemoteError& error) {
+  ShmRegion& r = *region_;
+  for (size_t row : rows) {
+    const uint32_t i = static_cast<uint32_t>(d.ids[row]);
+    SlotControl& sc = r.slot(i);
+    r.write_error(i, kPolicyError, error.type_name(), error.message());
+    uint64_t w = sc.state.load(std::memory_order_relaxed);
+    if (state_of(w) == kTaken &&
+        sc.state.compare_exchange_strong(w, pack_state(kFailed, owner_of(w)),
+                                         std::memory_order_acq_rel)) {
+      sc.wake.notify_all();
+    } else if (state_of(w) == kAbandoned) {
+      r.free_slot(i, w);
+    }
+  }
+}
+
+}  // namespace tensorwire::inference

@@ -1,0 +1,251 @@
+#include "shm_client.h"
+
+#include "shm_handshake.h"
+#include "tensorwire/shm/fork.h"
+
+namespace tensorwire::inference::detail {
+
+namespace {
+
+std::string leaf_str(DType dtype, const Shape& shape) {
+  std::string s(dtype_name(dtype));
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  return s + shape_str(shape);
+}
+
+// Checks `td` against the request layout (before any slot is taken) and collects the
+// declared leaves; extra keys are ignored.
+void validate_request(const TensorDict& td, const SlotLayout& layout,
+                      std::vector<const Tensor*>& out) {
+  out.clear();
+  for (const LeafSlot& leaf : layout.leaves()) {
+    const Entry* e = nullptr;
+    try {
+      e = &td.entry(leaf.key);
+    } catch (const KeyError&) {
+      throw KeyError("request has no key " + leaf.key.str() + " (declared in the request spec)");
+    }
+    if (!e->is_tensor())
+      throw ValueError("request key " + leaf.key.str() + ": expected a tensor " +
+                       leaf_str(leaf.dtype, leaf.shape) + ", got a " + e->kind_name());
+    const Tensor& t = e->tensor();
+    if (!t.device().is_cpu())
+      throw ValueError("request key " + leaf.key.str() + ": tensor on " + t.device().str() +
+                       "; SharedMemoryTransport only accepts CPU tensors (expected " +
+                       leaf_str(leaf.dtype, leaf.shape) + " on cpu)");
+    if (t.dtype() != leaf.dtype || t.shape() != leaf.shape)
+      throw ValueError("request key " + leaf.key.str() + ": expected " +
+                       leaf_str(leaf.dtype, leaf.shape) + ", got " +
+                       leaf_str(t.dtype(), t.shape()));
+    out.push_back(&t);
+  }
+}
+
+class ShmPending final : public Pending {
+ public:
+  ShmPending(std::shared_ptr<ShmConnection> conn, uint32_t slot)
+      : conn_(std::move(conn)), slot_(slot) {}
+  ~ShmPending() override { release(); }
+
+  bool ready() override {
+    if (!closed_.empty() || released_) return true;
+    uint32_t s = state_of(conn_->region->slot(slot_).state.load(std::memory_order_acquire));
+    return s == kDone || s == kFailed;
+  }
+
+  bool wait(Clock::time_point deadline) override {
+    if (!closed_.empty() || released_) return true;
+    if (conn_->stale())
+      throw Error("a Future cannot be used in a process forked after it was made");
+    ShmRegion& r = *conn_->region;
+    SlotControl& sc = r.slot(slot_);
+    for (bool first = true;; first = false) {
+      const uint32_t seen = sc.wake.seq.load(std::memory_order_acquire);
+      const uint64_t w = sc.state.load(std::memory_order_acquire);
+      const uint32_t s = state_of(w);
+      if (s == kDone || s == kFailed) return true;
+      if (!first) {
+        if (!conn_->owner_alive()) {
+          closed_ = conn_->gone_message();
+          return true;
+        }
+        // Submitted after the server's final sweep: take the request back.
+        if (s == kReady && r.header->server_state.load(std::memory_order_seq_cst) == kStopped) {
+          uint64_t expected = w;
+          if (sc.state.compare_exchange_strong(expected, pack_state(kFree, 0),
+                                               std::memory_order_acq_rel)) {
+            r.header->freed.notify_all();
+            released_ = true;
+            closed_ = "the inference server was shut down";
+            return true;
+          }
+          continue;
+        }
+      }
+      if (Clock::now() >= deadline) return false;
+      conn_->reply_wait.wait(sc.wake, seen, deadline, [&] {
+        if (!conn_->owner_alive()) return false;
+        return !(state_of(sc.state.load(std::memory_order_acquire)) == kReady &&
+                 r.header->server_state.load(std::memory_order_acquire) == kStopped);
+      });
+    }
+  }
+
+  TensorDict take() override {
+    if (!closed_.empty()) throw ClosedError(closed_);
+    ShmRegion& r = *conn_->region;
+    const uint64_t w = r.slot(slot_).state.load(std::memory_order_acquire);
+    if (state_of(w) == kFailed) {
+      try {
+        r.throw_error(slot_);
+      } catch (...) {
+        release();
+        throw;
+      }
+    }
+    if (state_of(w) != kDone) throw Error("take() before the request completed");
+    TensorDict out = r.copy_result ? r.response.copy_row(r.response_data(), slot_)
+                                   : r.response.row(r.response_bank, slot_);
+    release();
+    return out;
+  }
+
+ private:
+  // Gives the slot back: free when nobody else holds it, Abandoned while the server does
+  // (it frees it once the batch is answered). A no-op in a forked copy: the slot is the
+  // parent's.
+  void release() noexcept {
+    if (released_ || conn_->stale()) return;
+    released_ = true;
+    ShmRegion& r = *conn_->region;
+    SlotControl& sc = r.slot(slot_);
+    uint64_t w = sc.state.load(std::memory_order_acquire);
+    while (owner_of(w) == conn_->id) {
+      const uint32_t s = state_of(w);
+      if (s == kFree || s == kAbandoned) return;
+      const uint64_t next = s == kTaken ? pack_state(kAbandoned, conn_->id) : pack_state(kFree, 0);
+      if (sc.state.compare_exchange_weak(w, next, std::memory_order_acq_rel)) {
+        if (s != kTaken) r.header->freed.notify_all();
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<ShmConnection> conn_;
+  uint32_t slot_;
+  bool released_ = false;
+  std::string closed_;  // non-empty: the server is gone, take() throws ClosedError
+};
+
+}  // namespace
+
+bool ShmConnection::stale() const noexcept {
+  return fork_generation != shm::fork_generation();
+}
+
+std::string ShmConnection::gone_message() const {
+  return "the inference server process (pid " + std::to_string(owner_pid) + ") exited";
+}
+
+std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, shm::Millis timeout) {
+  auto c = std::make_shared<ShmConnection>();
+  c->socket = shm::UnixSocket::connect(name, timeout);
+  Welcome w = receive_welcome(c->socket, timeout);
+  c->region = std::move(w.region);
+  c->id = w.client_id;
+  c->owner_pid = c->socket.peer_pid();
+  if (w.owner_pid != c->owner_pid)
+    throw ProtocolError("shared-memory transport '" + name + "': owner pid " +
+                        std::to_string(w.owner_pid) + " announced, peer is pid " +
+                        std::to_string(c->owner_pid));
+  try {
+    c->owner.emplace(c->owner_pid);
+  } catch (const SystemError&) {
+    throw ClosedError("the inference server process (pid " + std::to_string(c->owner_pid) +
+                      ") exited");
+  }
+  c->fork_generation = shm::fork_generation();
+  c->reply_wait = shm::AdaptiveSpin(c->region->max_spin);
+  c->slot_wait = shm::AdaptiveSpin(c->region->max_spin);
+  return c;
+}
+
+ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
+    : name_(std::move(name)), local_(std::move(local)), local_generation_(shm::fork_generation()) {}
+
+std::shared_ptr<ShmConnection> ShmClient::connection() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn_ && !conn_->stale()) return conn_;
+  conn_.reset();
+  std::shared_ptr<ShmConnection> c;
+  if (local_ && local_generation_ == shm::fork_generation()) {
+    c = std::make_shared<ShmConnection>();
+    c->region = local_;
+    c->id = local_->header->next_client_id.fetch_add(1);
+    c->owner_pid = local_->header->owner_pid;
+    c->fork_generation = local_generation_;
+    c->reply_wait = shm::AdaptiveSpin(local_->max_spin);
+    c->slot_wait = shm::AdaptiveSpin(local_->max_spin);
+  } else {
+    c = connect_by_name(name_, shm::Millis{3000});
+  }
+  hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
+  conn_ = c;
+  return c;
+}
+
+std::optional<std::vector<Key>> ShmClient::request_keys() {
+  return connection()->region->request.keys();
+}
+
+uint32_t ShmClient::claim(ShmConnection& c, Clock::time_point deadline) {
+  ShmRegion& r = *c.region;
+  const uint32_t n = r.num_slots;
+  const uint32_t start = hint_.load(std::memory_order_relaxed) % n;
+  auto alive = [&] {
+    return c.owner_alive() && r.header->server_state.load(std::memory_order_acquire) != kStopped;
+  };
+  while (true) {
+    const uint32_t seen = r.header->freed.seq.load(std::memory_order_acquire);
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t i = start + k < n ? start + k : start + k - n;
+      uint64_t w = r.slot(i).state.load(std::memory_order_relaxed);
+      if (state_of(w) == kFree && r.slot(i).state.compare_exchange_strong(
+                                      w, pack_state(kWriting, c.id), std::memory_order_acquire)) {
+        hint_.store(i, std::memory_order_relaxed);
+        return i;
+      }
+    }
+    if (!c.owner_alive()) throw ClosedError(c.gone_message());
+    if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
+      throw ClosedError("the inference server was shut down");
+    if (Clock::now() >= deadline)
+      throw TimeoutError("no free slot in time: all " + std::to_string(n) +
+                         " slots of the shared-memory transport hold requests in flight");
+    c.slot_wait.wait(r.header->freed, seen, deadline, alive);
+  }
+}
+
+std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Clock::time_point deadline) {
+  std::shared_ptr<ShmConnection> c = connection();
+  ShmRegion& r = *c->region;
+  thread_local std::vector<const Tensor*> leaves;
+  validate_request(td, r.request, leaves);
+  if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
+    throw ClosedError("the inference server was shut down");
+  const uint32_t slot = claim(*c, deadline);
+  SlotControl& sc = r.slot(slot);
+  const auto& layout = r.request.leaves();
+  for (size_t k = 0; k < layout.size(); ++k)
+    leaves[k]->copy_to(r.request_data() + layout[k].offset + slot * layout[k].row_bytes);
+  sc.submitted_ns = now_ns();
+  sc.state.store(pack_state(kReady, c->id), std::memory_order_seq_cst);
+  r.ready.insert(slot);
+  r.header->doorbell.notify_all();
+  auto pending = std::make_unique<ShmPending>(c, slot);
+  // The server may have made its final sweep between our check above and the insert:
+  // then the pending request notices on its first wait and takes the slot back.
+  return pending;
+}
+
+}  // namespace tensorwire::inference::detail

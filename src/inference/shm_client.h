@@ -1,0 +1,59 @@
+// The client side of a SharedMemoryTransport: claim a slot, write the request, mark it
+// ready, wait for the answer on the slot's wake-up word.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "shm_region.h"
+#include "tensorwire/inference/client.h"
+#include "tensorwire/shm/process.h"
+#include "tensorwire/shm/unix_socket.h"
+
+namespace tensorwire::inference::detail {
+
+// One client's hold on the transport, valid in the process that made it.
+struct ShmConnection {
+  std::shared_ptr<ShmRegion> region;
+  uint32_t id = 0;
+  shm::UnixSocket socket;                  // attached clients: open and silent (EOF = death)
+  std::optional<shm::ProcessWatch> owner;  // attached clients: the serving process
+  int owner_pid = 0;
+  uint64_t fork_generation = 0;
+  shm::AdaptiveSpin reply_wait, slot_wait;  // budgets learnt from this client's waits
+
+  bool owner_alive() const { return !owner || owner->alive(); }
+  bool stale() const noexcept;  // made in another process (we are a forked copy)
+  std::string gone_message() const;
+};
+
+// Connects to the transport listening on `name` (the attach handshake).
+std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, shm::Millis timeout);
+
+class ShmClient final : public ClientImpl {
+ public:
+  // `local`: the owner's region when the client is made in the owner process (it then
+  // needs no socket); null to attach by name on first use.
+  ShmClient(std::string name, std::shared_ptr<ShmRegion> local);
+
+  std::unique_ptr<Pending> submit(const TensorDict& td, Clock::time_point deadline) override;
+  const char* kind() const noexcept override { return "shared_memory"; }
+  std::string address() const override { return name_; }
+  std::optional<std::vector<Key>> request_keys() override;
+
+ private:
+  std::shared_ptr<ShmConnection> connection();
+  uint32_t claim(ShmConnection& c, Clock::time_point deadline);
+
+  std::string name_;
+  std::shared_ptr<ShmRegion> local_;
+  uint64_t local_generation_ = 0;
+  std::mutex mu_;
+  std::shared_ptr<ShmConnection> conn_;
+  std::atomic<uint32_t> hint_{0};
+};
+
+}  // namespace tensorwire::inference::detail

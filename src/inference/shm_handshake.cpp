@@ -1,0 +1,75 @@
+#include "shm_handshake.h"
+
+#include "tensorwire/core/json.h"
+#include "wire_message.h"
+
+namespace tensorwire::inference::detail {
+
+namespace {
+
+std::string encode_spec(const TensorDict& spec) {
+  wire::Encoder enc(wire::Mode::NonConsolidated);
+  std::string out;
+  append_encoded(enc.encode(spec), out);
+  return out;
+}
+
+shm::Message expect(shm::UnixSocket& socket, shm::Millis timeout, const char* what) {
+  auto m = socket.recv(timeout);
+  if (!m)
+    throw TimeoutError(std::string("shared-memory transport: no ") + what +
+                       " from the owner within " + std::to_string(timeout.count()) + " ms");
+  return std::move(*m);
+}
+
+}  // namespace
+
+void send_welcome(shm::UnixSocket& socket, const ShmRegion& region, uint32_t client_id) {
+  Json hello = {{"protocol", kProtocolVersion},
+                {"client_id", client_id},
+                {"num_slots", region.num_slots},
+                {"owner_pid", region.header->owner_pid}};
+  socket.send(hello.dump(), {region.control_segment.fd(), region.request_segment.fd(),
+                             region.response_segment.fd()});
+  socket.send(encode_spec(region.request.spec()));
+  socket.send(encode_spec(region.response.spec()));
+}
+
+Welcome receive_welcome(shm::UnixSocket& socket, shm::Millis timeout) {
+  shm::Message hello = expect(socket, timeout, "welcome");
+  wire::Limits limits;
+  Json j = wire::parse_untrusted_json(
+      std::as_bytes(std::span<const char>(hello.bytes.data(), hello.bytes.size())), limits,
+      "shared-memory welcome");
+  auto field = [&](const char* name) -> uint64_t {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_number_unsigned())
+      throw ProtocolError(std::string("shared-memory welcome: missing or bad \"") + name + "\"");
+    return it->get<uint64_t>();
+  };
+  if (!j.is_object()) throw ProtocolError("shared-memory welcome: not a JSON object");
+  if (field("protocol") != kProtocolVersion)
+    throw ProtocolError("shared-memory transport speaks protocol " +
+                        std::to_string(field("protocol")) + ", this client " +
+                        std::to_string(kProtocolVersion));
+  const uint64_t num_slots = field("num_slots");
+  if (num_slots < 1 || num_slots > (1u << 24))
+    throw ProtocolError("shared-memory welcome: num_slots " + std::to_string(num_slots));
+  if (hello.fds.size() != 3)
+    throw ProtocolError("shared-memory welcome carries " + std::to_string(hello.fds.size()) +
+                        " fds, expected 3");
+  wire::Decoder dec(limits);
+  shm::Message req = expect(socket, timeout, "request spec");
+  TensorDict request_spec = decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
+  shm::Message resp = expect(socket, timeout, "response spec");
+  TensorDict response_spec = decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
+  Welcome w;
+  w.region = ShmRegion::map(request_spec, response_spec, static_cast<uint32_t>(num_slots),
+                            hello.fds[0].get(), hello.fds[1].get(), hello.fds[2].get());
+  w.client_id = static_cast<uint32_t>(field("client_id"));
+  w.owner_pid = static_cast<int>(field("owner_pid"));
+  if (w.client_id == 0) throw ProtocolError("shared-memory welcome: client id 0");
+  return w;
+}
+
+}  // namespace tensorwire::inference::detail

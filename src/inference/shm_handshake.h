@@ -1,0 +1,28 @@
+// The attach handshake of a SharedMemoryTransport, over its abstract Unix socket.
+//
+// The owner speaks first, as soon as it accepts a connection:
+//   1. a JSON control message {"protocol", "client_id", "num_slots", "owner_pid"} with
+//      three fds: control segment, request bank, response bank
+//   2. the request spec and 3. the response spec, each one wire-codec message
+// The client validates everything (sizes of the segments against the specs, the
+// control header) before using the memory. It then keeps the socket open and silent:
+// the owner treats EOF on it (or the client's pidfd) as the client's death.
+#pragma once
+
+#include <memory>
+
+#include "shm_region.h"
+#include "tensorwire/shm/unix_socket.h"
+
+namespace tensorwire::inference::detail {
+
+void send_welcome(shm::UnixSocket& socket, const ShmRegion& region, uint32_t client_id);
+
+struct Welcome {
+  std::shared_ptr<ShmRegion> region;
+  uint32_t client_id = 0;
+  int owner_pid = 0;
+};
+Welcome receive_welcome(shm::UnixSocket& socket, shm::Millis timeout);
+
+}  // namespace tensorwire::inference::detail

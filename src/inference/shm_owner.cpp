@@ -1,0 +1,118 @@
+#include "shm_owner.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <optional>
+
+#include "shm_handshake.h"
+#include "tensorwire/shm/fork.h"
+#include "tensorwire/shm/process.h"
+
+namespace tensorwire::inference::detail {
+
+namespace {
+
+struct Peer {
+  uint32_t id = 0;
+  shm::UnixSocket socket;
+  std::optional<shm::ProcessWatch> watch;
+};
+
+}  // namespace
+
+ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name)
+    : doorbell_wait(region->max_spin),
+      region_(std::move(region)),
+      listener_(name),
+      fork_generation_(shm::fork_generation()) {
+  int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) throw SystemError("eventfd", errno);
+  stop_ = shm::Fd(fd);
+  taken.resize(region_->num_slots);
+  order.reserve(region_->num_slots);
+  thread_ = std::thread([this] { run(); });
+}
+
+bool ShmOwner::here() const noexcept {
+  return fork_generation_ == shm::fork_generation();
+}
+
+ShmOwner::~ShmOwner() {
+  if (!here()) {
+    // A forked copy: the watcher thread is the parent's and does not exist here. Leak
+    // the handle (destroying a joinable std::thread would abort); closing our copies of
+    // the fds leaves the parent's listener as it is.
+    new std::thread(std::move(thread_));
+    return;
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(stop_.get(), &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ShmOwner::run() noexcept {
+  std::vector<Peer> peers;
+  std::vector<pollfd> fds;
+  while (true) {
+    fds.clear();
+    fds.push_back({stop_.get(), POLLIN, 0});
+    fds.push_back({listener_.fd(), POLLIN, 0});
+    for (const Peer& p : peers) {
+      fds.push_back({p.socket.fd(), POLLIN, 0});
+      fds.push_back({p.watch ? p.watch->fd() : -1, POLLIN, 0});
+    }
+    int r = ::poll(fds.data(), fds.size(), -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "tensorwire: shared-memory transport watcher: poll failed (errno %d)\n",
+                   errno);
+      return;
+    }
+    if (fds[0].revents) return;
+    // Departures first (fds index into the current peers).
+    std::vector<bool> gone(peers.size(), false);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const pollfd& s = fds[2 + 2 * i];
+      const pollfd& w = fds[3 + 2 * i];
+      if (w.revents) gone[i] = true;
+      if (s.revents) {
+        try {
+          // Clients send nothing: readable means EOF (or a misbehaving peer; drop it).
+          peers[i].socket.recv(shm::Millis{0});
+          gone[i] = true;
+        } catch (const Error&) {
+          gone[i] = true;
+        }
+      }
+    }
+    for (size_t i = peers.size(); i-- > 0;) {
+      if (!gone[i]) continue;
+      region_->reclaim(peers[i].id);
+      peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(i));
+      attached_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (fds[1].revents) {
+      try {
+        std::optional<shm::UnixSocket> s = listener_.accept(shm::Millis{0});
+        if (s) {
+          Peer p;
+          p.id = region_->header->next_client_id.fetch_add(1);
+          p.socket = std::move(*s);
+          p.watch.emplace(p.socket.peer_pid());
+          send_welcome(p.socket, *region_, p.id);
+          peers.push_back(std::move(p));
+          attached_.fetch_add(1, std::memory_order_relaxed);
+        }
+      } catch (const Error&) {
+        // A client that vanished during its handshake: nothing was handed out to it
+        // that needs reclaiming (it never owned a slot).
+      }
+    }
+  }
+}
+
+}  // namespace tensorwire::inference::detail

@@ -1,0 +1,51 @@
+// The creating process's side of a SharedMemoryTransport: the listener that hands the
+// segments to attaching clients, the watch over those clients (socket EOF and pidfd:
+// either means the client is gone, and its slots are reclaimed), and the serving
+// thread's scratch state.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "shm_region.h"
+#include "tensorwire/shm/unix_socket.h"
+
+namespace tensorwire::inference::detail {
+
+class ShmOwner {
+ public:
+  ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name);
+  ~ShmOwner();
+  ShmOwner(const ShmOwner&) = delete;
+  ShmOwner& operator=(const ShmOwner&) = delete;
+
+  // True in the creating process (false in a forked copy, which must not serve).
+  bool here() const noexcept;
+  // Clients currently attached from other processes.
+  size_t attached() const noexcept { return attached_.load(std::memory_order_relaxed); }
+
+  // Serving-thread scratch, allocated once.
+  uint32_t cursor = 0;
+  std::vector<uint32_t> taken;
+  std::vector<size_t> order;
+  Storage staging;  // the request layout again: gathers non-contiguous batches
+  // Batch views already built, by (staging, first slot, count): clients that keep using
+  // the same slots get the same view back without a rebuild. Bounded (cleared when full).
+  std::unordered_map<uint64_t, std::shared_ptr<const TensorDict>> views;
+  shm::AdaptiveSpin doorbell_wait;
+
+ private:
+  void run() noexcept;
+
+  std::shared_ptr<ShmRegion> region_;
+  shm::UnixListener listener_;
+  shm::Fd stop_;  // eventfd: wakes the watcher thread to exit
+  std::thread thread_;
+  uint64_t fork_generation_;
+  std::atomic<size_t> attached_{0};
+};
+
+}  // namespace tensorwire::inference::detail

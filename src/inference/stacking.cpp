@@ -1,0 +1,70 @@
+#include "stacking.h"
+
+#include <unordered_map>
+
+namespace tensorwire::inference::detail {
+
+namespace {
+
+void describe_into(const TensorDict& td, std::string& out) {
+  out += shape_str(td.batch_size());
+  out += '{';
+  for (const auto& [name, e] : td.items()) {
+    out += name;
+    out += ':';
+    if (e.is_tensor()) {
+      out += dtype_name(e.tensor().dtype());
+      out += shape_str(e.tensor().shape());
+    } else if (e.is_tensordict()) {
+      describe_into(e.tensordict(), out);
+    } else {
+      out += "nt";  // non-tensor values stack whatever they hold
+    }
+    out += ',';
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string structure_key(const TensorDict& td) {
+  std::string out;
+  describe_into(td, out);
+  return out;
+}
+
+void group_and_stack(const std::vector<const TensorDict*>& requests, std::vector<Group>& groups) {
+  groups.clear();
+  std::unordered_map<std::string, size_t> index;
+  std::vector<std::vector<TensorDict>> members;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto [it, fresh] = index.try_emplace(structure_key(*requests[i]), groups.size());
+    if (fresh) {
+      groups.emplace_back();
+      members.emplace_back();
+    }
+    groups[it->second].rows.push_back(i);
+    members[it->second].push_back(*requests[i]);
+  }
+  for (size_t g = 0; g < groups.size(); ++g)
+    groups[g].input = std::make_shared<const TensorDict>(TensorDict::stack(members[g]));
+}
+
+std::vector<TensorDict> split_output(const TensorDict& output, size_t rows,
+                                     const VersionStamp& stamp) {
+  const int64_t n = static_cast<int64_t>(rows);
+  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
+    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
+                " for a batch of " + std::to_string(n) + " requests");
+  if (!stamp.key) return output.unbind(0);
+  TensorDict stamped = output;
+  if (stamped.is_locked()) stamped.unlock_();
+  Tensor v = Tensor::empty({n}, DType::Int64);
+  for (int64_t i = 0; i < n; ++i) v.data<int64_t>()[i] = stamp.version;
+  if (stamp.key->size() > 1 && !stamped.contains(stamp.key->parent()))
+    stamped.set(stamp.key->parent(), TensorDict(Shape{n}));
+  stamped.set(*stamp.key, std::move(v));
+  return stamped.unbind(0);
+}
+
+}  // namespace tensorwire::inference::detail

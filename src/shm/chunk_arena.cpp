@@ -1,0 +1,232 @@
+#include "tensorwire/shm/chunk_arena.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::shm {
+
+namespace {
+
+constexpr uint32_t kArenaMagic = 0x41435754;  // "TWCA"
+constexpr uint32_t kChunkMagic = 0x48435754;  // "TWCH"
+constexpr uint32_t kVersion = 1;
+
+enum State : uint32_t { kFree = 1, kUsed = 2, kReleased = 3 };
+
+struct ArenaHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t size;  // whole segment
+};
+static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
+
+// The state word is the only field touched by non-owners, and only from Used to Released.
+struct ChunkHeader {
+  std::atomic<uint32_t> state;
+  uint32_t magic;
+  uint64_t size;  // whole chunk, header included; a multiple of kChunkAlignment
+};
+static_assert(sizeof(ChunkHeader) <= kChunkHeaderBytes);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+ChunkHeader* header_at(std::byte* base, size_t pos) {
+  return reinterpret_cast<ChunkHeader*>(base + pos);
+}
+
+// Validates that `payload_offset` names a chunk header of `segment`; returns it.
+ChunkHeader* checked_header(const Segment& segment, size_t payload_offset, const char* what) {
+  const size_t size = segment.size();
+  if (!segment.valid() || payload_offset % kChunkAlignment != 0 ||
+      payload_offset < kArenaHeaderBytes + kChunkHeaderBytes || payload_offset > size)
+    throw ProtocolError(std::string(what) + ": offset " + std::to_string(payload_offset) +
+                        " is not a chunk of a " + std::to_string(size) + "-byte arena");
+  auto* arena = reinterpret_cast<const ArenaHeader*>(segment.data());
+  ChunkHeader* h = header_at(segment.data(), payload_offset - kChunkHeaderBytes);
+  if (arena->magic != kArenaMagic || h->magic != kChunkMagic || h->size < kChunkHeaderBytes ||
+      h->size > size - (payload_offset - kChunkHeaderBytes))
+    throw ProtocolError(std::string(what) + ": no chunk header at offset " +
+                        std::to_string(payload_offset));
+  return h;
+}
+
+}  // namespace
+
+ChunkArena ChunkArena::create(const std::string& name, size_t bytes) {
+  const size_t size = round_up(std::max(bytes, kArenaHeaderBytes + 2 * kChunkHeaderBytes), 4096);
+  ChunkArena a;
+  a.segment_ = Segment::create(name, size);
+  std::byte* base = a.segment_.data();
+  auto* arena = reinterpret_cast<ArenaHeader*>(base);
+  arena->magic = kArenaMagic;
+  arena->version = kVersion;
+  arena->size = size;
+  ChunkHeader* first = new (base + kArenaHeaderBytes) ChunkHeader{};
+  first->magic = kChunkMagic;
+  first->size = size - kArenaHeaderBytes;
+  first->state.store(kFree, std::memory_order_relaxed);
+  return a;
+}
+
+size_t ChunkArena::capacity() const noexcept {
+  return segment_.valid() ? segment_.size() - kArenaHeaderBytes - kChunkHeaderBytes : 0;
+}
+
+std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
+  if (!segment_.valid()) return std::nullopt;
+  std::byte* base = segment_.data();
+  const size_t end = segment_.size();
+  if (nbytes > end) return std::nullopt;
+  const size_t need = kChunkHeaderBytes + round_up(std::max<size_t>(nbytes, 1), kChunkAlignment);
+  size_t pos = kArenaHeaderBytes;
+  while (pos < end) {
+    ChunkHeader* h = header_at(base, pos);
+    if (h->size < kChunkHeaderBytes || h->size > end - pos)
+      throw ProtocolError("chunk arena corrupted: a chunk of " + std::to_string(h->size) +
+                          " bytes at offset " + std::to_string(pos));
+    // Acquire: a Released chunk's payload reads (in the releasing process) happen before
+    // the owner writes the chunk again.
+    if (h->state.load(std::memory_order_acquire) == kUsed) {
+      pos += h->size;
+      continue;
+    }
+    // Merge the run of Free/Released chunks that starts here.
+    size_t run = h->size;
+    while (pos + run < end) {
+      ChunkHeader* next = header_at(base, pos + run);
+      if (next->state.load(std::memory_order_acquire) == kUsed) break;
+      const size_t next_size = next->size;
+      next->magic = 0;  // no longer a header: a stale descriptor naming it is rejected
+      run += next_size;
+    }
+    h->size = run;
+    h->state.store(kFree, std::memory_order_relaxed);
+    if (run >= need) {
+      if (run - need >= kChunkHeaderBytes + kChunkAlignment) {
+        ChunkHeader* rest = new (base + pos + need) ChunkHeader{};
+        rest->magic = kChunkMagic;
+        rest->size = run - need;
+        rest->state.store(kFree, std::memory_order_relaxed);
+        h->size = need;
+      }
+      h->state.store(kUsed, std::memory_order_release);
+      return pos + kChunkHeaderBytes;
+    }
+    pos += run;
+  }
+  return std::nullopt;
+}
+
+void ChunkArena::free(size_t payload_offset) {
+  ChunkHeader* h = checked_header(segment_, payload_offset, "ChunkArena::free");
+  h->state.store(kFree, std::memory_order_release);
+}
+
+size_t ChunkArena::bytes_in_use() const {
+  if (!segment_.valid()) return 0;
+  size_t used = 0;
+  for (size_t pos = kArenaHeaderBytes; pos < segment_.size();) {
+    ChunkHeader* h = header_at(segment_.data(), pos);
+    if (h->state.load(std::memory_order_acquire) == kUsed) used += h->size;
+    pos += h->size;
+  }
+  return used;
+}
+
+void release_chunk(const Segment& segment, size_t payload_offset) {
+  ChunkHeader* h = checked_header(segment, payload_offset, "release_chunk");
+  uint32_t expected = kUsed;
+  // Release: every read of the payload in this process happens before the owner reuses it.
+  if (!h->state.compare_exchange_strong(expected, kReleased, std::memory_order_release,
+                                        std::memory_order_relaxed))
+    throw ProtocolError("release_chunk: the chunk at offset " + std::to_string(payload_offset) +
+                        " is not in use (released twice?)");
+}
+
+size_t chunk_capacity(const Segment& segment, size_t payload_offset) {
+  ChunkHeader* h = checked_header(segment, payload_offset, "chunk_capacity");
+  if (h->state.load(std::memory_order_acquire) != kUsed)
+    throw ProtocolError("the chunk at offset " + std::to_string(payload_offset) + " is not in use");
+  return h->size - kChunkHeaderBytes;
+}
+
+Storage chunk_storage(const Segment& segment, size_t payload_offset, size_t nbytes) {
+  const ChunkHeader* h = checked_header(segment, payload_offset, "chunk_storage");
+  if (h->state.load(std::memory_order_acquire) != kUsed)
+    throw ProtocolError("the chunk at offset " + std::to_string(payload_offset) + " is not in use");
+  if (nbytes > h->size - kChunkHeaderBytes)
+    throw ProtocolError("a " + std::to_string(nbytes) +
+                        "-byte payload does not fit the chunk at offset " +
+                        std::to_string(payload_offset));
+  return Storage::external(
+      segment.data() + payload_offset, nbytes,
+      [segment, payload_offset] {
+        try {
+          release_chunk(segment, payload_offset);
+        } catch (...) {
+          // A deleter must not throw; the chunk was validated when the storage was made.
+        }
+      },
+      Storage::Kind::Shared);
+}
+
+ChunkPool::ChunkPool(std::string name, size_t min_chunks, size_t min_segment_bytes,
+                     NewSegment on_new_segment)
+    : name_(std::move(name)),
+      min_chunks_(std::max<size_t>(min_chunks, 1)),
+      min_segment_bytes_(min_segment_bytes),
+      on_new_segment_(std::move(on_new_segment)) {}
+
+ChunkPool::Chunk ChunkPool::allocate(size_t nbytes) {
+  auto from = [&](uint32_t i) -> std::optional<Chunk> {
+    if (auto off = arenas_[i].allocate(nbytes)) {
+      last_ = i;
+      return Chunk{i, *off, arenas_[i].segment().data() + *off};
+    }
+    return std::nullopt;
+  };
+  if (!arenas_.empty()) {
+    if (auto c = from(last_)) return *c;
+    for (uint32_t i = 0; i < arenas_.size(); ++i)
+      if (i != last_)
+        if (auto c = from(i)) return *c;
+  }
+  const size_t chunk = kChunkHeaderBytes + round_up(std::max<size_t>(nbytes, 1), kChunkAlignment);
+  if (chunk < nbytes)
+    throw ValueError("chunk of " + std::to_string(nbytes) + " bytes is too large");
+  size_t bytes =
+      std::max({min_segment_bytes_, kArenaHeaderBytes + chunk * min_chunks_, total_bytes_});
+  const auto index = static_cast<uint32_t>(arenas_.size());
+  arenas_.push_back(ChunkArena::create(name_ + "-" + std::to_string(index), bytes));
+  total_bytes_ += arenas_.back().segment().size();
+  if (on_new_segment_) {
+    try {
+      on_new_segment_(index, arenas_.back().segment());
+    } catch (...) {
+      total_bytes_ -= arenas_.back().segment().size();
+      arenas_.pop_back();
+      throw;
+    }
+  }
+  if (auto c = from(index)) return *c;
+  throw Error("ChunkPool: a new " + std::to_string(bytes) + "-byte arena cannot hold " +
+              std::to_string(nbytes) + " bytes");
+}
+
+void ChunkPool::free(const Chunk& chunk) {
+  arenas_.at(chunk.segment).free(chunk.offset);
+}
+
+size_t ChunkPool::bytes_in_use() const {
+  size_t n = 0;
+  for (const auto& a : arenas_) n += a.bytes_in_use();
+  return n;
+}
+
+}  // namespace tensorwire::shm

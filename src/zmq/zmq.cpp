@@ -1,0 +1,156 @@
+#include "zmq/zmq.h"
+
+#include <cerrno>
+
+#include "tensorwire/core/error.h"
+#include "tensorwire/shm/fork.h"
+
+namespace tensorwire::zmqio {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const zmq::error_t& e) {
+  throw SystemError("zmq " + what + " (" + e.what() + ")", e.num());
+}
+
+}  // namespace
+
+Context::Context() : generation_(shm::fork_generation()) {
+  try {
+    ctx_ = std::make_unique<zmq::context_t>(1);
+    // Blocking calls on our sockets never hang on a dead peer: every wait has a timeout
+    // and a liveness check above this layer; linger 0 makes close() immediate too.
+    ctx_->set(zmq::ctxopt::blocky, 0);
+  } catch (const zmq::error_t& e) {
+    fail("context", e);
+  }
+}
+
+Context::~Context() {
+  // Inherited across fork(): the I/O thread is not here. Leak the handle.
+  if (shm::fork_generation() != generation_) (void)ctx_.release();
+}
+
+Socket::Socket(Context& ctx, zmq::socket_type type, const SocketOptions& o)
+    : generation_(shm::fork_generation()) {
+  try {
+    sock_ = std::make_unique<zmq::socket_t>(ctx.get(), type);
+    sock_->set(zmq::sockopt::linger, o.linger_ms);
+    if (o.sndhwm >= 0) sock_->set(zmq::sockopt::sndhwm, o.sndhwm);
+    if (o.rcvhwm >= 0) sock_->set(zmq::sockopt::rcvhwm, o.rcvhwm);
+    sock_->set(zmq::sockopt::reconnect_ivl, o.reconnect_ivl_ms);
+  } catch (const zmq::error_t& e) {
+    fail("socket", e);
+  }
+}
+
+Socket::~Socket() {
+  if (shm::fork_generation() != generation_) (void)sock_.release();
+}
+
+void Socket::bind(const std::string& endpoint) {
+  try {
+    sock_->bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    fail("bind to " + endpoint, e);
+  }
+}
+
+void Socket::connect(const std::string& endpoint) {
+  try {
+    sock_->connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    fail("connect to " + endpoint, e);
+  }
+}
+
+std::string Socket::last_endpoint() const {
+  return sock_->get(zmq::sockopt::last_endpoint);
+}
+
+bool Socket::send(std::span<zmq::message_t> frames, Millis timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const bool more = i + 1 < frames.size();
+    while (true) {
+      try {
+        auto flags =
+            zmq::send_flags::dontwait | (more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        if (sock_->send(frames[i], flags)) break;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) fail("send", e);
+        continue;
+      }
+      // Only the first frame can meet the high-water mark: the rest of a message is
+      // always accepted once its first frame is.
+      Millis left = timeout;
+      if (timeout.count() >= 0) {
+        left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+      }
+      zmq_pollitem_t item{sock_->handle(), 0, ZMQ_POLLOUT, 0};
+      try {
+        zmq::poll(&item, 1, left);
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) fail("poll", e);
+      }
+    }
+  }
+  return true;
+}
+
+bool Socket::try_recv_frame(zmq::message_t& frame, bool& more) {
+  while (true) {
+    try {
+      if (!sock_->recv(frame, zmq::recv_flags::dontwait)) return false;
+      more = frame.more();
+      return true;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) fail("recv", e);
+    }
+  }
+}
+
+bool Socket::try_recv(std::vector<zmq::message_t>& frames) {
+  frames.clear();
+  zmq::message_t first;
+  bool more = false;
+  if (!try_recv_frame(first, more)) return false;
+  frames.push_back(std::move(first));
+  // The rest of a multipart message is delivered atomically with its first frame.
+  while (more) {
+    zmq::message_t part;
+    try {
+      if (!sock_->recv(part, zmq::recv_flags::none)) break;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      fail("recv", e);
+    }
+    more = part.more();
+    frames.push_back(std::move(part));
+  }
+  return true;
+}
+
+int poll(std::span<PollItem> items, Millis timeout) {
+  std::vector<zmq_pollitem_t> raw(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    raw[i] = zmq_pollitem_t{items[i].socket ? items[i].socket->handle() : nullptr,
+                            items[i].socket ? 0 : items[i].fd, ZMQ_POLLIN, 0};
+    items[i].ready = false;
+  }
+  int n = zmq_poll(raw.data(), static_cast<int>(raw.size()), static_cast<long>(timeout.count()));
+  if (n < 0) {
+    if (zmq_errno() == EINTR) return 0;
+    throw SystemError("zmq poll", zmq_errno());
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    items[i].ready = (raw[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) != 0;
+  return n;
+}
+
+zmq::message_t frame(std::span<const std::byte> bytes) {
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+}  // namespace tensorwire::zmqio

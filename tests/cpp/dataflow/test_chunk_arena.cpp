@@ -1,0 +1,145 @@
+// ChunkArena / ChunkPool: variable-size chunks in a shared segment, allocated by the
+// owner and released by anyone with one atomic store.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "tensorwire/core/error.h"
+#include "tensorwire/shm/chunk_arena.h"
+
+namespace tensorwire::shm {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ChunkArena, AllocatesAlignedDisjointChunks) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto x = a.allocate(100);
+  auto y = a.allocate(1);
+  ASSERT_TRUE(x && y);
+  EXPECT_EQ(*x % kChunkAlignment, 0u);
+  EXPECT_EQ(*y % kChunkAlignment, 0u);
+  EXPECT_GE(*y, *x + 100);
+  EXPECT_EQ(chunk_capacity(a.segment(), *x), 128u);
+}
+
+TEST(ChunkArena, ReturnsNothingWhenFull) {
+  ChunkArena a = ChunkArena::create("test", 4096);
+  EXPECT_FALSE(a.allocate(a.capacity() + 1));
+  auto all = a.allocate(a.capacity());
+  ASSERT_TRUE(all);
+  EXPECT_FALSE(a.allocate(1));
+}
+
+TEST(ChunkArena, ReusesReleasedChunksFirstFit) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto x = *a.allocate(1000);
+  auto y = *a.allocate(1000);
+  release_chunk(a.segment(), x);
+  EXPECT_EQ(*a.allocate(1000), x);  // the same memory, still warm in the cache
+  release_chunk(a.segment(), y);
+  EXPECT_EQ(*a.allocate(500), y);
+}
+
+TEST(ChunkArena, MergesNeighbouringReleasedChunks) {
+  ChunkArena a = ChunkArena::create("test", 8192);
+  auto x = *a.allocate(1000);
+  auto y = *a.allocate(1000);
+  auto z = *a.allocate(1000);
+  (void)z;
+  release_chunk(a.segment(), x);
+  release_chunk(a.segment(), y);
+  auto big = a.allocate(2000);  // fits only in x and y merged
+  ASSERT_TRUE(big);
+  EXPECT_EQ(*big, x);
+}
+
+TEST(ChunkArena, SkipsAChunkTheConsumerKeeps) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto kept = *a.allocate(64);
+  auto x = *a.allocate(64);
+  release_chunk(a.segment(), x);
+  auto y = *a.allocate(64);
+  EXPECT_NE(y, kept);
+  EXPECT_EQ(y, x);
+  EXPECT_EQ(a.bytes_in_use(), 2 * (kChunkHeaderBytes + 64));
+}
+
+TEST(ChunkArena, RejectsABadOrDoubleRelease) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto x = *a.allocate(64);
+  EXPECT_THROW(release_chunk(a.segment(), x + 64), ProtocolError);
+  EXPECT_THROW(release_chunk(a.segment(), 3), ProtocolError);
+  EXPECT_THROW(release_chunk(a.segment(), 1 << 20), ProtocolError);
+  release_chunk(a.segment(), x);
+  try {
+    release_chunk(a.segment(), x);
+    FAIL() << "a second release must throw";
+  } catch (const ProtocolError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("released twice"));
+  }
+}
+
+TEST(ChunkArena, StorageReleasesTheChunkWhenTheLastViewGoes) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto x = *a.allocate(256);
+  {
+    Storage s = chunk_storage(a.segment(), x, 256);
+    Storage copy = s;
+    s = Storage();
+    EXPECT_GT(a.bytes_in_use(), 0u);
+  }
+  EXPECT_EQ(a.bytes_in_use(), 0u);
+  EXPECT_THROW(chunk_storage(a.segment(), *a.allocate(64), 1000), ProtocolError);
+}
+
+TEST(ChunkArena, AnotherProcessReleasesThroughItsOwnMapping) {
+  ChunkArena a = ChunkArena::create("test", 1 << 16);
+  auto x = *a.allocate(4000);
+  std::memset(a.segment().data() + x, 7, 4000);
+  const int pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child maps the segment anew (as a receiver of its fd would) and releases.
+    Segment mine = Segment::map(a.segment().fd());
+    const bool ok = std::to_integer<int>(mine.data()[x + 3999]) == 7;
+    release_chunk(mine, x);
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(a.bytes_in_use(), 0u);
+  EXPECT_EQ(*a.allocate(4000), x);
+}
+
+TEST(ChunkPool, GrowsAndAnnouncesEachNewSegmentBeforeUsingIt) {
+  std::vector<uint32_t> announced;
+  ChunkPool pool("test", 4, 0, [&](uint32_t i, const Segment& s) {
+    EXPECT_TRUE(s.valid());
+    announced.push_back(i);
+  });
+  auto a = pool.allocate(1000);
+  EXPECT_EQ(a.segment, 0u);
+  EXPECT_EQ(announced, std::vector<uint32_t>{0});
+  std::vector<ChunkPool::Chunk> held{a};
+  while (pool.num_segments() == 1) held.push_back(pool.allocate(1000));
+  EXPECT_EQ(held.back().segment, 1u);
+  EXPECT_EQ(announced, (std::vector<uint32_t>{0, 1}));
+  // The pool at least doubles: a second segment as large as the first.
+  EXPECT_GE(pool.segment(1).size(), pool.segment(0).size());
+  for (auto& c : held) pool.free(c);
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+}
+
+TEST(ChunkPool, AFailedAnnouncementDropsTheSegment) {
+  ChunkPool pool("test", 2, 0, [](uint32_t, const Segment&) { throw ClosedError("peer gone"); });
+  EXPECT_THROW(pool.allocate(10), ClosedError);
+  EXPECT_EQ(pool.num_segments(), 0u);
+}
+
+}  // namespace
+}  // namespace tensorwire::shm

@@ -1,0 +1,161 @@
+// MultiProcessMapDataZMQ with real worker processes: strict and non-strict passes,
+// filtering, map errors and dead workers.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "flows.h"
+#include "tensorwire/dataflow/map.h"
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::counting;
+using ::testing::HasSubstr;
+using testing::index_of;
+
+// i -> {"i": i, "x": x, "square": i*i, "worker": the worker that mapped it}.
+std::optional<TensorDict> square(TensorDict td) {
+  TensorDict out = td.clone();
+  Tensor sq = Tensor::empty({}, DType::Int64);
+  *sq.data<int64_t>() = index_of(td) * index_of(td);
+  out.set("square", sq);
+  Tensor w = Tensor::empty({}, DType::Int64);
+  *w.data<int64_t>() = current_worker() ? current_worker()->index : -1;
+  out.set("worker", w);
+  return out;
+}
+
+class Map : public ::testing::Test {
+ protected:
+  void SetUp() override { children_before_ = testing::child_pids(); }
+  void TearDown() override { EXPECT_EQ(testing::child_pids(), children_before_); }
+  std::set<int> children_before_;
+};
+
+TEST_F(Map, StrictYieldsEachMappingExactlyOncePerPass) {
+  MultiProcessMapDataZMQ m(counting(50), square, {.num_proc = 2, .buffer_size = 8, .strict = true});
+  m.reset_state();
+  std::set<int64_t> workers;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::map<int64_t, int> seen;
+    for (TensorDict& dp : m.epoch()) {
+      ASSERT_TRUE(testing::datapoint_ok(dp));
+      EXPECT_EQ(*dp.get("square").data<int64_t>(), index_of(dp) * index_of(dp));
+      workers.insert(*dp.get("worker").data<int64_t>());
+      ++seen[index_of(dp)];
+    }
+    ASSERT_EQ(seen.size(), 50u) << "pass " << pass;
+    for (auto [i, n] : seen) EXPECT_EQ(n, 1) << "datapoint " << i << " in pass " << pass;
+  }
+  EXPECT_EQ(workers, (std::set<int64_t>{0, 1}));  // both workers mapped
+}
+
+TEST_F(Map, StrictClampsTheBufferToTheDataflow) {
+  MultiProcessMapDataZMQ m(counting(5), square,
+                           {.num_proc = 2, .buffer_size = 200, .strict = true});
+  EXPECT_EQ(m.buffer_size(), 5u);
+  m.reset_state();
+  size_t n = 0;
+  for (TensorDict& dp : m.epoch()) n += dp.contains("square");
+  EXPECT_EQ(n, 5u);
+}
+
+TEST_F(Map, NonStrictIsAnEndlessStreamThatDropsFilteredDatapoints) {
+  auto odd_only = [](TensorDict td) -> std::optional<TensorDict> {
+    if (index_of(td) % 2 == 0) return std::nullopt;
+    return td;
+  };
+  MultiProcessMapDataZMQ m(counting(10), odd_only, {.num_proc = 2, .buffer_size = 4});
+  m.reset_state();
+  auto e = m.epoch();
+  std::map<int64_t, int> seen;
+  for (int i = 0; i < 100; ++i) {
+    auto dp = e.next();
+    ASSERT_TRUE(dp);
+    EXPECT_EQ(index_of(*dp) % 2, 1);
+    ++seen[index_of(*dp)];
+  }
+  EXPECT_FALSE(e.done());
+  EXPECT_EQ(seen.size(), 5u);  // the dataflow repeats: every odd one, many times
+}
+
+TEST_F(Map, AMapErrorIsRaisedHereAndTheStreamGoesOn) {
+  auto picky = [](TensorDict td) -> std::optional<TensorDict> {
+    if (index_of(td) == 7) throw ValueError("cannot map 7");
+    return td;
+  };
+  MultiProcessMapDataZMQ m(counting(20), picky, {.num_proc = 2, .buffer_size = 4, .strict = true});
+  m.reset_state();
+  size_t got = 0;
+  bool raised = false;
+  {
+    auto e = m.epoch();
+    try {
+      while (e.next()) ++got;
+    } catch (const WorkerError& err) {
+      raised = true;
+      EXPECT_EQ(err.failure().type, "tensorwire::ValueError");
+      EXPECT_EQ(err.failure().message, "cannot map 7");
+    }
+  }
+  EXPECT_TRUE(raised);
+  // The rest of the pass is still there: 19 good datapoints in all.
+  {
+    auto e = m.epoch();
+    while (e.next()) ++got;
+  }
+  EXPECT_EQ(got, 19u);
+}
+
+TEST_F(Map, AStrictMapFunctionThatReturnsNothingIsAnError) {
+  auto none = [](TensorDict) -> std::optional<TensorDict> { return std::nullopt; };
+  MultiProcessMapDataZMQ m(counting(4), none, {.num_proc = 1, .strict = true});
+  m.reset_state();
+  auto e = m.epoch();
+  EXPECT_THROW(e.next(), ValueError);
+}
+
+TEST_F(Map, AKilledWorkerIsReportedInsteadOfAHang) {
+  auto slow = [](TensorDict td) -> std::optional<TensorDict> {
+    std::this_thread::sleep_for(5ms);
+    return td;
+  };
+  MultiProcessMapDataZMQ m(counting(1000), slow, {.num_proc = 2, .buffer_size = 8});
+  m.reset_state();
+  auto e = m.epoch();
+  ASSERT_TRUE(e.next());
+  ::kill(m.pids().at(0), SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    while (true) e.next();
+  } catch (const WorkerDiedError& err) {
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    EXPECT_THAT(err.what(), HasSubstr("worker 0"));
+    EXPECT_THAT(err.what(), HasSubstr("SIGKILL"));
+  }
+}
+
+TEST_F(Map, InputsTravelThroughSharedMemoryBothWays) {
+  // Large inputs: the map function checks the bytes it got and sends them back.
+  auto check = [](TensorDict td) -> std::optional<TensorDict> {
+    if (!testing::datapoint_ok(td)) throw ValueError("corrupt input");
+    return td;
+  };
+  MultiProcessMapDataZMQ m(counting(64, 256 << 10), check,
+                           {.num_proc = 2, .buffer_size = 16, .strict = true});
+  m.reset_state();
+  for (int pass = 0; pass < 2; ++pass) {
+    size_t n = 0;
+    for (TensorDict& dp : m.epoch()) {
+      ASSERT_TRUE(testing::datapoint_ok(dp));
+      ++n;
+    }
+    EXPECT_EQ(n, 64u);
+  }
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow

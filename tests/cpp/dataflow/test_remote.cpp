@@ -1,0 +1,161 @@
+// send_dataflow_zmq / RemoteDataZMQ over tcp:// on the loopback, with a producer process.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "flows.h"
+#include "tensorwire/dataflow/remote.h"
+#include "tensorwire/wire/encoder.h"
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::counting;
+using ::testing::HasSubstr;
+using testing::index_of;
+
+// A free TCP port on the loopback (bound and released: the receiver binds it next).
+//
+// Producers are forked before the receiver creates its ZeroMQ context: a process with
+// threads must not fork a child that starts threads of its own (ThreadSanitizer refuses,
+// and rightly). They connect to the port and ZeroMQ retries until the receiver is there.
+std::string free_tcp_address() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw SystemError("a free port", errno);
+  ::close(fd);
+  return "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+}
+
+// Forks a producer that sends `n` datapoints of `ds` to `addr`, then exits.
+int spawn_producer(const std::string& addr, std::shared_ptr<DataFlow> ds, uint64_t n) {
+  const int pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      send_dataflow_zmq(*ds, addr, {.max_datapoints = n});
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  return pid;
+}
+
+int wait_exit(int pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(Remote, AProducerProcessFeedsAReceiverOverTcp) {
+  const std::string addr = free_tcp_address();
+  const int pid = spawn_producer(addr, counting(10, 3000), 25);
+  RemoteDataZMQ recv(addr);
+  recv.reset_state();
+  EXPECT_EQ(recv.endpoint(0), addr);
+  for (int64_t i = 0; i < 25; ++i) {
+    auto dp = recv.next(10s);
+    ASSERT_TRUE(dp) << "datapoint " << i;
+    EXPECT_EQ(index_of(*dp), i % 10);  // one producer: in order, pass after pass
+    EXPECT_TRUE(testing::datapoint_ok(*dp));
+    EXPECT_EQ(dp->get_non_tensor("name"), Json("dp"));
+  }
+  EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(recv.count(0), 25u);
+  EXPECT_FALSE(recv.next(100ms));
+}
+
+TEST(Remote, AMalformedMessageIsRejectedAndTheStreamGoesOn) {
+  const std::string good_addr = free_tcp_address(), rogue_addr = free_tcp_address();
+  const int pid = spawn_producer(good_addr, counting(std::nullopt, 64), 40);
+  RemoteDataZMQ recv(good_addr, rogue_addr);
+  recv.reset_state();
+  // A rogue sender on the second address: garbage, a truncated storage, a lone frame.
+  zmq::context_t ctx;
+  zmq::socket_t rogue(ctx, zmq::socket_type::push);
+  rogue.set(zmq::sockopt::linger, 1000);
+  rogue.connect(rogue_addr);
+  {
+    std::array<zmq::message_t, 3> junk = {zmq::message_t(std::string(40, 'x')),
+                                          zmq::message_t(std::string("{}")),
+                                          zmq::message_t(std::string("abc"))};
+    zmq::send_multipart(rogue, junk);
+    wire::Encoder enc(wire::Mode::Consolidated);
+    const wire::OutMessage& m = enc.encode(testing::make_datapoint(1, 100));
+    std::array<zmq::message_t, 3> truncated = {
+        zmq::message_t(m.header_bytes.data(), m.header_bytes.size()),
+        zmq::message_t(m.metadata.data(), m.metadata.size()),
+        zmq::message_t(m.payload[0].data(), m.payload[0].size() - 1)};
+    zmq::send_multipart(rogue, truncated);
+    rogue.send(zmq::str_buffer("lonely"), zmq::send_flags::none);
+  }
+  uint64_t good = 0;
+  std::vector<std::string> errors;
+  while (good < 40) {
+    try {
+      auto dp = recv.next(10s);
+      ASSERT_TRUE(dp);
+      EXPECT_EQ(index_of(*dp), static_cast<int64_t>(good));
+      ++good;
+    } catch (const ProtocolError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  EXPECT_EQ(wait_exit(pid), 0);
+  // The rogue's messages travel on their own connection: they may still be on the way.
+  while (errors.size() < 3) {
+    try {
+      if (!recv.next(5s)) break;
+      ADD_FAILURE() << "no datapoint was sent after the 40th";
+    } catch (const ProtocolError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  ASSERT_EQ(errors.size(), 3u);
+  for (const auto& e : errors) EXPECT_THAT(e, HasSubstr(recv.endpoint(1)));
+  EXPECT_THAT(errors[0], HasSubstr("invalid frame header"));
+  EXPECT_THAT(errors[1], HasSubstr("storage frame of"));
+  EXPECT_THAT(errors[2], HasSubstr("expected 3 frames"));
+  EXPECT_EQ(recv.rejected(), 3u);
+  EXPECT_EQ(recv.count(0), 40u);
+  EXPECT_EQ(recv.count(1), 0u);
+}
+
+TEST(Remote, TwoProducersFeedOneReceiver) {
+  const std::string addr1 = free_tcp_address(), addr2 = free_tcp_address();
+  const int a = spawn_producer(addr1, counting(std::nullopt, 16), 30);
+  const int b = spawn_producer(addr2, counting(std::nullopt, 5000), 30);
+  RemoteDataZMQ recv(addr1, addr2);
+  recv.reset_state();
+  for (int i = 0; i < 60; ++i) {
+    auto dp = recv.next(10s);
+    ASSERT_TRUE(dp);
+    EXPECT_TRUE(testing::datapoint_ok(*dp));
+  }
+  EXPECT_EQ(wait_exit(a), 0);
+  EXPECT_EQ(wait_exit(b), 0);
+  EXPECT_EQ(recv.count(0), 30u);
+  EXPECT_EQ(recv.count(1), 30u);
+}
+
+TEST(Remote, ResetStateTwiceThrows) {
+  RemoteDataZMQ recv("tcp://127.0.0.1:*");
+  recv.reset_state();
+  EXPECT_THROW(recv.reset_state(), StateError);
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow

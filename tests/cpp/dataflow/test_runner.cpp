@@ -1,0 +1,240 @@
+// MultiProcessRunnerZMQ with real worker processes: ordering, epochs, failures, cleanup.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "flows.h"
+#include "tensorwire/dataflow/runner.h"
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::counting;
+using ::testing::HasSubstr;
+using testing::index_of;
+
+class Runner : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    children_before_ = testing::child_pids();
+    fds_before_ = testing::open_fds();
+  }
+  void TearDown() override {
+    // No worker left behind, no descriptor leaked.
+    EXPECT_EQ(testing::child_pids(), children_before_);
+    EXPECT_EQ(testing::open_fds(), fds_before_);
+  }
+  std::set<int> children_before_;
+  size_t fds_before_ = 0;
+};
+
+TEST_F(Runner, NothingForksBeforeResetState) {
+  MultiProcessRunnerZMQ r(counting(10), {.num_proc = 2});
+  EXPECT_TRUE(r.pids().empty());
+  EXPECT_EQ(testing::child_pids(), children_before_);
+  EXPECT_EQ(r.size(), 10u);
+  EXPECT_THROW(r.epoch(), StateError);
+}
+
+TEST_F(Runner, OneWorkerYieldsTheDataflowInOrderEpochAfterEpoch) {
+  MultiProcessRunnerZMQ r(counting(25), {.num_proc = 1, .hwm = 4});
+  r.reset_state();
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    int64_t expected = 0;
+    for (TensorDict& dp : r.epoch()) {
+      EXPECT_EQ(index_of(dp), expected++);
+      EXPECT_TRUE(testing::datapoint_ok(dp));
+    }
+    EXPECT_EQ(expected, 25);
+  }
+}
+
+TEST_F(Runner, TwoWorkersGiveExactEpochsOfTheSameDistribution) {
+  MultiProcessRunnerZMQ r(counting(40, 1000), {.num_proc = 2, .hwm = 8});
+  r.reset_state();
+  ASSERT_EQ(r.pids().size(), 2u);
+  std::map<int64_t, int> seen;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    size_t n = 0;
+    for (TensorDict& dp : r.epoch()) {
+      ASSERT_TRUE(testing::datapoint_ok(dp));
+      ++seen[index_of(dp)];
+      ++n;
+    }
+    EXPECT_EQ(n, 40u);
+  }
+  // Every datapoint comes from the dataflow; each worker runs all of it, so there are
+  // duplicates, and over 160 datapoints from 2 x 40 each index shows up.
+  for (auto [i, count] : seen) EXPECT_TRUE(i >= 0 && i < 40) << i;
+  EXPECT_EQ(seen.size(), 40u);
+}
+
+TEST_F(Runner, AnEndlessDataflowGivesAnEndlessEpoch) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt), {.num_proc = 1});
+  r.reset_state();
+  EXPECT_FALSE(r.size());
+  auto e = r.epoch();
+  for (int64_t i = 0; i < 500; ++i) {
+    auto dp = e.next();
+    ASSERT_TRUE(dp);
+    EXPECT_EQ(index_of(*dp), i);
+  }
+  EXPECT_FALSE(e.done());
+}
+
+TEST_F(Runner, ResetStateTwiceThrows) {
+  MultiProcessRunnerZMQ r(counting(3));
+  r.reset_state();
+  EXPECT_THROW(r.reset_state(), StateError);
+  EXPECT_EQ(r.pids().size(), 1u);
+}
+
+TEST_F(Runner, ASecondConcurrentEpochThrows) {
+  MultiProcessRunnerZMQ r(counting(10));
+  r.reset_state();
+  {
+    auto first = r.epoch();
+    ASSERT_TRUE(first.next());
+    try {
+      auto second = r.epoch();
+      FAIL() << "a second epoch while the first is alive must throw";
+    } catch (const StateError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("not reentrant"));
+    }
+  }
+  auto again = r.epoch();  // the first one is gone: fine
+  EXPECT_TRUE(again.next());
+}
+
+TEST_F(Runner, AWorkerExceptionIsRethrownWithItsTypeAndMessage) {
+  MultiProcessRunnerZMQ r(std::make_shared<testing::RaisingFlow>(3), {.num_proc = 1});
+  r.reset_state();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(index_of(r.next()), i);
+  try {
+    r.next();
+    FAIL() << "the worker's exception must come through";
+  } catch (const WorkerError& e) {
+    EXPECT_EQ(e.worker(), 0);
+    EXPECT_EQ(e.pid(), r.pids().at(0));
+    EXPECT_EQ(e.failure().type, "tensorwire::ValueError");
+    EXPECT_EQ(e.failure().message, "bad datapoint 3");
+    EXPECT_THAT(e.what(), HasSubstr("worker 0"));
+  }
+  EXPECT_THROW(r.next(), WorkerError);  // the runner stays failed
+}
+
+TEST_F(Runner, AKilledWorkerIsReportedWithinSecondsNamingItsSignal) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt), {.num_proc = 2, .hwm = 4});
+  r.reset_state();
+  r.next();
+  const int victim = r.pids().at(1);
+  ::kill(victim, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    while (true) r.next();  // the other worker keeps sending: the death must still surface
+  } catch (const WorkerDiedError& e) {
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    EXPECT_EQ(e.worker(), 1);
+    EXPECT_EQ(e.pid(), victim);
+    EXPECT_THAT(e.what(), HasSubstr("worker 1"));
+    EXPECT_THAT(e.what(), HasSubstr("SIGKILL"));
+  }
+}
+
+TEST_F(Runner, AKilledWorkerEndsABlockedWait) {
+  // The worker has nothing to send (an endless empty pass): the main process waits.
+  class Idle : public DataFlow {
+    std::optional<TensorDict> next() override { return std::nullopt; }
+  };
+  MultiProcessRunnerZMQ r(std::make_shared<Idle>(), {.num_proc = 1});
+  r.reset_state();
+  EXPECT_FALSE(r.next(200ms));
+  ::kill(r.pids().at(0), SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(r.next(), WorkerDiedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST_F(Runner, WorkersDieWithTheirParent) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int parent = ::fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    ::close(fds[0]);
+    MultiProcessRunnerZMQ r(counting(std::nullopt), {.num_proc = 2});
+    r.reset_state();
+    r.next();
+    const auto pids = r.pids();
+    (void)!::write(fds[1], pids.data(), pids.size() * sizeof(int));
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int workers[2] = {0, 0};
+  size_t got = 0;
+  while (got < sizeof workers) {
+    const ssize_t n = ::read(fds[0], reinterpret_cast<char*>(workers) + got, sizeof workers - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fds[0]);
+  ::kill(parent, SIGKILL);
+  ASSERT_EQ(::waitpid(parent, nullptr, 0), parent);
+  ASSERT_EQ(got, sizeof workers);
+  for (int w : workers)
+    EXPECT_TRUE(testing::ends_within(w, 5s)) << "worker " << w << " outlived its parent";
+}
+
+TEST_F(Runner, CloseKillsAndReapsTheWorkersAndKeepsReceivedData) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt, 4096), {.num_proc = 2});
+  r.reset_state();
+  TensorDict kept = r.next();
+  const auto pids = r.pids();
+  r.close();
+  r.close();  // idempotent
+  for (int pid : pids) EXPECT_TRUE(testing::ends_within(pid, 1s));
+  EXPECT_TRUE(testing::datapoint_ok(kept));  // its memory outlives the worker
+  EXPECT_THROW(r.next(), ClosedError);
+}
+
+TEST_F(Runner, EachWorkerGetsADistinctReproducibleSeed) {
+  MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(), {.num_proc = 3, .seed = 1000});
+  r.reset_state();
+  EXPECT_EQ(r.base_seed(), 1000u);
+  std::map<int64_t, uint64_t> seeds;
+  while (seeds.size() < 3) {
+    TensorDict dp = r.next();
+    seeds[*dp.get("worker").data<int64_t>()] = *dp.get("seed").data<uint64_t>();
+  }
+  EXPECT_EQ(seeds, (std::map<int64_t, uint64_t>{{0, 1000}, {1, 1001}, {2, 1002}}));
+  EXPECT_EQ(current_worker(), nullptr);  // this process is not a worker
+}
+
+TEST_F(Runner, SharedMemoryStaysBoundedWhenTheConsumerDropsDatapoints) {
+  const int hwm = 8;
+  const int64_t bytes = 64 << 10;
+  MultiProcessRunnerZMQ r(counting(std::nullopt, bytes), {.num_proc = 1, .hwm = hwm});
+  r.reset_state();
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(testing::datapoint_ok(r.next()));
+  // The first arena holds hwm + 4 chunks and is never outgrown.
+  EXPECT_LE(r.shared_memory_bytes(),
+            static_cast<size_t>(std::max<int64_t>(1 << 20, (hwm + 5) * (bytes + 256))));
+}
+
+TEST_F(Runner, AConsumerThatKeepsDatapointsKeepsTheirMemory) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt, 64 << 10), {.num_proc = 1, .hwm = 2});
+  r.reset_state();
+  std::vector<TensorDict> kept;
+  for (int i = 0; i < 100; ++i) kept.push_back(r.next());  // more than the first arena holds
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_TRUE(testing::datapoint_ok(kept[i]));
+    EXPECT_EQ(index_of(kept[i]), static_cast<int64_t>(i));
+  }
+  EXPECT_GE(r.shared_memory_bytes(), 100u * (64 << 10));
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow

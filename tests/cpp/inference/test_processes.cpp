@@ -1,0 +1,220 @@
+// Clients and servers in separate processes: forked children using a client made before
+// the fork, unrelated processes attaching by name, and peers killed with SIGKILL. Every
+// test ends with no child left and nothing tensorwire-made in /dev/shm.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "common.h"
+
+namespace tw_test {
+namespace {
+
+int open_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d)) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+bool tensorwire_in_dev_shm() {
+  for (const std::string& n : dev_shm())
+    if (n.find("tensorwire") != std::string::npos) return true;
+  return false;
+}
+
+class ProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { fds_before_ = open_fds(); }
+  void TearDown() override {
+    EXPECT_FALSE(tensorwire_in_dev_shm());
+    int status = 0;
+    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child process was left behind";
+  }
+  int fds_before_ = 0;
+};
+
+TEST_F(ProcessTest, ForkedChildrenUseAClientMadeBeforeTheFork) {
+  auto t = make_shm(8);
+  InferenceServer server(double_policy, t, {.max_batch_size = 8});
+  server.start();
+  Client c = t->client();
+  EXPECT_EQ(action0(c(observation(1), 5s)), 2);  // connected as the parent's client
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 4; ++k) {
+    kids.push_back(fork_child([&, k] {
+      for (int i = 0; i < 200; ++i) {
+        float base = static_cast<float>(k * 1000 + i);
+        if (action0(c(observation(base), 5s)) != 2 * base) return 1;
+      }
+      return 0;
+    }));
+  }
+  for (pid_t p : kids) EXPECT_EQ(wait_child(p), 0);
+  EXPECT_EQ(action0(c(observation(3), 5s)), 6);  // the parent's client is unaffected
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; }));
+  EXPECT_EQ(server.stats().requests, 802u);
+}
+
+TEST_F(ProcessTest, AnUnrelatedProcessAttachesByName) {
+  auto t = make_shm(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  std::vector<Peer> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(Peer::spawn({"client", "shm", t->name(), "300"}));
+  for (Peer& p : peers) {
+    EXPECT_EQ(p.line(), "done 300");
+    EXPECT_EQ(p.wait(), 0);
+  }
+  EXPECT_EQ(server.stats().requests, 900u);
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; }));
+}
+
+TEST_F(ProcessTest, AClientKilledMidRequestDoesNotKeepItsSlot) {
+  auto t = make_shm(1);
+  InferenceServer server(
+      [](const TensorDict& b) {
+        std::this_thread::sleep_for(200ms);
+        return double_policy(b);
+      },
+      t);
+  server.start();
+  Peer holder = Peer::spawn({"hold", t->name()});
+  ASSERT_EQ(holder.line(), "submitted");
+  EXPECT_EQ(t->slots_in_use(), 1u);
+  holder.kill();
+  EXPECT_EQ(holder.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; }))
+      << "the dead client's only slot was not reclaimed";
+  EXPECT_EQ(action0(t->client()(observation(4), 5s)), 8);
+}
+
+TEST_F(ProcessTest, AClientKilledBeforeTheServerStartsDoesNotKeepItsSlot) {
+  auto t = make_shm(1);
+  Peer holder = Peer::spawn({"hold", t->name()});
+  ASSERT_EQ(holder.line(), "submitted");
+  holder.kill();
+  holder.wait();
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; }));
+  InferenceServer server(double_policy, t);
+  server.start();
+  EXPECT_EQ(action0(t->client()(observation(4), 5s)), 8);
+}
+
+TEST_F(ProcessTest, AForkedClientKilledWithSigkillIsReclaimed) {
+  auto t = make_shm(2);
+  InferenceServer server(
+      [](const TensorDict& b) {
+        std::this_thread::sleep_for(100ms);
+        return double_policy(b);
+      },
+      t);
+  server.start();
+  Client c = t->client();
+  pid_t kid = fork_child([&] {
+    Future a = c.submit(observation(1));
+    Future b = c.submit(observation(2));
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(eventually([&] { return t->slots_in_use() == 2; }));
+  ::kill(kid, SIGKILL);
+  EXPECT_EQ(wait_child(kid), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; }));
+}
+
+TEST_F(ProcessTest, AKilledServerIsDetectedWithinFiveSeconds) {
+  const std::string name = shm::unique_name("killed-server");
+  Peer server = Peer::spawn({"serve", "shm", name, "1", "60000"});
+  ASSERT_EQ(server.line(), "ready");
+  Client c = SharedMemoryTransport::client_for(name);
+  Future in_policy = c.submit(observation(1));  // the policy sleeps for a minute
+  std::atomic<bool> raised{false};
+  std::thread waiting_for_a_slot([&] {  // the only slot is taken: this one waits for it
+    try {
+      c.submit(observation(2));
+    } catch (const ClosedError&) {
+      raised = true;
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  server.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    in_policy.result();
+    ADD_FAILURE() << "a result from a dead server";
+  } catch (const ClosedError& e) {
+    EXPECT_NE(std::string(e.what()).find("exited"), std::string::npos) << e.what();
+  }
+  waiting_for_a_slot.join();
+  EXPECT_TRUE(raised);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(server.wait(), 128 + SIGKILL);
+  EXPECT_THROW(c(observation(3)), Error);  // reconnecting finds nobody
+}
+
+TEST_F(ProcessTest, SocketTransportServesOtherProcessesAndNoticesAKilledServer) {
+  const std::string name = shm::unique_name("socket-peer");
+  Peer server = Peer::spawn({"serve", "socket", name, "0", "0"});
+  ASSERT_EQ(server.line(), "ready");
+  Peer client = Peer::spawn({"client", "socket", name, "200"});
+  EXPECT_EQ(client.line(), "done 200");
+  EXPECT_EQ(client.wait(), 0);
+  server.kill();
+  server.wait();
+  // After the kill nothing listens: a fresh client fails to connect, quickly.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(SocketTransport::client_for(name)(observation(1)), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
+}
+
+TEST_F(ProcessTest, ASocketClientWaitingOnAKilledServerRaises) {
+  const std::string name = shm::unique_name("socket-killed");
+  Peer server = Peer::spawn({"serve", "socket", name, "0", "60000"});
+  ASSERT_EQ(server.line(), "ready");
+  Client c = SocketTransport::client_for(name);
+  Future f = c.submit(observation(1));
+  std::this_thread::sleep_for(100ms);
+  server.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(f.result(), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  server.wait();
+}
+
+TEST_F(ProcessTest, SocketClientsInForkedChildren) {
+  auto t = SocketTransport::create();
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client c = t->client();
+  EXPECT_EQ(action0(c(observation(1), 5s)), 2);
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 3; ++k)
+    kids.push_back(fork_child([&, k] {
+      for (int i = 0; i < 100; ++i) {
+        float base = static_cast<float>(k * 100 + i);
+        if (action0(c(observation(base), 5s)) != 2 * base) return 1;
+      }
+      return 0;
+    }));
+  for (pid_t p : kids) EXPECT_EQ(wait_child(p), 0);
+}
+
+TEST_F(ProcessTest, FileDescriptorsAreNotLeaked) {
+  const int before = open_fds();
+  {
+    auto t = make_shm(2);
+    InferenceServer server(double_policy, t);
+    server.start();
+    auto attached = SharedMemoryTransport::attach(t->name());
+    attached->client()(observation(1), 5s);
+    t->client()(observation(1), 5s);
+  }
+  EXPECT_EQ(open_fds(), before);
+}
+
+}  // namespace
+}  // namespace tw_test

@@ -1,0 +1,143 @@
+// The shared-memory primitives added for the inference transport: IndexSet and
+// fork_generation().
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "tensorwire/shm/fork.h"
+#include "tensorwire/shm/index_set.h"
+
+namespace {
+
+using tensorwire::shm::IndexSet;
+
+struct Bits {
+  std::vector<uint64_t> memory;
+  IndexSet set;
+  explicit Bits(uint32_t n) : memory(IndexSet::bytes_for(n) / 8), set(memory.data(), n) {
+    set.format();
+  }
+};
+
+std::vector<uint32_t> take_all(IndexSet& s, uint32_t& cursor, size_t max = 1000) {
+  std::vector<uint32_t> out(s.capacity());
+  out.resize(s.take(max, out.data(), cursor));
+  return out;
+}
+
+TEST(IndexSet, InsertedIndicesAreTakenOnceInIndexOrder) {
+  Bits b(130);
+  for (uint32_t i : {129u, 3u, 64u, 0u, 63u}) b.set.insert(i);
+  b.set.insert(3);  // twice: still one member
+  EXPECT_TRUE(b.set.contains(64));
+  uint32_t cursor = 0;
+  EXPECT_EQ(take_all(b.set, cursor), (std::vector<uint32_t>{0, 3, 63, 64, 129}));
+  EXPECT_TRUE(b.set.empty());
+  EXPECT_TRUE(take_all(b.set, cursor).empty());
+}
+
+TEST(IndexSet, TakeRotatesFromTheCursorSoNoIndexStarves) {
+  Bits b(200);
+  for (uint32_t i : {1u, 5u, 70u, 150u, 199u}) b.set.insert(i);
+  uint32_t cursor = 71;
+  EXPECT_EQ(take_all(b.set, cursor, 2), (std::vector<uint32_t>{150, 199}));
+  EXPECT_EQ(cursor, 0u);  // just past 199, wrapped
+  cursor = 3;
+  EXPECT_EQ(take_all(b.set, cursor, 2), (std::vector<uint32_t>{5, 70}));
+  EXPECT_EQ(cursor, 71u);
+  EXPECT_EQ(take_all(b.set, cursor), (std::vector<uint32_t>{1}));
+}
+
+TEST(IndexSet, EraseReportsWhetherTheIndexWasPresent) {
+  Bits b(10);
+  b.set.insert(4);
+  EXPECT_TRUE(b.set.erase(4));
+  EXPECT_FALSE(b.set.erase(4));
+  EXPECT_TRUE(b.set.empty());
+}
+
+TEST(IndexSet, ConcurrentProducersAndAConsumerSeeEveryIndexExactlyOnce) {
+  constexpr uint32_t kN = 256;
+  constexpr int kRounds = 200;
+  Bits b(kN);
+  std::vector<std::atomic<int>> count(kN);
+  std::atomic<int> taken{0};
+  // Each producer owns a quarter of the indices and re-inserts an index only after the
+  // consumer took it (as a slot goes back to the ready set only after being served).
+  std::vector<std::atomic<bool>> out(kN);
+  std::vector<std::thread> producers;
+  for (uint32_t p = 0; p < 4; ++p) {
+    producers.emplace_back([&, p] {
+      for (int r = 0; r < kRounds; ++r)
+        for (uint32_t i = p; i < kN; i += 4) {
+          while (out[i].load(std::memory_order_acquire)) std::this_thread::yield();
+          out[i].store(true, std::memory_order_relaxed);
+          b.set.insert(i);
+        }
+    });
+  }
+  std::thread consumer([&] {
+    uint32_t cursor = 0;
+    std::vector<uint32_t> buf(kN);
+    while (taken.load() < static_cast<int>(kN) * kRounds) {
+      size_t n = b.set.take(17, buf.data(), cursor);
+      for (size_t k = 0; k < n; ++k) {
+        count[buf[k]]++;
+        out[buf[k]].store(false, std::memory_order_release);
+      }
+      taken += static_cast<int>(n);
+      if (!n) std::this_thread::yield();
+    }
+  });
+  for (auto& t : producers) t.join();
+  consumer.join();
+  for (uint32_t i = 0; i < kN; ++i) EXPECT_EQ(count[i].load(), kRounds) << i;
+}
+
+TEST(IndexSet, WorksAcrossProcessesInSharedMemory) {
+  void* mem = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  IndexSet set(mem, 100);
+  set.format();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    IndexSet child(mem, 100);
+    for (uint32_t i = 0; i < 100; i += 3) child.insert(i);
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  uint32_t cursor = 0;
+  std::vector<uint32_t> got = take_all(set, cursor);
+  EXPECT_EQ(got.size(), 34u);
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](uint32_t i) { return i % 3 == 0; }));
+  ::munmap(mem, 4096);
+}
+
+TEST(ForkGeneration, ChangesInAForkedChildAndStaysPutOtherwise) {
+  const uint64_t mine = tensorwire::shm::fork_generation();
+  EXPECT_EQ(tensorwire::shm::fork_generation(), mine);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    uint64_t g = tensorwire::shm::fork_generation();
+    [[maybe_unused]] ssize_t n = ::write(fds[1], &g, sizeof g);
+    ::_exit(0);
+  }
+  uint64_t child = mine;
+  ASSERT_EQ(::read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  ::waitpid(pid, nullptr, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_NE(child, mine);
+  EXPECT_EQ(tensorwire::shm::fork_generation(), mine);
+}
+
+}  // namespace

@@ -1,0 +1,337 @@
+// The behaviour every transport shares, run against each of them: shared memory, socket
+// and thread. Clients here are threads of the test process; test_processes.cpp has the
+// cross-process cases.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+
+#include "common.h"
+
+namespace tw_test {
+namespace {
+
+// A gate the policy can wait at, opened by the test.
+class Gate {
+ public:
+  void open() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void pass() {
+    std::unique_lock<std::mutex> l(mu_);
+    ++arrived_;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return open_; });
+  }
+  bool arrived(int n, std::chrono::milliseconds limit = 5000ms) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return arrived_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int arrived_ = 0;
+};
+
+std::shared_ptr<Transport> make_transport(const std::string& kind, uint32_t slots = 64) {
+  if (kind == "shared_memory") return make_shm(slots);
+  if (kind == "socket") return SocketTransport::create();
+  return ThreadTransport::create();
+}
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::shared_ptr<Transport> transport = make_transport(GetParam());
+};
+
+TEST_P(TransportTest, RoundTripReturnsThePolicyResult) {
+  InferenceServer server(double_policy, transport);
+  server.start();
+  Client c = transport->client();
+  TensorDict r = c(observation(3));
+  EXPECT_EQ(r.get("action").shape(), (Shape{2}));
+  EXPECT_FLOAT_EQ(r.get("action").data<float>()[0], 6);
+  EXPECT_FLOAT_EQ(r.get("action").data<float>()[1], 8);
+  EXPECT_EQ(r.get("policy_version").data<int64_t>()[0], 0);
+}
+
+TEST_P(TransportTest, ConcurrentClientsEachGetTheAnswerToTheirOwnRequest) {
+  InferenceServer server(double_policy, transport, {.max_batch_size = 8});
+  server.start();
+  constexpr int kThreads = 6, kRequests = 150;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Client c = transport->client();
+      for (int i = 0; i < kRequests; ++i) {
+        float base = static_cast<float>(t * 1000 + i);
+        if (action0(c(observation(base))) != 2 * base) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(server.stats().requests, uint64_t{kThreads * kRequests});
+}
+
+TEST_P(TransportTest, QueuedRequestsAreServedInBatchesOfAtMostMaxBatchSize) {
+  std::atomic<int64_t> largest{0};
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        largest = std::max<int64_t>(largest, b.batch_size()[0]);
+        return double_policy(b);
+      },
+      transport, {.max_batch_size = 4});
+  Client c = transport->client();
+  std::vector<Future> futures;
+  for (int i = 0; i < 10; ++i) futures.push_back(c.submit(observation(static_cast<float>(i))));
+  server.start();  // everything is already queued
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(action0(futures[i].result(5s)), 2.0f * static_cast<float>(i));
+  ServerStats st = server.stats();
+  EXPECT_EQ(st.requests, 10u);
+  if (GetParam() == "socket") {
+    // Requests reach the owner's queue asynchronously: the first drain may see fewer.
+    EXPECT_LE(largest, 4);
+    EXPECT_GE(st.batches, 3u);
+  } else {
+    EXPECT_EQ(largest, 4);
+    EXPECT_EQ(st.batches, 3u);
+    EXPECT_NEAR(st.avg_batch_size, 10.0 / 3, 1e-9);
+  }
+}
+
+TEST_P(TransportTest, MinBatchSizeWaitsForMoreRequestsUpToTheTimeout) {
+  std::vector<int64_t> sizes;
+  std::mutex mu;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        std::lock_guard<std::mutex> l(mu);
+        sizes.push_back(b.batch_size()[0]);
+        return double_policy(b);
+      },
+      transport, {.max_batch_size = 8, .min_batch_size = 3, .timeout = 5s});
+  server.start();
+  Client c = transport->client();
+  Future a = c.submit(observation(1));
+  std::this_thread::sleep_for(50ms);
+  Future b = c.submit(observation(2));
+  Future d = c.submit(observation(3));
+  a.result(10s), b.result(10s), d.result(10s);
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{3}));
+}
+
+TEST_P(TransportTest, AnUnderfullBatchIsServedOnceTheTimeoutPasses) {
+  InferenceServer server(double_policy, transport,
+                         {.max_batch_size = 8, .min_batch_size = 4, .timeout = 20ms});
+  server.start();
+  EXPECT_EQ(action0(transport->client()(observation(5), 5s)), 10);
+}
+
+TEST_P(TransportTest, APolicyExceptionFailsEveryRequestOfItsBatchAndServingGoesOn) {
+  std::atomic<bool> fail{true};
+  InferenceServer server(
+      [&](const TensorDict& b) -> TensorDict {
+        if (fail) throw std::invalid_argument("observation out of range");
+        return double_policy(b);
+      },
+      transport, {.max_batch_size = 8});
+  Client c = transport->client();
+  std::vector<Future> futures;
+  for (int i = 0; i < 5; ++i) futures.push_back(c.submit(observation(static_cast<float>(i))));
+  server.start();
+  for (Future& f : futures) {
+    try {
+      f.result(5s);
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.type_name(), "std::invalid_argument");
+      EXPECT_EQ(e.message(), "observation out of range");
+    }
+  }
+  // Reading a failed future again raises the same error.
+  EXPECT_THROW(futures[0].result(), RemoteError);
+  fail = false;
+  EXPECT_EQ(action0(c(observation(2), 5s)), 4);
+}
+
+TEST_P(TransportTest, ATensorwireErrorFromThePolicyKeepsItsPythonName) {
+  InferenceServer server([](const TensorDict&) -> TensorDict { throw KeyError("no 'obs'"); },
+                         transport);
+  server.start();
+  try {
+    transport->client()(observation(0), 5s);
+    ADD_FAILURE();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "KeyError");
+    EXPECT_EQ(e.message(), "no 'obs'");
+  }
+}
+
+TEST_P(TransportTest, AnOutputWithTheWrongBatchSizeFailsTheBatch) {
+  InferenceServer server(
+      [](const TensorDict& b) {
+        TensorDict out(Shape{b.batch_size()[0] + 1});
+        out.set("action", Tensor::zeros({b.batch_size()[0] + 1, 2}, DType::Float32));
+        return out;
+      },
+      transport);
+  server.start();
+  try {
+    transport->client()(observation(0), 5s);
+    ADD_FAILURE();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "RuntimeError");
+    EXPECT_NE(e.message().find("batch of 1"), std::string::npos) << e.message();
+  }
+}
+
+TEST_P(TransportTest, UpdateModelRunsBetweenBatchesAndBumpsTheVersion) {
+  std::atomic<float> scale{2};
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        TensorDict out = double_policy(b);
+        Tensor a = out.get("action");
+        for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] *= scale / 2;
+        return out;
+      },
+      transport);
+  server.start();
+  Client c = transport->client();
+  EXPECT_EQ(c(observation(1), 5s).get("policy_version").data<int64_t>()[0], 0);
+  server.update_model([&] { scale = 3; });
+  TensorDict r = c(observation(1), 5s);
+  EXPECT_EQ(r.get("policy_version").data<int64_t>()[0], 1);
+  EXPECT_FLOAT_EQ(action0(r), 3);
+  EXPECT_EQ(server.policy_version(), 1);
+  EXPECT_EQ(server.stats().weight_updates, 1u);
+}
+
+TEST_P(TransportTest, ShutdownAnswersTheRunningBatchAndFailsThePendingRequests) {
+  Gate gate;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        gate.pass();
+        return double_policy(b);
+      },
+      transport, {.max_batch_size = 1});
+  server.start();
+  Client c = transport->client();
+  Future running = c.submit(observation(1));
+  ASSERT_TRUE(gate.arrived(1));
+  Future queued1 = c.submit(observation(2));
+  Future queued2 = c.submit(observation(3));
+  std::thread stopper([&] { server.shutdown(); });
+  std::this_thread::sleep_for(20ms);
+  gate.open();
+  stopper.join();
+  EXPECT_EQ(action0(running.result(5s)), 2);
+  for (Future* f : {&queued1, &queued2}) {
+    try {
+      f->result(5s);
+      ADD_FAILURE() << "a queued request survived the shutdown";
+    } catch (const ClosedError& e) {
+      EXPECT_NE(std::string(e.what()).find("shutting down"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(server.running());
+}
+
+TEST_P(TransportTest, ASubmitAfterShutdownFailsInsteadOfWaitingForEver) {
+  InferenceServer server(double_policy, transport);
+  server.start();
+  Client c = transport->client();
+  c(observation(1), 5s);
+  server.shutdown();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c(observation(1)), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST_P(TransportTest, ResultTimesOutAndCanBeCalledAgain) {
+  Gate gate;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        gate.pass();
+        return double_policy(b);
+      },
+      transport);
+  server.start();
+  Future f = transport->client().submit(observation(4));
+  EXPECT_THROW(f.result(20ms), TimeoutError);
+  EXPECT_FALSE(f.done());
+  gate.open();
+  EXPECT_EQ(action0(f.result(5s)), 8);
+  EXPECT_TRUE(f.done());
+  EXPECT_EQ(action0(f.result()), 8);  // the same response again
+}
+
+TEST_P(TransportTest, DroppedFuturesDoNotDisturbLaterRequests) {
+  Gate gate;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        gate.pass();
+        return double_policy(b);
+      },
+      transport, {.max_batch_size = 2});
+  Client c = transport->client();
+  for (int i = 0; i < 6; ++i) c.submit(observation(static_cast<float>(i)));  // dropped at once
+  server.start();
+  { Future in_policy = c.submit(observation(9)); }
+  gate.open();
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(action0(c(observation(static_cast<float>(i)), 5s)), 2.0f * i);
+}
+
+TEST_P(TransportTest, StartTwiceIsAnErrorAndASecondServerIsRefused) {
+  InferenceServer server(double_policy, transport);
+  server.start();
+  EXPECT_THROW(server.start(), Error);
+  InferenceServer other(double_policy, transport);
+  EXPECT_THROW(other.start(), Error);
+  server.shutdown();
+  other.start();  // free again
+  EXPECT_EQ(action0(transport->client()(observation(1), 5s)), 2);
+}
+
+TEST_P(TransportTest, StatsReportQueueAndForwardPercentiles) {
+  InferenceServer server(
+      [](const TensorDict& b) {
+        std::this_thread::sleep_for(2ms);
+        return double_policy(b);
+      },
+      transport);
+  server.start();
+  Client c = transport->client();
+  for (int i = 0; i < 10; ++i) c(observation(1), 5s);
+  ServerStats st = server.stats(/*reset=*/true);
+  EXPECT_EQ(st.requests, 10u);
+  EXPECT_GE(st.p50_forward_ms, 1.5);
+  EXPECT_GE(st.p95_forward_ms, st.p50_forward_ms);
+  EXPECT_GE(st.p95_queue_ms, st.p50_queue_ms);
+  EXPECT_GT(st.requests_per_s, 0);
+  EXPECT_EQ(server.stats().requests, 0u);
+}
+
+TEST(InferenceServerOptions, InvalidBatchSizesAreRejected) {
+  auto t = ThreadTransport::create();
+  EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = 0}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = 4, .min_batch_size = 5}),
+               ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.min_batch_size = 0}), ValueError);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest,
+                         ::testing::Values("shared_memory", "socket", "thread"),
+                         [](const auto& p) { return p.param; });
+
+}  // namespace
+}  // namespace tw_test

@@ -1,0 +1,127 @@
+"""tensorwire.torchrl.SharedMemoryTransport under torchrl's own InferenceServer.
+
+Tested with torchrl 0.14.1 and tensordict 0.14.3 from PyPI (the releases that accept
+torch 2.13)."""
+import multiprocessing as mp
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+torch = pytest.importorskip("torch")
+tensordict = pytest.importorskip("tensordict")
+pytest.importorskip("torchrl")
+
+from tensordict import TensorDict  # noqa: E402
+from tensordict.nn import TensorDictModule  # noqa: E402
+from torchrl.modules.inference_server import InferenceServer, InferenceTransport  # noqa: E402
+
+from tensorwire.torchrl import SharedMemoryTransport  # noqa: E402
+
+
+def specs(with_version=True):
+    req = TensorDict({"observation": torch.zeros(4)})
+    resp = {"action": torch.zeros(2)}
+    if with_version:
+        resp["policy_version"] = torch.zeros((), dtype=torch.long)
+    return req, TensorDict(resp)
+
+
+def sum_policy():
+    lin = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    return TensorDictModule(lin, in_keys=["observation"], out_keys=["action"])
+
+
+def torchrl_actor(client, base, q):
+    out = []
+    for i in range(50):
+        r = client(TensorDict({"observation": torch.full((4,), float(base + i))}), timeout=30)
+        out.append(r["action"].tolist() == [4.0 * (base + i)] * 2)
+    q.put(all(out))
+
+
+def test_it_is_a_torchrl_inference_transport():
+    assert isinstance(SharedMemoryTransport(*specs(), num_slots=2), InferenceTransport)
+
+
+def test_torchrls_server_serves_through_it():
+    t = SharedMemoryTransport(*specs(), num_slots=4)
+    with InferenceServer(sum_policy(), t, max_batch_size=4) as server:
+        r = t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+        assert isinstance(r, TensorDict)
+        assert r["action"].tolist() == [4.0, 4.0]
+        assert int(r["policy_version"]) == 0
+        server.update_model(lambda m: None)
+        assert int(t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)["policy_version"]) == 1
+        f = t.submit(TensorDict({"observation": torch.ones(4)}))
+        assert f.result(timeout=10)["action"].tolist() == [4.0, 4.0]
+        assert server.stats()["requests"] == 3
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_actors_in_child_processes(method):
+    ctx = mp.get_context(method)
+    t = SharedMemoryTransport(*specs(), num_slots=4)
+    with InferenceServer(sum_policy(), t, max_batch_size=4) as server:
+        q = ctx.Queue()
+        procs = [ctx.Process(target=torchrl_actor, args=(t.client(), 100 * k, q)) for k in range(3)]
+        for p in procs:
+            p.start()
+        assert [q.get(timeout=60) for _ in procs] == [True] * 3
+        for p in procs:
+            p.join(10)
+        assert server.stats()["requests"] == 150
+
+
+def test_a_policy_exception_reaches_the_client_with_its_type():
+    def failing(td):
+        raise ValueError("bad observation")
+
+    t = SharedMemoryTransport(*specs(), num_slots=2)
+    with InferenceServer(failing, t):
+        with pytest.raises(ValueError, match="bad observation"):
+            t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+
+
+def test_undeclared_keys_are_dropped_and_a_missing_declared_key_fails():
+    t = SharedMemoryTransport(*specs(with_version=False), num_slots=2)
+    with InferenceServer(sum_policy(), t):
+        r = t.client()(TensorDict({"observation": torch.ones(4), "extra": torch.zeros(3)}), timeout=10)
+        assert set(r.keys()) == {"action"}
+
+    def wrong(td):
+        return td.set("act", torch.zeros(td.batch_size[0], 2))
+
+    t = SharedMemoryTransport(*specs(with_version=False), num_slots=2)
+    with InferenceServer(wrong, t):
+        with pytest.raises(KeyError, match="action"):
+            t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+
+
+def test_shutdown_fails_pending_requests_like_torchrl():
+    started, gate = threading.Event(), threading.Event()
+
+    def slow(td):
+        started.set()
+        gate.wait(10)
+        return sum_policy()(td)
+
+    t = SharedMemoryTransport(*specs(), num_slots=4)
+    server = InferenceServer(slow, t, max_batch_size=1).start()
+    c = t.client()
+    running = c.submit(TensorDict({"observation": torch.ones(4)}))
+    assert started.wait(10)
+    queued = c.submit(TensorDict({"observation": torch.ones(4)}))
+    stopper = threading.Thread(target=server.shutdown)
+    stopper.start()
+    time.sleep(0.05)
+    gate.set()
+    stopper.join(10)
+    assert running.result(timeout=10)["action"].tolist() == [4.0, 4.0]
+    with pytest.raises(RuntimeError, match="InferenceServer is shutting down"):
+        queued.result(timeout=10)

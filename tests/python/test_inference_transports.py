@@ -1,0 +1,289 @@
+"""Behaviour every transport shares (shared memory, socket, thread), with clients as
+threads of this process. test_inference_processes.py has the cross-process cases."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from _inference_common import double_policy, make_shm, observation
+
+pytestmark = pytest.mark.timeout(60)
+
+KINDS = ["shared_memory", "socket", "thread"]
+
+
+def make(kind):
+    if kind == "shared_memory":
+        return make_shm(64)
+    if kind == "socket":
+        return tw.SocketTransport()
+    return tw.ThreadTransport()
+
+
+@pytest.fixture(params=KINDS)
+def transport(request):
+    return make(request.param)
+
+
+def test_round_trip_returns_the_policy_result(transport):
+    with tw.InferenceServer(double_policy, transport):
+        r = transport.client()(observation(3), timeout=5)
+    assert isinstance(r, tw.TensorDict)
+    np.testing.assert_array_equal(r["action"], [6, 8])
+    assert int(r["policy_version"]) == 0
+
+
+def test_submit_returns_a_future(transport):
+    with tw.InferenceServer(double_policy, transport):
+        f = transport.client().submit(observation(1))
+        r = f.result(timeout=5)
+        assert f.done()
+        np.testing.assert_array_equal(r["action"], [2, 4])
+        np.testing.assert_array_equal(f.result()["action"], [2, 4])  # again, the same
+
+
+def test_threads_each_get_the_answer_to_their_own_request(transport):
+    wrong = []
+    with tw.InferenceServer(double_policy, transport, max_batch_size=8):
+        def run(t):
+            c = transport.client()
+            for i in range(100):
+                if float(c(observation(t * 1000 + i), timeout=10)["action"][0]) != 2 * (t * 1000 + i):
+                    wrong.append((t, i))
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert wrong == []
+
+
+def test_queued_requests_are_batched_up_to_max_batch_size(transport):
+    sizes = []
+
+    def policy(b):
+        sizes.append(b.batch_size[0])
+        return double_policy(b)
+
+    server = tw.InferenceServer(policy, transport, max_batch_size=4)
+    c = transport.client()
+    futures = [c.submit(observation(i)) for i in range(10)]
+    with server:
+        for i, f in enumerate(futures):
+            assert float(f.result(timeout=5)["action"][0]) == 2 * i
+        stats = server.stats()
+    assert stats["requests"] == 10
+    if transport.kind == "socket":  # requests reach the owner's queue asynchronously
+        assert max(sizes) <= 4 and sum(sizes) == 10
+    else:
+        assert sizes == [4, 4, 2] and stats["batches"] == 3
+        assert stats["avg_batch_size"] == pytest.approx(10 / 3)
+    for key in ("requests_per_s", "batches_per_s", "p50_queue_ms", "p95_queue_ms",
+                "p50_forward_ms", "p95_forward_ms", "policy_version", "weight_updates"):
+        assert key in stats
+
+
+def test_a_builtin_exception_reaches_every_request_of_the_batch_as_itself(transport):
+    def policy(b):
+        raise ValueError("observation out of range")
+
+    server = tw.InferenceServer(policy, transport, max_batch_size=8)
+    c = transport.client()
+    futures = [c.submit(observation(i)) for i in range(3)]
+    with server:
+        for f in futures:
+            with pytest.raises(ValueError, match="^observation out of range$"):
+                f.result(timeout=5)
+        with pytest.raises(ValueError, match="observation out of range"):
+            c(observation(0), timeout=5)
+
+
+def test_a_key_error_keeps_its_message(transport):
+    def policy(b):
+        raise KeyError("obs")
+
+    with tw.InferenceServer(policy, transport):
+        with pytest.raises(KeyError) as e:
+            transport.client()(observation(0), timeout=5)
+    assert e.value.args == ("obs",)
+
+
+class CustomPolicyError(Exception):
+    pass
+
+
+def test_a_custom_exception_becomes_a_runtime_error_naming_its_type(transport):
+    calls = []
+
+    def policy(b):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CustomPolicyError("bad weights")
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport):
+        c = transport.client()
+        with pytest.raises(RuntimeError, match="CustomPolicyError: bad weights"):
+            c(observation(0), timeout=5)
+        np.testing.assert_array_equal(c(observation(1), timeout=5)["action"], [2, 4])  # goes on
+
+
+def test_a_result_timeout_keeps_the_request_in_flight(transport):
+    gate = threading.Event()
+
+    def policy(b):
+        gate.wait(10)
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport):
+        f = transport.client().submit(observation(4))
+        with pytest.raises(TimeoutError):
+            f.result(timeout=0.05)
+        assert not f.done()
+        gate.set()  # runs while the client thread waits: proves the wait left the GIL
+        np.testing.assert_array_equal(f.result(timeout=5)["action"], [8, 10])
+
+
+def test_waiting_clients_do_not_hold_the_gil(transport):
+    gate = threading.Event()
+    results = []
+
+    def policy(b):
+        gate.wait(10)
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport):
+        c = transport.client()
+        t = threading.Thread(target=lambda: results.append(c(observation(1), timeout=10)))
+        t.start()
+        time.sleep(0.1)
+        counter = sum(range(100000))  # Python code runs while the thread waits
+        gate.set()
+        t.join(10)
+    assert counter and len(results) == 1
+
+
+def test_shutdown_fails_pending_requests_and_later_submits(transport):
+    started = threading.Event()
+    gate = threading.Event()
+
+    def policy(b):
+        started.set()
+        gate.wait(10)
+        return double_policy(b)
+
+    server = tw.InferenceServer(policy, transport, max_batch_size=1).start()
+    c = transport.client()
+    running = c.submit(observation(1))
+    assert started.wait(5)
+    queued = [c.submit(observation(2)), c.submit(observation(3))]
+    stopper = threading.Thread(target=server.shutdown)
+    stopper.start()
+    time.sleep(0.05)
+    gate.set()
+    stopper.join(10)
+    np.testing.assert_array_equal(running.result(timeout=5)["action"], [2, 4])
+    for f in queued:
+        with pytest.raises(RuntimeError, match="shut"):
+            f.result(timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="shut"):
+        c(observation(1))
+    assert time.monotonic() - t0 < 5
+    assert not server.is_alive
+
+
+def test_update_model_runs_between_batches_and_bumps_the_version(transport):
+    class Policy:
+        scale = 2.0
+
+        def __call__(self, b):
+            out = tw.TensorDict(batch_size=b.batch_size)
+            out["action"] = b["observation"][:, :2] * self.scale
+            return out
+
+    policy = Policy()
+    with tw.InferenceServer(policy, transport) as server:
+        c = transport.client()
+        assert int(c(observation(1), timeout=5)["policy_version"]) == 0
+
+        def change(p):
+            p.scale = 3.0
+            return "done"
+
+        assert server.update_model(change) == "done"
+        r = c(observation(1), timeout=5)
+        assert int(r["policy_version"]) == 1 and float(r["action"][0]) == 3
+        assert server.policy_version == 1 and server.stats()["weight_updates"] == 1
+
+
+def test_dropped_futures_do_not_disturb_later_requests(transport):
+    with tw.InferenceServer(double_policy, transport, max_batch_size=2):
+        c = transport.client()
+        for i in range(10):
+            c.submit(observation(i))  # dropped unread
+        for i in range(10):
+            assert float(c(observation(i), timeout=5)["action"][0]) == 2 * i
+
+
+def test_tensordict_requests_get_tensordict_responses(transport):
+    tensordict = pytest.importorskip("tensordict")
+    torch = pytest.importorskip("torch")
+    with tw.InferenceServer(double_policy, transport):
+        r = transport.client()(tensordict.TensorDict({"observation": torch.arange(4.0)}), timeout=5)
+    assert isinstance(r, tensordict.TensorDict)
+    assert r["action"].tolist() == [0.0, 2.0]
+
+
+def test_a_torch_module_policy_gets_a_tensordict_batch(transport):
+    tensordict = pytest.importorskip("tensordict")
+    torch = pytest.importorskip("torch")
+    from tensordict.nn import TensorDictModule
+
+    lin = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    policy = TensorDictModule(lin, in_keys=["observation"], out_keys=["action"])
+    with tw.InferenceServer(policy, transport):
+        r = transport.client()(observation(1), timeout=5)
+    np.testing.assert_allclose(r["action"], [10.0, 10.0])
+    del tensordict
+
+
+def test_start_twice_is_an_error_and_a_second_server_is_refused(transport):
+    server = tw.InferenceServer(double_policy, transport).start()
+    with pytest.raises(RuntimeError, match="already"):
+        server.start()
+    other = tw.InferenceServer(double_policy, transport)
+    with pytest.raises(RuntimeError, match="already serves"):
+        other.start()
+    server.shutdown()
+    with other:
+        assert float(transport.client()(observation(1), timeout=5)["action"][0]) == 2
+
+
+def test_invalid_batch_sizes_are_rejected(transport):
+    with pytest.raises(ValueError):
+        tw.InferenceServer(double_policy, transport, max_batch_size=0)
+    with pytest.raises(ValueError):
+        tw.InferenceServer(double_policy, transport, max_batch_size=2, min_batch_size=3)
+
+
+def test_min_batch_size_waits_for_more_requests(transport):
+    sizes = []
+
+    def policy(b):
+        sizes.append(b.batch_size[0])
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport, max_batch_size=8, min_batch_size=3, timeout=5.0):
+        c = transport.client()
+        a = c.submit(observation(1))
+        time.sleep(0.05)
+        b, d = c.submit(observation(2)), c.submit(observation(3))
+        for f in (a, b, d):
+            f.result(timeout=10)
+    assert sizes == [3]
