@@ -41,11 +41,23 @@ class Inf:
         raise NotImplementedError  # endless (tensorpack reads the length in its constructor)
 
 
-def timed(runner, warmup, seconds):
+def cpu_seconds(pid):
+    """User + system CPU time of a process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(runner, warmup, seconds, worker_pids):
+    """Datapoints per second of wall clock, and CPU microseconds per datapoint (main
+    process and workers together: the cost of a datapoint, whatever the machine's load)."""
     it = iter(runner)
     for _ in range(warmup):
         next(it)
+    pids = [os.getpid()] + list(worker_pids())
     n = 0
+    cpu0 = sum(cpu_seconds(p) for p in pids)
     t0 = time.perf_counter()
     deadline = t0 + seconds
     while True:
@@ -54,7 +66,8 @@ def timed(runner, warmup, seconds):
         n += 16
         now = time.perf_counter()
         if now >= deadline:
-            return n / (now - t0)
+            cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+            return n / (now - t0), cpu / n * 1e6
 
 
 def run_tensorpack(shape, num_proc, hwm, warmup, seconds):
@@ -63,7 +76,7 @@ def run_tensorpack(shape, num_proc, hwm, warmup, seconds):
     r = MultiProcessRunnerZMQ(Inf(shape), num_proc=num_proc, hwm=hwm)
     r.reset_state()
     try:
-        return timed(r, warmup, seconds)
+        return timed(r, warmup, seconds, lambda: [p.pid for p in r._procs])
     finally:
         r.__del__()  # tensorpack cleans up in __del__ (terminate + join)
 
@@ -74,8 +87,8 @@ def run_tensorwire(shape, num_proc, hwm, warmup, seconds):
     r = MultiProcessRunnerZMQ(Inf(shape), num_proc=num_proc, hwm=hwm)
     r.reset_state()
     try:
-        dps = timed(r, warmup, seconds)
-        return dps, r.shared_memory_bytes
+        dps, cpu = timed(r, warmup, seconds, lambda: r.pids)
+        return dps, cpu, r.shared_memory_bytes
     finally:
         r.close()
 
@@ -133,38 +146,46 @@ def main():
     logging.getLogger("tensorwire").setLevel(logging.ERROR)
 
     results = {"machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}, "runs": []}
-    big = max(int(np.prod(SHAPES[s])) for s in args.shapes.split(","))
-    mc_dp = memcpy_bandwidth(big)
     mc_dram = memcpy_bandwidth(256 << 20, 1.0)
-    results["memcpy"] = {"datapoint_bytes": big, "bytes_per_s": mc_dp, "256MiB_bytes_per_s": mc_dram}
-    print(f"single-thread memcpy (np.copyto): {mc_dp / 1e9:.2f} GB/s at {big} B, {mc_dram / 1e9:.2f} GB/s at 256 MiB")
+    results["memcpy_256MiB_bytes_per_s"] = mc_dram
+    print(f"single-thread memcpy (np.copyto) of 256 MiB: {mc_dram / 1e9:.2f} GB/s; of each datapoint's size: "
+          "measured in each round, just before tensorwire's run (% memcpy below)")
     configs = [(name, num_proc) for name in args.shapes.split(",") for num_proc in map(int, args.num_proc.split(","))]
     rounds = {c: [] for c in configs}
     for rnd in range(args.rounds):
         for name, num_proc in configs:
             shape = SHAPES[name]
-            tp = run_tensorpack(shape, num_proc, args.hwm, args.warmup, args.seconds)
-            tw, shm = run_tensorwire(shape, num_proc, args.hwm, args.warmup, args.seconds)
-            rounds[(name, num_proc)].append((tp, tw, shm))
+            nbytes = int(np.prod(shape))
+            tp, tp_cpu = run_tensorpack(shape, num_proc, args.hwm, args.warmup, args.seconds)
+            # memcpy right before tensorwire's run: the same conditions, as far as a shared
+            # machine allows
+            mc = memcpy_bandwidth(nbytes, 0.3) if nbytes >= 4096 else float("nan")
+            tw, tw_cpu, shm = run_tensorwire(shape, num_proc, args.hwm, args.warmup, args.seconds)
+            rounds[(name, num_proc)].append({"tensorpack": tp, "tensorwire": tw, "tensorpack_cpu_us": tp_cpu,
+                                             "tensorwire_cpu_us": tw_cpu, "memcpy": mc, "shm": shm})
             if args.rounds > 1:
                 print(f"  round {rnd + 1}: {name} x{num_proc}: tensorpack {tp:,.0f}, tensorwire {tw:,.0f} dp/s "
-                      f"({tw / tp:.1f}x)", flush=True)
-    print(f"{'shape':>14} {'proc':>4} | {'tensorpack dp/s':>15} {'GB/s':>7} | {'tensorwire dp/s':>15} {'GB/s':>7}"
-          f" | {'ratio':>6} | {'% memcpy':>8} | {'shm MiB':>7}")
+                      f"({tw / tp:.1f}x); CPU per datapoint {tp_cpu:.1f} vs {tw_cpu:.1f} us "
+                      f"({tp_cpu / tw_cpu:.1f}x)", flush=True)
+    print(f"{'shape':>14} {'proc':>4} | {'tensorpack dp/s':>15} {'GB/s':>6} | {'tensorwire dp/s':>15} {'GB/s':>6}"
+          f" | {'ratio':>6} | {'CPU us/dp tp / tw':>17} {'ratio':>6} | {'% memcpy':>8} | {'shm MiB':>7}")
+    med = lambda xs: float(np.median(xs))  # noqa: E731
     for (name, num_proc), rs in rounds.items():
         nbytes = int(np.prod(SHAPES[name]))
-        tp = float(np.median([r[0] for r in rs]))
-        tw = float(np.median([r[1] for r in rs]))
-        ratio = float(np.median([r[1] / r[0] for r in rs]))  # each ratio from one round
-        shm = rs[-1][2]
+        tp, tw = med([r["tensorpack"] for r in rs]), med([r["tensorwire"] for r in rs])
+        ratio = med([r["tensorwire"] / r["tensorpack"] for r in rs])  # each ratio from one round
+        tp_cpu, tw_cpu = med([r["tensorpack_cpu_us"] for r in rs]), med([r["tensorwire_cpu_us"] for r in rs])
+        cpu_ratio = med([r["tensorpack_cpu_us"] / r["tensorwire_cpu_us"] for r in rs])
+        frac = med([r["tensorwire"] * nbytes / r["memcpy"] for r in rs])
         row = {"shape": name, "num_proc": num_proc, "tensorpack_dps": tp, "tensorwire_dps": tw, "ratio": ratio,
-               "bytes": nbytes, "tensorwire_bytes_per_s": tw * nbytes, "tensorpack_bytes_per_s": tp * nbytes,
-               "memcpy_fraction": tw * nbytes / mc_dp, "memcpy_256MiB_fraction": tw * nbytes / mc_dram,
-               "shm_bytes": shm, "rounds": [{"tensorpack": a, "tensorwire": b} for a, b, _ in rs]}
+               "tensorpack_cpu_us_per_dp": tp_cpu, "tensorwire_cpu_us_per_dp": tw_cpu, "cpu_ratio": cpu_ratio,
+               "bytes": nbytes, "tensorwire_bytes_per_s": tw * nbytes, "memcpy_fraction": frac,
+               "memcpy_256MiB_fraction": tw * nbytes / mc_dram, "shm_bytes": rs[-1]["shm"], "rounds": rs}
         results["runs"].append(row)
-        frac = f"{100 * tw * nbytes / mc_dp:>7.0f}%" if nbytes >= 4096 else f"{'-':>8}"
-        print(f"{name:>14} {num_proc:>4} | {tp:>15,.0f} {tp * nbytes / 1e9:>7.2f} | {tw:>15,.0f} "
-              f"{tw * nbytes / 1e9:>7.2f} | {ratio:>5.1f}x | {frac} | {shm / 2**20:>7.1f}", flush=True)
+        pct = f"{100 * frac:>7.0f}%" if nbytes >= 4096 else f"{'-':>8}"
+        print(f"{name:>14} {num_proc:>4} | {tp:>15,.0f} {tp * nbytes / 1e9:>6.2f} | {tw:>15,.0f} "
+              f"{tw * nbytes / 1e9:>6.2f} | {ratio:>5.1f}x | {tp_cpu:>8.2f} / {tw_cpu:>6.2f} {cpu_ratio:>5.1f}x | "
+              f"{pct} | {rs[-1]['shm'] / 2**20:>7.1f}", flush=True)
     if args.memory:
         shape = SHAPES["224x224x3"]
         samples = memory_check(shape, args.memory_datapoints, args.hwm)

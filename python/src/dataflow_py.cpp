@@ -11,12 +11,14 @@
 // right after the fork and takes it only to run Python code (the dataflow, the map
 // function, conversions), so its C++ side packs and sends with the GIL released.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <cstring>
+#include <unordered_map>
 
 #include "bindings.h"
 #include "convert.h"
@@ -322,7 +324,8 @@ nb::object node_to_py(const TensorDict& td, bool allow_pickle, int depth) {
     bad_tag("'" + tag.substr(0, 64) + "' does not match the entries");
   const char container = tag[0];
   const size_t n = tag.size() - 1;
-  if ((container == 'd') != (keys != nullptr)) bad_tag("a dict without keys, or keys without a dict");
+  if ((container == 'd') != (keys != nullptr))
+    bad_tag("a dict without keys, or keys without a dict");
   switch (container) {
     case 'l':
     case 't': {
@@ -354,6 +357,305 @@ nb::object node_to_py(const TensorDict& td, bool allow_pickle, int depth) {
 
 nb::object datapoint_to_py(const TensorDict& td, bool allow_pickle) {
   return node_to_py(td, allow_pickle, 0);
+}
+
+// ---- Received datapoints, straight from the storage ----------------------------------------
+//
+// The same conversion as node_to_py, but from a RawDatapoint: a plan made once per schema
+// (from the layout's metadata and the tags in it) turns the storage into Python objects
+// without building the TensorDict in between. Every array of one datapoint shares one
+// owner (a capsule holding the storage), so the chunk is released when the last goes.
+
+struct PlanNode;
+
+struct PlanOp {
+  char kind = 0;
+  std::string name;  // dict key
+  DType dtype = DType::UInt8;
+  std::vector<size_t> shape;
+  size_t start = 0;
+  size_t nbytes = 0;
+  std::unique_ptr<PlanNode> child;  // kNode
+};
+
+struct PlanNode {
+  char container = 0;  // 'l', 't', 'd', 'o'
+  std::vector<PlanOp> ops;
+};
+
+// Leaves of a consolidated metadata node: name -> [dtype, shape, start, stop, pad].
+const Json* member(const Json& node, const char* field) {
+  auto it = node.find(field);
+  return it == node.end() ? nullptr : &*it;
+}
+
+// std::nullopt when the node carries no Python tag (a TensorDict from C++).
+std::unique_ptr<PlanNode> make_plan(const Json& node, int depth) {
+  const Json* non_tensors = member(node, "non_tensors");
+  const Json* leaves = member(node, "leaves");
+  if (!non_tensors || !leaves || !non_tensors->is_object() || !leaves->is_object()) return nullptr;
+  auto tag_it = non_tensors->find(kTag);
+  if (tag_it == non_tensors->end()) return nullptr;
+  if (!tag_it->is_array() || tag_it->empty()) bad_tag("not a value");
+  const Json& tag_json = (*tag_it)[0];
+  const Json* keys = nullptr;
+  const Json* kinds_json = &tag_json;
+  if (tag_json.is_array()) {
+    if (tag_json.size() != 2 || !tag_json[1].is_array()) bad_tag("a malformed dict tag");
+    kinds_json = &tag_json[0];
+    keys = &tag_json[1];
+  }
+  if (!kinds_json->is_string()) bad_tag("not a string");
+  const std::string& tag = kinds_json->get_ref<const std::string&>();
+  if (tag.empty() || (keys && keys->size() + 1 != tag.size()))
+    bad_tag("a tag that does not match its keys");
+  auto plan = std::make_unique<PlanNode>();
+  plan->container = tag[0];
+  if ((plan->container == 'd') != (keys != nullptr) ||
+      (plan->container != 'l' && plan->container != 't' && plan->container != 'd' &&
+       plan->container != 'o') ||
+      (plan->container == 'o' && tag.size() != 2))
+    bad_tag("unknown container '" + tag.substr(0, 1) + "'");
+  for (size_t i = 1; i < tag.size(); ++i) {
+    PlanOp op;
+    op.kind = tag[i];
+    if (keys) {
+      if (!(*keys)[i - 1].is_string()) bad_tag("a dict key that is not a string");
+      op.name = (*keys)[i - 1].get<std::string>();
+    } else {
+      op.name = std::to_string(i - 1);
+    }
+    if (op.kind == kNone) {
+      auto v = non_tensors->find(op.name);
+      if (v == non_tensors->end() || !v->is_array() || v->empty() || !(*v)[0].is_null())
+        bad_tag("entry '" + op.name + "' should be None");
+    } else if (op.kind == kNode) {
+      auto c = node.find(op.name);
+      if (c == node.end() || depth >= 32) bad_tag("entry '" + op.name + "' should be a container");
+      op.child = make_plan(*c, depth + 1);
+      if (!op.child) bad_tag("entry '" + op.name + "' is a container without a tag");
+    } else {
+      auto l = leaves->find(op.name);
+      if (l == leaves->end() || !l->is_array() || l->size() < 3 || !(*l)[0].is_string() ||
+          !(*l)[1].is_array())
+        bad_tag("entry '" + op.name + "' should be a tensor");
+      auto dtype = parse_dtype((*l)[0].get_ref<const std::string&>());
+      if (!dtype) bad_tag("entry '" + op.name + "' has an unknown dtype");
+      op.dtype = *dtype;
+      size_t numel = 1;
+      for (const Json& d : (*l)[1]) {
+        op.shape.push_back(d.get<size_t>());
+        numel *= op.shape.back();
+      }
+      op.start = (*l)[2].get<size_t>();  // validated against the storage by the layout
+      op.nbytes = numel * itemsize(op.dtype);
+      auto expect = [&](DType t, size_t dims) {
+        if (op.dtype != t || op.shape.size() != dims)
+          bad_tag("entry '" + op.name + "' has the wrong dtype or shape");
+      };
+      switch (op.kind) {
+        case kBool:
+          expect(DType::Bool, 0);
+          break;
+        case kInt:
+          expect(DType::Int64, 0);
+          break;
+        case kFloat:
+          expect(DType::Float64, 0);
+          break;
+        case kStr:
+        case kBytes:
+        case kPickle:
+          expect(DType::UInt8, 1);
+          break;
+        case kGeneric:
+          if (!op.shape.empty()) bad_tag("entry '" + op.name + "' should be a scalar");
+          break;
+        case kNumpy:
+        case kTorch:
+          break;
+        default:
+          bad_tag(std::string("unknown element kind '") + op.kind + "'");
+      }
+    }
+    plan->ops.push_back(std::move(op));
+  }
+  return plan;
+}
+
+struct RawConverter {
+  const Storage& storage;
+  bool allow_pickle;
+  nb::object owner;  // made on the first array
+
+  const std::byte* at(const PlanOp& op) const { return storage.data() + op.start; }
+
+  // DLPack codes of the dtypes numpy has (the others take the general path).
+  static std::optional<nb::dlpack::dtype> dl_dtype(DType t) {
+    using C = nb::dlpack::dtype_code;
+    auto d = [](C c, int bits) {
+      return nb::dlpack::dtype{static_cast<uint8_t>(c), static_cast<uint8_t>(bits), 1};
+    };
+    switch (t) {
+      case DType::Bool:
+        return d(C::Bool, 8);
+      case DType::UInt8:
+        return d(C::UInt, 8);
+      case DType::UInt16:
+        return d(C::UInt, 16);
+      case DType::UInt32:
+        return d(C::UInt, 32);
+      case DType::UInt64:
+        return d(C::UInt, 64);
+      case DType::Int8:
+        return d(C::Int, 8);
+      case DType::Int16:
+        return d(C::Int, 16);
+      case DType::Int32:
+        return d(C::Int, 32);
+      case DType::Int64:
+        return d(C::Int, 64);
+      case DType::Float16:
+        return d(C::Float, 16);
+      case DType::Float32:
+        return d(C::Float, 32);
+      case DType::Float64:
+        return d(C::Float, 64);
+      case DType::Complex64:
+        return d(C::Complex, 64);
+      case DType::Complex128:
+        return d(C::Complex, 128);
+      default:
+        return std::nullopt;
+    }
+  }
+
+  nb::object array(const PlanOp& op, bool torch) {
+    const auto dt = dl_dtype(op.dtype);
+    if (!dt) {  // bfloat16, float8: the general path
+      Tensor t = Tensor::view(storage, op.start, Shape(op.shape.begin(), op.shape.end()), op.dtype);
+      return torch ? to_torch(t) : to_numpy(t);
+    }
+    if (!owner.is_valid())
+      owner = nb::capsule(new Storage(storage),
+                          [](void* p) noexcept { delete static_cast<Storage*>(p); });
+    void* data = const_cast<std::byte*>(at(op));
+    if (torch)
+      return nb::ndarray<nb::pytorch, nb::device::cpu>(data, op.shape.size(), op.shape.data(),
+                                                       owner, nullptr, *dt)
+          .cast(nb::rv_policy::reference);
+    return nb::ndarray<nb::numpy, nb::device::cpu>(data, op.shape.size(), op.shape.data(), owner,
+                                                   nullptr, *dt)
+        .cast(nb::rv_policy::reference);
+  }
+
+  nb::object element(const PlanOp& op) {
+    switch (op.kind) {
+      case kNumpy:
+        return array(op, false);
+      case kTorch:
+        return array(op, true);
+      case kBool:
+        return nb::bool_(std::to_integer<uint8_t>(*at(op)) != 0);
+      case kInt: {
+        int64_t v;
+        std::memcpy(&v, at(op), sizeof v);
+        return nb::int_(v);
+      }
+      case kFloat: {
+        double v;
+        std::memcpy(&v, at(op), sizeof v);
+        return nb::float_(v);
+      }
+      case kGeneric:
+        return array(op, false)[nb::tuple()];
+      case kStr: {
+        nb::object str = nb::steal(PyUnicode_DecodeUTF8(
+            reinterpret_cast<const char*>(at(op)), static_cast<Py_ssize_t>(op.nbytes), "strict"));
+        if (!str.is_valid()) throw nb::python_error();
+        return str;
+      }
+      case kBytes:
+        return nb::bytes(reinterpret_cast<const char*>(at(op)), op.nbytes);
+      case kNone:
+        return nb::none();
+      case kNode:
+        return node(*op.child);
+      case kPickle: {
+        if (!allow_pickle)
+          throw ProtocolError("entry '" + op.name +
+                              "' is a pickled Python object, and this receiver does not unpickle "
+                              "(allow_pickle=False)");
+        nb::object view = nb::steal(
+            PyMemoryView_FromMemory(const_cast<char*>(reinterpret_cast<const char*>(at(op))),
+                                    static_cast<Py_ssize_t>(op.nbytes), PyBUF_READ));
+        return mods().pickle_loads(view);
+      }
+      default:
+        bad_tag(std::string("unknown element kind '") + op.kind + "'");
+    }
+  }
+
+  nb::object node(const PlanNode& n) {
+    switch (n.container) {
+      case 'l':
+      case 't': {
+        nb::object out =
+            nb::steal(n.container == 'l' ? PyList_New(static_cast<Py_ssize_t>(n.ops.size()))
+                                         : PyTuple_New(static_cast<Py_ssize_t>(n.ops.size())));
+        for (size_t i = 0; i < n.ops.size(); ++i) {
+          PyObject* v = element(n.ops[i]).release().ptr();
+          if (n.container == 'l')
+            PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+          else
+            PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+        }
+        return out;
+      }
+      case 'd': {
+        nb::dict out;
+        for (const PlanOp& op : n.ops) out[nb::str(op.name.c_str(), op.name.size())] = element(op);
+        return std::move(out);
+      }
+      default:
+        return element(n.ops.at(0));
+    }
+  }
+};
+
+// Plans by layout; a layout is kept alive by its entry, so its address is never reused
+// while cached. Few schemas are live at once: the cache is simply emptied when it fills.
+class PlanCache {
+ public:
+  const PlanNode* get(const std::shared_ptr<const wire::ConsolidatedLayout>& layout) {
+    auto it = plans_.find(layout.get());
+    if (it != plans_.end()) return it->second.plan.get();
+    if (plans_.size() >= 64) plans_.clear();
+    Entry e{layout, make_plan(layout->metadata(), 0)};
+    const PlanNode* p = e.plan.get();
+    plans_.emplace(layout.get(), std::move(e));
+    return p;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const wire::ConsolidatedLayout> layout;
+    std::unique_ptr<PlanNode> plan;  // null: not a Python datapoint
+  };
+  std::unordered_map<const wire::ConsolidatedLayout*, Entry> plans_;
+};
+
+// One cache for the process (used under the GIL).
+PlanCache& plan_cache() {
+  static auto* cache = new PlanCache();  // leaked on purpose: outlives every runner
+  return *cache;
+}
+
+nb::object raw_to_py(const df::RawDatapoint& raw, PlanCache& cache, bool allow_pickle) {
+  const PlanNode* plan = cache.get(raw.layout);
+  if (!plan) return datapoint_to_py(raw.to_tensordict(), allow_pickle);  // a TensorDict
+  RawConverter c{raw.storage, allow_pickle, {}};
+  return c.node(*plan);
 }
 
 // ---- Python dataflows in C++ ------------------------------------------------------------------
@@ -547,11 +849,11 @@ struct PyEpoch {
 
   nb::object next() {
     if (!epoch) throw nb::stop_iteration();
-    std::optional<TensorDict> dp;
+    std::optional<df::RawDatapoint> dp;
     try {
       wait_interruptibly(
           [&](Millis slice) {
-            dp = epoch->next(slice);
+            dp = epoch->next_raw(slice);
             return dp.has_value() || epoch->done();
           },
           look_first);
@@ -566,8 +868,7 @@ struct PyEpoch {
       epoch.reset();  // the guard goes with the epoch: a new one may start
       throw nb::stop_iteration();
     }
-    nb::object out = datapoint_to_py(*dp, allow_pickle);
-    return out;
+    return raw_to_py(*dp, plan_cache(), allow_pickle);
   }
 };
 
@@ -686,18 +987,18 @@ void bind_dataflow(nb::module_& m) {
            })
       .def("next",
            [](PyRunner& r) {
-             std::optional<TensorDict> dp;
+             std::optional<df::RawDatapoint> dp;
              try {
                wait_interruptibly(
                    [&](Millis slice) {
-                     dp = r.runner->next(slice);
+                     dp = r.runner->next_raw(slice);
                      return dp.has_value();
                    },
                    true);
              } catch (const df::WorkerError& e) {
                raise_worker_error(e, r.name);
              }
-             return datapoint_to_py(*dp, true);
+             return raw_to_py(*dp, plan_cache(), true);
            })
       .def("close", [](PyRunner& r) { r.runner->close(); })
       .def_prop_ro("size", [](PyRunner& r) { return r.runner->size(); })

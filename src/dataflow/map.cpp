@@ -57,7 +57,7 @@ struct MultiProcessMapDataZMQ::Impl {
   std::map<uint32_t, size_t> outstanding;  // pass -> tasks not yet back
   std::map<uint32_t, bool> complete;       // pass -> the dataflow ended it
   // Results (or a map function's error) of passes later than the one being yielded.
-  std::map<uint32_t, std::deque<std::variant<TensorDict, std::exception_ptr>>> stash;
+  std::map<uint32_t, std::deque<std::variant<RawDatapoint, std::exception_ptr>>> stash;
   std::string scratch;
 
   [[noreturn]] void worker_main(int index);
@@ -101,7 +101,7 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
       if (!r.datapoint) continue;
       std::optional<TensorDict> out;
       try {
-        out = map(std::move(*r.datapoint));
+        out = map(r.datapoint->to_tensordict());
       } catch (...) {
         Failure f;
         try {
@@ -291,7 +291,7 @@ EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
         auto item = std::move(stash.front());
         stash.pop_front();
         if (auto* err = std::get_if<std::exception_ptr>(&item)) std::rethrow_exception(*err);
-        return {std::move(std::get<TensorDict>(item)), false};
+        return {std::move(std::get<RawDatapoint>(item)), false};
       }
       if (m.complete[m.yield_pass] && m.outstanding[m.yield_pass] == 0) {
         m.stash.erase(m.yield_pass);

@@ -176,6 +176,12 @@ void MultiProcessRunnerZMQ::reset_state() {
 }
 
 std::optional<TensorDict> MultiProcessRunnerZMQ::next(std::chrono::milliseconds timeout) {
+  auto raw = next_raw(timeout);
+  if (!raw) return std::nullopt;
+  return raw->to_tensordict();
+}
+
+std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   if (m.failed) std::rethrow_exception(m.failed);
   if (!m.reset_done) throw StateError(std::string(kName) + ": call reset_state() before iterating");
@@ -226,7 +232,7 @@ void MultiProcessRunnerZMQ::epoch_end() noexcept {
 EpochSource::Step MultiProcessRunnerZMQ::epoch_step(std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   if (m.size && m.epoch_count >= *m.size) return {std::nullopt, true};
-  auto dp = next(timeout);
+  auto dp = next_raw(timeout);
   if (dp) ++m.epoch_count;
   return {std::move(dp), false};
 }

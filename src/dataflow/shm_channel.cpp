@@ -90,16 +90,30 @@ void ShmSender::encode(const TensorDict& td, DescriptorHeader h, std::string& ou
     h.segment = kNoSegment;
     h.offset = 0;
   }
-  wire::FrameHeader fh;
-  fh.kind = with_schema ? wire::MessageKind::SchemaAndStorage : wire::MessageKind::Storage;
-  fh.schema_id = schema_id_;
-  fh.metadata_bytes = with_schema ? metadata_.size() : 0;
-  fh.payload_bytes = plan_.total_bytes;
   h.kind = DescriptorKind::Datapoint;
   h.encode(out);
-  const auto bytes = fh.encode();
-  out.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  if (with_schema) out += metadata_;
+  if (with_schema) {
+    wire::FrameHeader fh;
+    fh.kind = wire::MessageKind::SchemaAndStorage;
+    fh.schema_id = schema_id_;
+    fh.metadata_bytes = metadata_.size();
+    fh.payload_bytes = plan_.total_bytes;
+    const auto bytes = fh.encode();
+    out.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    out += metadata_;
+  } else {
+    // A Storage frame header depends on the schema only (its size included): encode it
+    // (and its CRC) once per schema.
+    if (storage_header_schema_ != schema_id_) {
+      wire::FrameHeader fh;
+      fh.kind = wire::MessageKind::Storage;
+      fh.schema_id = schema_id_;
+      fh.payload_bytes = plan_.total_bytes;
+      storage_header_ = fh.encode();
+      storage_header_schema_ = schema_id_;
+    }
+    out.append(reinterpret_cast<const char*>(storage_header_.data()), storage_header_.size());
+  }
   peer_schema = schema_id_;
 }
 
@@ -156,15 +170,25 @@ ShmReceiver::Received ShmReceiver::decode(std::span<const std::byte> msg) {
   Peer& peer = peers_[r.header.sender];
   if (body.size() < wire::kHeaderBytes)
     throw ProtocolError("datapoint descriptor without a frame header");
-  const wire::FrameHeader fh = wire::FrameHeader::decode(body.first(wire::kHeaderBytes), limits_);
+  // A frame header with the very bytes of the last one validated for this sender (every
+  // Storage descriptor of a schema) need not be validated again.
+  auto header_bytes = body.first(wire::kHeaderBytes);
+  if (!peer.header_valid ||
+      std::memcmp(header_bytes.data(), peer.header_bytes.data(), wire::kHeaderBytes) != 0) {
+    peer.header_valid = false;
+    peer.header = wire::FrameHeader::decode(header_bytes, limits_);
+    std::memcpy(peer.header_bytes.data(), header_bytes.data(), wire::kHeaderBytes);
+    peer.header_valid = true;
+  }
+  const wire::FrameHeader fh = peer.header;
   auto metadata = body.subspan(wire::kHeaderBytes);
   if (metadata.size() != fh.metadata_bytes)
     throw ProtocolError("datapoint descriptor: " + std::to_string(metadata.size()) +
                         " metadata bytes, the frame header announced " +
                         std::to_string(fh.metadata_bytes));
   if (fh.kind == wire::MessageKind::SchemaAndStorage) {
-    peer.layout = wire::ConsolidatedLayout::parse(
-        wire::parse_untrusted_json(metadata, limits_, "schema"), limits_, fh.payload_bytes);
+    peer.layout = std::make_shared<const wire::ConsolidatedLayout>(wire::ConsolidatedLayout::parse(
+        wire::parse_untrusted_json(metadata, limits_, "schema"), limits_, fh.payload_bytes));
     peer.schema_id = fh.schema_id;
   } else if (fh.kind == wire::MessageKind::Storage) {
     if (!peer.layout || peer.schema_id != fh.schema_id)
@@ -187,7 +211,7 @@ ShmReceiver::Received ShmReceiver::decode(std::span<const std::byte> msg) {
     storage = shm::chunk_storage(segment(r.header.sender, peer, r.header.segment), r.header.offset,
                                  fh.payload_bytes);
   }
-  r.datapoint = peer.layout->instantiate(std::move(storage));
+  r.datapoint = RawDatapoint{std::move(storage), peer.layout};
   return r;
 }
 

@@ -24,6 +24,7 @@
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/shm/chunk_arena.h"
 #include "tensorwire/shm/unix_socket.h"
+#include "tensorwire/wire/frame.h"
 #include "tensorwire/wire/layout.h"
 
 namespace tensorwire::dataflow::detail {
@@ -53,6 +54,8 @@ class ShmSender {
   ConsolidatedPlan plan_;
   std::string metadata_;
   uint64_t schema_id_ = 0;
+  wire::FrameHeader::Bytes storage_header_{};
+  uint64_t storage_header_schema_ = 0;
 };
 
 class ShmReceiver {
@@ -65,8 +68,8 @@ class ShmReceiver {
 
   struct Received {
     DescriptorHeader header;
-    std::optional<TensorDict> datapoint;  // Datapoint
-    Failure failure;                      // Error
+    std::optional<RawDatapoint> datapoint;  // Datapoint
+    Failure failure;                        // Error
   };
   // ProtocolError for a malformed descriptor (it holds no chunk then).
   Received decode(std::span<const std::byte> message);
@@ -80,7 +83,10 @@ class ShmReceiver {
   struct Peer {
     std::vector<shm::Segment> segments;
     uint64_t schema_id = 0;
-    std::optional<wire::ConsolidatedLayout> layout;
+    std::shared_ptr<const wire::ConsolidatedLayout> layout;
+    wire::FrameHeader::Bytes header_bytes{};  // the last frame header validated
+    wire::FrameHeader header;
+    bool header_valid = false;
   };
   const shm::Segment& segment(uint16_t sender, Peer& peer, uint32_t index);
 

@@ -84,8 +84,19 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
   const size_t end = segment_.size();
   if (nbytes > end) return std::nullopt;
   const size_t need = kChunkHeaderBytes + round_up(std::max<size_t>(nbytes, 1), kChunkAlignment);
-  size_t pos = kArenaHeaderBytes;
-  while (pos < end) {
+  // Small chunks: next-fit from where the last allocation ended, which finds the oldest
+  // chunk first, so chunks released in the order they were sent cost one header read.
+  // Large chunks: first-fit from the start, to reuse the memory most likely still cached.
+  const size_t start = need <= kNextFitBytes ? rover_ : kArenaHeaderBytes;
+  size_t pos = start;
+  bool wrapped = false;
+  while (true) {
+    if (pos >= end) {
+      if (wrapped || start == kArenaHeaderBytes) return std::nullopt;
+      wrapped = true;
+      pos = kArenaHeaderBytes;
+    }
+    if (wrapped && pos >= start) return std::nullopt;
     ChunkHeader* h = header_at(base, pos);
     if (h->size < kChunkHeaderBytes || h->size > end - pos)
       throw ProtocolError("chunk arena corrupted: a chunk of " + std::to_string(h->size) +
@@ -105,6 +116,7 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
       next->magic = 0;  // no longer a header: a stale descriptor naming it is rejected
       run += next_size;
     }
+    if (rover_ > pos && rover_ < pos + run) rover_ = pos;  // its chunk was merged into this one
     h->size = run;
     h->state.store(kFree, std::memory_order_relaxed);
     if (run >= need) {
@@ -116,11 +128,11 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
         h->size = need;
       }
       h->state.store(kUsed, std::memory_order_release);
+      rover_ = pos + h->size < end ? pos + h->size : kArenaHeaderBytes;
       return pos + kChunkHeaderBytes;
     }
     pos += run;
   }
-  return std::nullopt;
 }
 
 void ChunkArena::free(size_t payload_offset) {

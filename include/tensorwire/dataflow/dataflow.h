@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/wire/layout.h"
 
 namespace tensorwire::dataflow {
 
@@ -50,6 +51,16 @@ class FunctionFlow : public DataFlow {
   Fn fn_;
   std::optional<size_t> size_;
   uint64_t index_ = 0;
+};
+
+// A received datapoint before it becomes a TensorDict: its consolidated storage (a view of
+// the sender's shared memory) and the layout (schema) that maps it. For consumers that
+// convert datapoints themselves (the Python binding): to_tensordict() is what a runner's
+// next() returns. The storage keeps the chunk; dropping the last copy releases it.
+struct RawDatapoint {
+  Storage storage;
+  std::shared_ptr<const wire::ConsolidatedLayout> layout;
+  TensorDict to_tensordict() const { return layout->instantiate(storage); }
 };
 
 // Who this process is, in a runner's worker process.

@@ -11,7 +11,7 @@
 #include <iterator>
 #include <optional>
 
-#include "tensorwire/core/tensordict.h"
+#include "tensorwire/dataflow/dataflow.h"
 
 namespace tensorwire::dataflow {
 
@@ -19,7 +19,7 @@ namespace tensorwire::dataflow {
 class EpochSource {
  public:
   struct Step {
-    std::optional<TensorDict> datapoint;
+    std::optional<RawDatapoint> datapoint;
     bool end = false;  // the epoch is over (datapoint empty)
   };
   // The next step of the current epoch; a Step with neither a datapoint nor `end` means
@@ -46,6 +46,13 @@ class Epoch {
   // The next datapoint, or std::nullopt at the end of the epoch (done() true) or when
   // `timeout` passed first (done() false).
   std::optional<TensorDict> next(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+    auto raw = next_raw(timeout);
+    if (!raw) return std::nullopt;
+    return raw->to_tensordict();
+  }
+  // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
+  std::optional<RawDatapoint> next_raw(
       std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
     if (done_ || !source_) return std::nullopt;
     EpochSource::Step s = source_->epoch_step(timeout);

@@ -59,6 +59,8 @@ class MultiProcessRunnerZMQ final : private EpochSource {
   // (negative: no limit) and returns std::nullopt when it ran out.
   std::optional<TensorDict> next(std::chrono::milliseconds timeout);
   TensorDict next();
+  // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
+  std::optional<RawDatapoint> next_raw(std::chrono::milliseconds timeout);
 
   // One epoch: size() datapoints, or an endless stream when the size is unknown. Only one
   // Epoch may be alive at a time (StateError otherwise).

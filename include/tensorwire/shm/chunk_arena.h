@@ -16,9 +16,11 @@
 // merges or allocates chunks; a releaser only ever turns Used into Released. Hence the
 // owner may rewrite any header that is not Used without racing anyone.
 //
-// Allocation is first-fit from the start of the segment, merging runs of Free/Released
-// chunks on the way: a consumer that releases promptly makes the owner reuse the same few
-// chunks, which stay hot in the cache. A chunk the consumer keeps is simply skipped.
+// Allocation merges runs of Free/Released chunks on the way and simply skips a chunk the
+// consumer keeps. Chunks up to kNextFitBytes are found next-fit, from where the last
+// allocation ended: released in the order they were sent, the oldest is the next one, so
+// an allocation reads one header. Larger chunks are found first-fit from the start: a
+// consumer that releases promptly makes the owner reuse the same few, still in the cache.
 //
 // Thread-safety: ChunkArena and ChunkPool are owner-side objects for one thread.
 // release_chunk() may be called from any thread of any process that maps the segment.
@@ -35,9 +37,10 @@
 
 namespace tensorwire::shm {
 
-inline constexpr size_t kChunkAlignment = 64;    // payload alignment and size granularity
-inline constexpr size_t kChunkHeaderBytes = 64;  // one header per chunk
-inline constexpr size_t kArenaHeaderBytes = 64;  // one header per segment
+inline constexpr size_t kChunkAlignment = 64;      // payload alignment and size granularity
+inline constexpr size_t kChunkHeaderBytes = 64;    // one header per chunk
+inline constexpr size_t kArenaHeaderBytes = 64;    // one header per segment
+inline constexpr size_t kNextFitBytes = 64 << 10;  // chunks up to this size: next-fit
 
 // The owner's view of one segment formatted as a chunk arena.
 class ChunkArena {
@@ -61,6 +64,7 @@ class ChunkArena {
 
  private:
   Segment segment_;
+  size_t rover_ = kArenaHeaderBytes;  // where the last allocation ended (next-fit)
 };
 
 // Releases the chunk whose payload starts at `payload_offset` in `segment` (any process).

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "tensorwire/core/error.h"
 #include "tensorwire/shm/chunk_arena.h"
@@ -34,38 +35,61 @@ TEST(ChunkArena, ReturnsNothingWhenFull) {
   EXPECT_FALSE(a.allocate(1));
 }
 
-TEST(ChunkArena, ReusesReleasedChunksFirstFit) {
-  ChunkArena a = ChunkArena::create("test", 1 << 16);
-  auto x = *a.allocate(1000);
-  auto y = *a.allocate(1000);
+constexpr size_t kLarge = 100 << 10;  // above kNextFitBytes: first-fit
+static_assert(kLarge > kNextFitBytes);
+
+TEST(ChunkArena, ReusesLargeReleasedChunksFirstFit) {
+  ChunkArena a = ChunkArena::create("test", 1 << 20);
+  auto x = *a.allocate(kLarge);
+  auto y = *a.allocate(kLarge);
   release_chunk(a.segment(), x);
-  EXPECT_EQ(*a.allocate(1000), x);  // the same memory, still warm in the cache
+  EXPECT_EQ(*a.allocate(kLarge), x);  // the same memory, still warm in the cache
   release_chunk(a.segment(), y);
-  EXPECT_EQ(*a.allocate(500), y);
+  EXPECT_EQ(*a.allocate(kLarge / 2), y);
 }
 
 TEST(ChunkArena, MergesNeighbouringReleasedChunks) {
-  ChunkArena a = ChunkArena::create("test", 8192);
-  auto x = *a.allocate(1000);
-  auto y = *a.allocate(1000);
-  auto z = *a.allocate(1000);
+  ChunkArena a = ChunkArena::create("test", kArenaHeaderBytes + 3 * (kChunkHeaderBytes + kLarge));
+  auto x = *a.allocate(kLarge);
+  auto y = *a.allocate(kLarge);
+  auto z = *a.allocate(kLarge);
   (void)z;
   release_chunk(a.segment(), x);
   release_chunk(a.segment(), y);
-  auto big = a.allocate(2000);  // fits only in x and y merged
+  auto big = a.allocate(kLarge + kLarge / 2);  // fits only in x and y merged
   ASSERT_TRUE(big);
   EXPECT_EQ(*big, x);
 }
 
-TEST(ChunkArena, SkipsAChunkTheConsumerKeeps) {
-  ChunkArena a = ChunkArena::create("test", 1 << 16);
-  auto kept = *a.allocate(64);
-  auto x = *a.allocate(64);
+TEST(ChunkArena, SkipsALargeChunkTheConsumerKeeps) {
+  ChunkArena a = ChunkArena::create("test", 1 << 20);
+  auto kept = *a.allocate(kLarge);
+  auto x = *a.allocate(kLarge);
   release_chunk(a.segment(), x);
-  auto y = *a.allocate(64);
+  auto y = *a.allocate(kLarge);
   EXPECT_NE(y, kept);
   EXPECT_EQ(y, x);
-  EXPECT_EQ(a.bytes_in_use(), 2 * (kChunkHeaderBytes + 64));
+  EXPECT_EQ(a.bytes_in_use(), 2 * (kChunkHeaderBytes + kLarge));
+}
+
+TEST(ChunkArena, ReusesSmallChunksInTheOrderTheyComeBack) {
+  ChunkArena a = ChunkArena::create("test", 4096);
+  std::vector<size_t> all;
+  while (auto c = a.allocate(64)) all.push_back(*c);
+  ASSERT_GE(all.size(), 20u);
+  // Released oldest first (as a consumer does), then allocated again: next-fit finds
+  // each one where the last allocation ended, in the same cyclic order.
+  for (size_t round = 0; round < 3; ++round)
+    for (size_t i = 0; i < all.size(); ++i) {
+      release_chunk(a.segment(), all[i]);
+      EXPECT_EQ(*a.allocate(64), all[i]) << "round " << round << " chunk " << i;
+    }
+  // A kept chunk is skipped; the others keep coming back.
+  release_chunk(a.segment(), all[1]);
+  release_chunk(a.segment(), all[2]);
+  EXPECT_EQ(*a.allocate(64), all[1]);
+  EXPECT_EQ(*a.allocate(64), all[2]);
+  EXPECT_FALSE(a.allocate(64));  // all[0] was never released: full
 }
 
 TEST(ChunkArena, RejectsABadOrDoubleRelease) {
@@ -97,15 +121,15 @@ TEST(ChunkArena, StorageReleasesTheChunkWhenTheLastViewGoes) {
 }
 
 TEST(ChunkArena, AnotherProcessReleasesThroughItsOwnMapping) {
-  ChunkArena a = ChunkArena::create("test", 1 << 16);
-  auto x = *a.allocate(4000);
-  std::memset(a.segment().data() + x, 7, 4000);
+  ChunkArena a = ChunkArena::create("test", 1 << 20);
+  auto x = *a.allocate(kLarge);
+  std::memset(a.segment().data() + x, 7, kLarge);
   const int pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // The child maps the segment anew (as a receiver of its fd would) and releases.
     Segment mine = Segment::map(a.segment().fd());
-    const bool ok = std::to_integer<int>(mine.data()[x + 3999]) == 7;
+    const bool ok = std::to_integer<int>(mine.data()[x + kLarge - 1]) == 7;
     release_chunk(mine, x);
     ::_exit(ok ? 0 : 1);
   }
@@ -113,7 +137,7 @@ TEST(ChunkArena, AnotherProcessReleasesThroughItsOwnMapping) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_EQ(a.bytes_in_use(), 0u);
-  EXPECT_EQ(*a.allocate(4000), x);
+  EXPECT_EQ(*a.allocate(kLarge), x);
 }
 
 TEST(ChunkPool, GrowsAndAnnouncesEachNewSegmentBeforeUsingIt) {

@@ -24,8 +24,15 @@ struct Channel {
     sender.encode(td, {.sender = 3, .seq = seq}, out, peer_schema);
     return out;
   }
-  ShmReceiver::Received decode(const std::string& d) {
-    return receiver.decode(std::as_bytes(std::span(d)));
+  struct Decoded {
+    DescriptorHeader header;
+    std::optional<TensorDict> datapoint;
+  };
+  Decoded decode(const std::string& d) {
+    ShmReceiver::Received r = receiver.decode(std::as_bytes(std::span(d)));
+    Decoded out{r.header, std::nullopt};
+    if (r.datapoint) out.datapoint = r.datapoint->to_tensordict();
+    return out;
   }
 };
 

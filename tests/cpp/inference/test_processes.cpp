@@ -38,6 +38,7 @@ class ProcessTest : public ::testing::Test {
 };
 
 TEST_F(ProcessTest, ForkedChildrenUseAClientMadeBeforeTheFork) {
+  TW_SKIP_FORK_UNDER_TSAN();
   auto t = make_shm(8);
   InferenceServer server(double_policy, t, {.max_batch_size = 8});
   server.start();
@@ -105,6 +106,7 @@ TEST_F(ProcessTest, AClientKilledBeforeTheServerStartsDoesNotKeepItsSlot) {
 }
 
 TEST_F(ProcessTest, AForkedClientKilledWithSigkillIsReclaimed) {
+  TW_SKIP_FORK_UNDER_TSAN();
   auto t = make_shm(2);
   InferenceServer server(
       [](const TensorDict& b) {
@@ -186,6 +188,7 @@ TEST_F(ProcessTest, ASocketClientWaitingOnAKilledServerRaises) {
 }
 
 TEST_F(ProcessTest, SocketClientsInForkedChildren) {
+  TW_SKIP_FORK_UNDER_TSAN();
   auto t = SocketTransport::create();
   InferenceServer server(double_policy, t);
   server.start();
