@@ -163,13 +163,25 @@ std::span<const std::byte> DescriptorBatch::next() {
 }
 
 void WorkerLink::add(std::string_view descriptor) {
+  std::lock_guard lock(mu_);
+  add_locked(descriptor);
+}
+
+void WorkerLink::add_locked(std::string_view descriptor) {
+  if (batched_.load(std::memory_order_relaxed) == 0)
+    batch_start_ = std::chrono::steady_clock::now();
   put_u32(batch_, static_cast<uint32_t>(descriptor.size()));
   batch_.append(descriptor);
-  ++batched_;
+  batched_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void WorkerLink::flush() {
-  if (batched_ == 0) return;
+  std::lock_guard lock(mu_);
+  flush_locked();
+}
+
+void WorkerLink::flush_locked() {
+  if (batched_.load(std::memory_order_relaxed) == 0) return;
   zmq::message_t m(batch_.data(), batch_.size());
   try {
     while (!push.send(m, Millis(200)))
@@ -181,29 +193,49 @@ void WorkerLink::flush() {
       if (DescriptorHeader::decode(d).kind == DescriptorKind::Datapoint)
         sender.abandon(d, peer_schema);
     batch_.clear();
-    batched_ = 0;
+    batched_.store(0, std::memory_order_relaxed);
     throw;
   }
   batch_.clear();
-  batched_ = 0;
+  batched_.store(0, std::memory_order_relaxed);
+}
+
+void WorkerLink::start_flusher(std::chrono::microseconds max_delay) {
+  std::thread([this, max_delay] {
+    while (!parent_gone()) {
+      std::this_thread::sleep_for(max_delay / 2);
+      if (batched_.load(std::memory_order_relaxed) == 0) continue;
+      std::lock_guard lock(mu_);
+      if (batched_.load(std::memory_order_relaxed) == 0 ||
+          std::chrono::steady_clock::now() - batch_start_ < max_delay)
+        continue;
+      try {
+        flush_locked();
+      } catch (...) {
+        // The worker's own next flush meets the same error and reports it.
+      }
+    }
+  }).detach();  // the worker process never returns: it ends with _exit()
 }
 
 void WorkerLink::add_datapoint(const TensorDict& td, DescriptorHeader h) {
   h.sender = static_cast<uint16_t>(index);
+  std::lock_guard lock(mu_);
   scratch.clear();
   sender.encode(td, h, scratch, peer_schema);
-  add(scratch);
+  add_locked(scratch);
 }
 
 void WorkerLink::send_failure(const Failure& f, DescriptorHeader h) {
   h.sender = static_cast<uint16_t>(index);
   h.kind = DescriptorKind::Error;
   h.segment = kNoSegment;
+  std::lock_guard lock(mu_);
   scratch.clear();
   h.encode(scratch);
   scratch += encode_failure(f);
-  add(scratch);
-  flush();
+  add_locked(scratch);
+  flush_locked();
 }
 
 void WorkerLink::park() {

@@ -14,8 +14,10 @@
 // wait checks that the parent is still there and exits the worker when it is not.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,7 +79,11 @@ struct WorkerLink {
   // Sends the batch as one ZeroMQ message, waiting (with parent checks) for room. Exits
   // the process when the parent is gone.
   void flush();
-  size_t batched() const noexcept { return batched_; }
+  size_t batched() const noexcept { return batched_.load(std::memory_order_relaxed); }
+  // Starts a thread that sends a batch whose oldest descriptor has waited `max_delay`: the
+  // caller's own policy cannot, while it is inside a dataflow's next() that blocks (a
+  // burst of fast datapoints, then a wait for data). Only for callers that batch.
+  void start_flusher(std::chrono::microseconds max_delay);
 
   void send_datapoint(const TensorDict& td, DescriptorHeader h) {
     add_datapoint(td, h);
@@ -97,8 +103,14 @@ struct WorkerLink {
   std::string scratch;
 
  private:
+  void add_locked(std::string_view descriptor);
+  void flush_locked();
+
+  // The batch, the sender and the socket are shared with the flusher thread.
+  std::mutex mu_;
   std::string batch_;  // [u32 length][descriptor] ...
-  size_t batched_ = 0;
+  std::atomic<size_t> batched_{0};
+  std::chrono::steady_clock::time_point batch_start_{};
 };
 
 // The descriptors of one message: [u32 length][descriptor] repeated.

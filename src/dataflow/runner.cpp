@@ -18,6 +18,8 @@ constexpr size_t kMaxBatch = 32;
 constexpr auto kSlowDatapoint = std::chrono::microseconds(50);
 constexpr auto kIdleWait = std::chrono::microseconds(10);
 constexpr auto kBusyWait = std::chrono::microseconds(200);
+// The most a batched datapoint waits, even while the dataflow blocks (the flusher thread).
+constexpr auto kMaxDelay = std::chrono::microseconds(2000);
 
 // Credits, one cache line per worker, in a segment the main process creates before the
 // fork (so both sides map it): the main process counts the datapoints it has received
@@ -87,6 +89,7 @@ struct MultiProcessRunnerZMQ::Impl {
 void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
   detail::WorkerLink w(index, link.take_child_end(index), endpoint, opt.hwm + 2,
                        static_cast<size_t>(opt.hwm) + 4);
+  w.start_flusher(kMaxDelay);
   Credit& c = credit(index);
   const auto hwm = static_cast<uint32_t>(opt.hwm);
   uint32_t sent = 0, flushed = 0;

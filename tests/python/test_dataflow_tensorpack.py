@@ -4,7 +4,7 @@ import collections
 import numpy as np
 import pytest
 
-tp = pytest.importorskip("tensorpack.dataflow")
+import tensorpack.dataflow as tp  # noqa: E402  (installed by scripts/install-deps.sh)
 
 from tensorwire import tensorpack as twtp  # noqa: E402
 from dataflow_helpers import no_leftovers, same_structure  # noqa: E402,F401
@@ -78,15 +78,17 @@ def test_map_strict_yields_the_map_data_set_every_pass():
         same_structure(sorted(epoch, key=lambda dp: dp["i"]), reference)
 
 
+class Nested(tp.DataFlow):
+    # Module level, so it pickles if a runner starts its workers with spawn.
+    def __len__(self):
+        return 3
+
+    def __iter__(self):
+        for i in range(3):
+            yield {"x": [np.arange(i + 1), (i, "a")], "y": {"z": np.float32(i)}}
+
+
 def test_dict_datapoints_and_nested_lists_keep_their_structure():
-    class Nested(tp.DataFlow):
-        def __len__(self):
-            return 3
-
-        def __iter__(self):
-            for i in range(3):
-                yield {"x": [np.arange(i + 1), (i, "a")], "y": {"z": np.float32(i)}}
-
     ours = run(twtp.MultiProcessRunnerZMQ, Nested())
     theirs = run(tp.MultiProcessRunnerZMQ, Nested())
     same_structure(ours, theirs)

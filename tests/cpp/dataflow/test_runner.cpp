@@ -84,6 +84,27 @@ TEST_F(Runner, AnEndlessDataflowGivesAnEndlessEpoch) {
   EXPECT_FALSE(e.done());
 }
 
+TEST_F(Runner, DatapointsMadeBeforeTheDataflowBlocksArriveWithoutWaitingForIt) {
+  // A burst of fast datapoints, then a dataflow that blocks (waiting for data, say):
+  // datapoints the worker batched must not wait for the next one.
+  class Stalls : public DataFlow {
+    std::optional<TensorDict> next() override {
+      if (i_ == 5) std::this_thread::sleep_for(std::chrono::seconds(60));
+      return testing::make_datapoint(i_++);
+    }
+    uint64_t i_ = 0;
+  };
+  MultiProcessRunnerZMQ r(std::make_shared<Stalls>(), {.num_proc = 1});
+  r.reset_state();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < 5; ++i) {
+    auto dp = r.next(5s);
+    ASSERT_TRUE(dp) << "datapoint " << i << " held back";
+    EXPECT_EQ(index_of(*dp), i);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
 TEST_F(Runner, ResetStateTwiceThrows) {
   MultiProcessRunnerZMQ r(counting(3));
   r.reset_state();
