@@ -11,8 +11,8 @@ from _inference_common import double_policy, make_shm, observation, request_spec
 
 pytestmark = pytest.mark.timeout(60)
 
-torch = pytest.importorskip("torch")
-tensordict = pytest.importorskip("tensordict")
+import torch
+import tensordict
 
 
 # --- specs ------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-torch = pytest.importorskip("torch")
-tensordict = pytest.importorskip("tensordict")
-pytest.importorskip("torchrl")
+import torch
+import tensordict
+import torchrl  # noqa: F401
 
 from tensordict import TensorDict  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402

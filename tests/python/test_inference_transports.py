@@ -229,8 +229,8 @@ def test_dropped_futures_do_not_disturb_later_requests(transport):
 
 
 def test_tensordict_requests_get_tensordict_responses(transport):
-    tensordict = pytest.importorskip("tensordict")
-    torch = pytest.importorskip("torch")
+    import tensordict
+    import torch
     with tw.InferenceServer(double_policy, transport):
         r = transport.client()(tensordict.TensorDict({"observation": torch.arange(4.0)}), timeout=5)
     assert isinstance(r, tensordict.TensorDict)
@@ -238,8 +238,8 @@ def test_tensordict_requests_get_tensordict_responses(transport):
 
 
 def test_a_torch_module_policy_gets_a_tensordict_batch(transport):
-    tensordict = pytest.importorskip("tensordict")
-    torch = pytest.importorskip("torch")
+    import tensordict
+    import torch
     from tensordict.nn import TensorDictModule
 
     lin = torch.nn.Linear(4, 2)
