@@ -177,8 +177,7 @@ class TensorDictPipe:
         try:
             return await self.arecv()
         except RuntimeError as e:
-            # The peer closing ends the iteration; anything else is an error to report.
-            if "peer closed the pipe" in str(e) and "after an error" not in str(e):
+            if ends_iteration(e):
                 raise StopAsyncIteration from None
             raise
 
@@ -310,6 +309,13 @@ class TensorDictServer:
 
     async def __aexit__(self, *exc) -> None:
         self.close()
+
+
+def ends_iteration(exc: BaseException) -> bool:
+    """True when ``exc`` says the peer closed the pipe normally: that ends ``async for``;
+    any other error (a peer that closed after an error included) is reported."""
+    text = str(exc)
+    return "peer closed the pipe" in text and "after an error" not in text
 
 
 def _as_tensorwire(td) -> TensorDict:

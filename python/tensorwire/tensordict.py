@@ -118,7 +118,7 @@ class TensorDictPipe(_ReferencePipe):
         try:
             return await self.arecv()
         except RuntimeError as e:
-            if "peer closed the pipe" in str(e) and "after an error" not in str(e):
+            if _pipe.ends_iteration(e):
                 raise StopAsyncIteration from None
             raise
 
