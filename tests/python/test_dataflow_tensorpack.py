@@ -32,11 +32,12 @@ def run(cls, ds, epochs=1, **kw):
     finally:
         if hasattr(r, "close"):
             r.close()
-        elif hasattr(r, "_procs"):
-            r.__del__()
-            # tensorpack (the reference) only kills its workers for sure with python-prctl,
+        if type(r).__module__.startswith("tensorpack"):
+            # tensorpack (the reference) kills its workers for sure only with python-prctl,
             # which it does not require: reap them here so the leftover check measures ours.
-            for p in r._procs:
+            if hasattr(r, "__del__"):
+                r.__del__()
+            for p in getattr(r, "_procs", []):
                 if p.is_alive():
                     p.terminate()
                 p.join(10)
