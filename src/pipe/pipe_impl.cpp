@@ -31,11 +31,10 @@ constexpr size_t kMaxControl = 64 * 1024;
 // Posts a control frame (header + JSON) on the control tag. Under mu_.
 ucx::Request PipeImpl::post_control(const Json& body) {
   control_out_ = wire::Encoder::control(body);
-  std::span<const std::byte> pieces[2] = {
-      {control_out_.header_bytes.data(), control_out_.header_bytes.size()},
-      {reinterpret_cast<const std::byte*>(control_out_.metadata.data()),
-       control_out_.metadata.size()}};
-  return ep_->send(kControlTag, pieces, control_iov_);
+  control_buf_.assign(control_out_.header_bytes.begin(), control_out_.header_bytes.end());
+  auto* meta = reinterpret_cast<const std::byte*>(control_out_.metadata.data());
+  control_buf_.insert(control_buf_.end(), meta, meta + control_out_.metadata.size());
+  return ep_->send(kControlTag, control_buf_);
 }
 
 // Best effort: progresses until `req` completes or `budget` passes. Under mu_.
@@ -75,6 +74,7 @@ void PipeImpl::handshake(bool as_server) {
   auto send = [&](const Json& j) { send_control(j, deadline); };
   auto recv = [&]() { return recv_control(deadline); };
   wire::PeerIdentity peer;
+  wait_wireup(deadline);
   try {
     peer = as_server ? wire::handshake_as_server(handshake_config(options_), send, recv)
                      : wire::handshake_as_client(handshake_config(options_), send, recv);
@@ -92,6 +92,27 @@ void PipeImpl::handshake(bool as_server) {
     } catch (const SystemError&) {
       // Another pid namespace: rely on UCX's own error detection.
     }
+  }
+}
+
+// UCX 1.13 first connects a client-server endpoint over TCP, then moves it to shared memory
+// lanes; a send still pending across that move is replayed with the TCP lane's protocol and
+// crashes ("Invalid am_short length", or a null call in ucp_wireup_replay_pending_requests).
+// A flush completes only once the wire-up is over, so nothing is sent before it.
+void PipeImpl::wait_wireup(Clock::time_point deadline) {
+  ucx::Request flushed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flushed = ep_->flush();
+  }
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_->progress();
+      if (flushed.done()) return;
+      check_alive();
+    }
+    wait_event(deadline, "handshake");
   }
 }
 

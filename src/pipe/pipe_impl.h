@@ -67,6 +67,7 @@ class PipeImpl {
   void drain_control();                     // under mu_
   [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
   void wait_event(std::chrono::steady_clock::time_point deadline, const char* what);
+  void wait_wireup(std::chrono::steady_clock::time_point deadline);
   void send_control(const Json& body, std::chrono::steady_clock::time_point deadline);
   Json recv_control(std::chrono::steady_clock::time_point deadline);
   void ensure_frame_capacity(size_t n);
@@ -91,7 +92,7 @@ class PipeImpl {
   wire::Decoder decoder_;
 
   wire::OutMessage control_out_;  // the control frame in flight (post_control)
-  std::vector<ucp_dt_iov_t> control_iov_;
+  std::vector<std::byte> control_buf_;
 
   // send state
   bool sending_ = false;

@@ -5,8 +5,10 @@
 #include <poll.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -33,6 +35,23 @@ void throw_status(const std::string& what, ucs_status_t status) {
 
 // ---- Context ---------------------------------------------------------------
 
+namespace {
+// Whether UCX_TLS lets UCX use shared memory (UCX warns about MM_ERROR_HANDLING otherwise).
+bool shared_memory_enabled() {
+  const char* env = std::getenv("UCX_TLS");
+  if (env == nullptr || *env == '\0') return true;
+  std::string tls = env;
+  const bool exclude = tls[0] == '^';
+  bool named = false;
+  std::stringstream ss(exclude ? tls.substr(1) : tls);
+  for (std::string t; std::getline(ss, t, ',');)
+    if (t == "all" || t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" ||
+        t == "xpmem")
+      named = true;
+  return exclude ? !named : named;
+}
+}  // namespace
+
 std::shared_ptr<Context> Context::get() {
   static std::mutex mu;
   static std::weak_ptr<Context> cached;
@@ -49,6 +68,16 @@ Context::Context() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw_status("ucp_config_read", st);
+  // UCX 1.13 leaves shared memory out of endpoints that detect peer failure (every pipe
+  // endpoint does) unless MM_ERROR_HANDLING is on: without it two processes on one host talk
+  // over TCP loopback (6x the latency). The user's own UCX_MM_ERROR_HANDLING wins.
+  if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr && shared_memory_enabled()) {
+    st = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      throw_status("ucp_config_modify(MM_ERROR_HANDLING)", st);
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -341,6 +370,11 @@ void Endpoint::discard_unexpected() {
       ucp_request_free(p);
     }
   }
+}
+
+Request Endpoint::flush() {
+  ucp_request_param_t param{};
+  return Request(ucp_ep_flush_nbx(ep_, &param), false);
 }
 
 void Endpoint::close(bool force, std::chrono::milliseconds timeout) {

@@ -134,6 +134,9 @@ class Endpoint {
   // does not warn about unmatched descriptors when the worker is destroyed.
   void discard_unexpected();
 
+  // Starts a flush of everything sent so far (wire-up included); poll the request.
+  Request flush();
+
   // Closes: flushes gracefully unless `force` or the endpoint failed; bounded in time.
   void close(bool force, std::chrono::milliseconds timeout);
 
