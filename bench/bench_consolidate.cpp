@@ -154,12 +154,28 @@ void memcpy_fresh_thp(benchmark::State& state, size_t ci) {
 // --- sender ------------------------------------------------------------------------
 
 // consolidate(): plan (metadata JSON) + fresh storage + pack + a TensorDict of views.
+// The steady state of a loop that consolidates every step: each result is dropped before
+// the next consolidate, whose storage (case b: 64 MiB) comes back from the storage cache.
 void consolidate(benchmark::State& state, size_t ci) {
   Fixture& f = fixture(ci);
   for (auto _ : state) {
     tw::TensorDict out = tw::consolidate(f.td);
     benchmark::DoNotOptimize(out);
   }
+  count(state, f);
+}
+
+// The first consolidation of a size: the storage cache off, every storage freshly mapped
+// (with MADV_HUGEPAGE), as memcpy_fresh_thp.
+void consolidate_cold(benchmark::State& state, size_t ci) {
+  Fixture& f = fixture(ci);
+  const size_t limit = tw::storage_cache_limit();
+  tw::set_storage_cache_limit(0);
+  for (auto _ : state) {
+    tw::TensorDict out = tw::consolidate(f.td);
+    benchmark::DoNotOptimize(out);
+  }
+  tw::set_storage_cache_limit(limit);
   count(state, f);
 }
 
@@ -284,6 +300,7 @@ constexpr Entry kBenchmarks[] = {
     {"memcpy_fresh", memcpy_fresh},
     {"memcpy_fresh_thp", memcpy_fresh_thp},
     {"consolidate", consolidate},
+    {"consolidate_cold", consolidate_cold},
     {"plan_and_pack", plan_and_pack},
     {"pack_only", pack_only},
     {"encoder_encode", encoder_encode},

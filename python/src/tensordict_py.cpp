@@ -423,6 +423,25 @@ void bind_tensordict(nb::module_& m) {
         return PyTensorDict(load(path));
       },
       nb::arg("path"));
+
+  // The storage cache for large blocks (tensorwire/core/storage.h).
+  m.def("set_storage_cache_limit", &set_storage_cache_limit, nb::arg("nbytes"),
+        "Bytes of released large storages kept for reuse (0 turns the cache off).");
+  m.def("release_storage_cache", &release_storage_cache,
+        "Returns every cached storage block to the system.");
+  m.def(
+      "storage_cache_stats",
+      []() {
+        StorageCacheStats s = storage_cache_stats();
+        nb::dict d;
+        d["cached_bytes"] = s.cached_bytes;
+        d["cached_blocks"] = s.cached_blocks;
+        d["limit_bytes"] = s.limit_bytes;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        return d;
+      },
+      "The storage cache's counters: cached_bytes, cached_blocks, limit_bytes, hits, misses.");
 }
 
 }  // namespace tensorwire::py

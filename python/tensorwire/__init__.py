@@ -3,7 +3,8 @@
 The core is C++ (``tensorwire._C``); leaves come back as zero-copy numpy arrays (or torch
 tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
-from ._C import NonTensorStack, ProtocolError, TensorDict, load, stack
+from ._C import (NonTensorStack, ProtocolError, TensorDict, load, release_storage_cache,
+                 set_storage_cache_limit, stack, storage_cache_stats)
 from ._interop import from_tensordict, to_tensordict
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
 from .dataflow import MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
@@ -18,6 +19,7 @@ __all__ = [
     "ProtocolError",
     "load",
     "stack",
+    "set_storage_cache_limit", "release_storage_cache", "storage_cache_stats",
     "from_tensordict",
     "to_tensordict",
     "TensorDictPipe",

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "block_cache.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire {
@@ -21,6 +22,17 @@ Storage Storage::allocate(size_t nbytes, size_t alignment) {
   if (alignment < 8 || (alignment & (alignment - 1)) != 0)
     throw ValueError("Storage::allocate: alignment " + std::to_string(alignment) +
                      " is not a power of two >= 8");
+  if (nbytes >= detail::BlockCache::kMinBlock &&
+      alignment <= static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
+    detail::BlockCache::Block block = detail::BlockCache::instance().acquire(nbytes);
+    Storage s;
+    s.impl_ = std::make_shared<Impl>();
+    s.impl_->data = block.data;
+    s.impl_->nbytes = nbytes;
+    s.impl_->kind = Kind::Owned;
+    s.impl_->release = [block] { detail::BlockCache::instance().release(block); };
+    return s;
+  }
   // aligned_alloc wants a size that is a multiple of the alignment, and a non-zero one.
   size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
   if (rounded < nbytes) throw std::bad_alloc();
@@ -67,6 +79,19 @@ Storage Storage::map_file(const std::string& path) {
   if (p == MAP_FAILED) throw SystemError("cannot map '" + path + "'", err);
   return external(
       p, size, [p, size] { ::munmap(p, size); }, Kind::Mapped);
+}
+
+void set_storage_cache_limit(size_t bytes) {
+  detail::BlockCache::instance().set_limit(bytes);
+}
+size_t storage_cache_limit() {
+  return detail::BlockCache::instance().limit();
+}
+void release_storage_cache() {
+  detail::BlockCache::instance().clear();
+}
+StorageCacheStats storage_cache_stats() {
+  return detail::BlockCache::instance().stats();
 }
 
 }  // namespace tensorwire

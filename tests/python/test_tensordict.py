@@ -184,3 +184,27 @@ def test_locked_consolidated_dict_refuses_new_keys_but_allows_update_():
         c["new"] = np.zeros(3)
     c.update_({"obs": np.ones((3, 4), np.float32)})
     assert c["obs"].sum() == 12
+
+
+def test_storage_cache_reuses_a_released_large_storage_and_honours_its_limit():
+    saved = tw.storage_cache_stats()["limit_bytes"]
+    try:
+        tw.release_storage_cache()
+        tw.set_storage_cache_limit(32 << 20)
+        td = tw.TensorDict({"a": np.arange(1 << 20, dtype=np.float32)})  # 4 MiB
+        first = td.consolidate()
+        address = first["a"].__array_interface__["data"][0]
+        del first
+        assert tw.storage_cache_stats()["cached_blocks"] == 1
+        hits = tw.storage_cache_stats()["hits"]
+        second = td.consolidate()
+        assert second["a"].__array_interface__["data"][0] == address
+        assert tw.storage_cache_stats()["hits"] == hits + 1
+        np.testing.assert_array_equal(second["a"], td["a"])
+        del second
+        tw.set_storage_cache_limit(0)  # shrinking empties it
+        assert tw.storage_cache_stats()["cached_bytes"] == 0
+        with pytest.raises(TypeError):
+            tw.set_storage_cache_limit(-1)
+    finally:
+        tw.set_storage_cache_limit(saved)

@@ -7,11 +7,29 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 namespace tensorwire {
+
+// Large owned storages (1 MiB and up) come from a process-wide cache: a released block is
+// kept and handed to the next allocation of a similar size, so code that consolidates,
+// receives or stacks the same sizes every step writes into pages that are already mapped
+// (a fresh page costs a kernel fault and zeroing). The cache holds at most its limit
+// (256 MiB by default, TENSORWIRE_STORAGE_CACHE_MB overrides it, 0 turns it off).
+struct StorageCacheStats {
+  size_t cached_bytes = 0;   // held now, ready for reuse
+  size_t cached_blocks = 0;  // number of blocks held
+  size_t limit_bytes = 0;
+  uint64_t hits = 0;    // large allocations served from the cache
+  uint64_t misses = 0;  // large allocations that mapped new memory
+};
+void set_storage_cache_limit(size_t bytes);  // shrinks the cache at once if needed
+size_t storage_cache_limit();
+void release_storage_cache();  // returns every cached block to the system
+StorageCacheStats storage_cache_stats();
 
 class Storage {
  public:
@@ -24,7 +42,8 @@ class Storage {
 
   Storage() = default;
 
-  // Uninitialised bytes aligned to `alignment` (a power of two, at least 8).
+  // Uninitialised bytes aligned to `alignment` (a power of two, at least 8). From 1 MiB
+  // the block comes from the storage cache (page aligned) and returns to it when released.
   static Storage allocate(size_t nbytes, size_t alignment = 64);
 
   // Wraps memory the caller owns; `deleter` runs once when the last reference goes,

@@ -1,0 +1,136 @@
+#include "block_cache.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::detail {
+
+namespace {
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// Default limit: 256 MiB, or TENSORWIRE_STORAGE_CACHE_MB. Under AddressSanitizer the cache
+// is off by default, so a use after free of a large storage is still caught (tests that
+// exercise the cache set a limit themselves).
+size_t default_limit() {
+  if (const char* env = std::getenv("TENSORWIRE_STORAGE_CACHE_MB")) {
+    char* end = nullptr;
+    unsigned long long mb = std::strtoull(env, &end, 10);
+    if (end != env && *end == '\0') return static_cast<size_t>(mb) << 20;
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  return 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return 0;
+#endif
+#endif
+  return size_t{256} << 20;
+}
+
+}  // namespace
+
+BlockCache& BlockCache::instance() {
+  static BlockCache* cache = [] {
+    auto* c = new BlockCache();
+    // fork() from another thread while this lock is held would leave it locked forever in
+    // the child: take it around fork.
+    ::pthread_atfork([] { BlockCache::instance().mu_.lock(); },
+                     [] { BlockCache::instance().mu_.unlock(); },
+                     [] { BlockCache::instance().mu_.unlock(); });
+    return c;
+  }();
+  return *cache;
+}
+
+BlockCache::BlockCache() : limit_(default_limit()) {}
+
+BlockCache::Block BlockCache::acquire(size_t nbytes) {
+  const size_t page = page_size();
+  const size_t capacity = (nbytes + page - 1) / page * page;
+  if (capacity < nbytes) throw std::bad_alloc();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Best fit among the cached blocks, wasting at most a quarter of the block.
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      const size_t c = free_[i].capacity;
+      if (c >= capacity && c - capacity <= c / 4 &&
+          (best == free_.size() || c < free_[best].capacity))
+        best = i;
+    }
+    if (best != free_.size()) {
+      Block b = free_[best];
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+      cached_bytes_ -= b.capacity;
+      ++stats_.hits;
+      return b;
+    }
+    ++stats_.misses;
+  }
+  void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  // Fewer, larger faults on first touch where transparent huge pages are available; a
+  // failure only means small pages.
+  (void)::madvise(p, capacity, MADV_HUGEPAGE);
+  return {static_cast<std::byte*>(p), capacity};
+}
+
+void BlockCache::release(Block block) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (block.capacity <= limit_) {
+      evict_until(limit_ - block.capacity);
+      free_.push_back(block);
+      cached_bytes_ += block.capacity;
+      return;
+    }
+  }
+  ::munmap(block.data, block.capacity);
+}
+
+void BlockCache::evict_until(size_t room) noexcept {
+  while (cached_bytes_ > room && !free_.empty()) {
+    Block b = free_.front();
+    free_.erase(free_.begin());
+    cached_bytes_ -= b.capacity;
+    ::munmap(b.data, b.capacity);  // under the lock: rare (only past the limit)
+  }
+}
+
+void BlockCache::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+  evict_until(limit_);
+}
+
+size_t BlockCache::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
+}
+
+void BlockCache::clear() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  evict_until(0);
+}
+
+StorageCacheStats BlockCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StorageCacheStats s = stats_;
+  s.cached_bytes = cached_bytes_;
+  s.cached_blocks = free_.size();
+  s.limit_bytes = limit_;
+  return s;
+}
+
+}  // namespace tensorwire::detail
