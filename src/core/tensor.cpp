@@ -1,5 +1,7 @@
 #include "tensorwire/core/tensor.h"
 
+#include "copy_bytes.h"
+
 #include <cstring>
 #include <limits>
 
@@ -128,7 +130,7 @@ void Tensor::copy_to(std::byte* dst) const {
   const size_t item = itemsize();
   if (numel_ == 0) return;
   if (is_contiguous()) {
-    std::memcpy(dst, data(), nbytes());
+    detail::copy_bytes(dst, data(), nbytes());
     return;
   }
   // Odometer walk over all but the last dim, copying the last dim row by row.

@@ -1,0 +1,133 @@
+#include "copy_bytes.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+namespace tensorwire::detail {
+
+namespace {
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+            nullptr, 0);
+}
+void futex_wake(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr,
+            0);
+}
+
+// One helper thread and one job slot. `state` moves Idle -> Posted (by the caller that
+// claimed the helper) -> Done (by the helper) -> Idle (by that caller). `claimed` makes
+// sure only one caller at a time uses the slot.
+class CopyHelper {
+ public:
+  enum : uint32_t { kIdle = 0, kPosted = 1, kDone = 2 };
+
+  // The helper of this process; nullptr on a one-CPU machine or if the thread could not
+  // be started. A forked child gets a new one (the parent's thread does not exist there).
+  static CopyHelper* get() noexcept {
+    static std::atomic<CopyHelper*> current{nullptr};
+    static std::atomic<pid_t> owner{0};
+    static const bool multi = std::thread::hardware_concurrency() > 1;
+    if (!multi) return nullptr;
+    const pid_t pid = ::getpid();
+    CopyHelper* h = current.load(std::memory_order_acquire);
+    if (h && owner.load(std::memory_order_acquire) == pid) return h;
+    static std::atomic<bool> starting{false};
+    if (starting.exchange(true, std::memory_order_acq_rel)) return nullptr;  // being started
+    h = current.load(std::memory_order_acquire);
+    if (!h || owner.load(std::memory_order_acquire) != pid) {
+      // Leaked on purpose: a parent's helper copied into a child by fork is left alone,
+      // and the live one must outlive every static destructor that might copy.
+      auto* fresh = new (std::nothrow) CopyHelper();
+      if (fresh && fresh->start()) {
+        current.store(fresh, std::memory_order_release);
+        owner.store(pid, std::memory_order_release);
+        h = fresh;
+      } else {
+        h = nullptr;
+      }
+    }
+    starting.store(false, std::memory_order_release);
+    return h;
+  }
+
+  // Claims the helper for one copy; false when another thread is using it.
+  bool try_claim() noexcept { return !claimed_.exchange(true, std::memory_order_acquire); }
+
+  void post(void* dst, const void* src, size_t n) noexcept {
+    dst_ = dst;
+    src_ = src;
+    n_ = n;
+    state_.store(kPosted, std::memory_order_release);
+    futex_wake(state_);
+  }
+
+  void wait_and_release() noexcept {
+    // The helper's half takes as long as ours: a short spin usually sees it finish.
+    for (int i = 0; i < 2000; ++i) {
+      if (state_.load(std::memory_order_acquire) == kDone) break;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    uint32_t s;
+    while ((s = state_.load(std::memory_order_acquire)) != kDone) futex_wait(state_, s);
+    state_.store(kIdle, std::memory_order_relaxed);
+    claimed_.store(false, std::memory_order_release);
+  }
+
+ private:
+  bool start() noexcept {
+    try {
+      std::thread([this] { run(); }).detach();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  void run() noexcept {
+    while (true) {
+      uint32_t s;
+      while ((s = state_.load(std::memory_order_acquire)) != kPosted) futex_wait(state_, s);
+      std::memcpy(dst_, src_, n_);
+      state_.store(kDone, std::memory_order_release);
+      futex_wake(state_);
+    }
+  }
+
+  std::atomic<bool> claimed_{false};
+  std::atomic<uint32_t> state_{kIdle};
+  void* dst_ = nullptr;
+  const void* src_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace
+
+void copy_bytes(void* dst, const void* src, size_t n) noexcept {
+  if (n < kParallelCopyMin) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  CopyHelper* helper = CopyHelper::get();
+  if (!helper || !helper->try_claim()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  // The helper copies the second half (cut at a cache line), this thread the first.
+  const size_t half = (n / 2) & ~size_t{63};
+  helper->post(static_cast<std::byte*>(dst) + half, static_cast<const std::byte*>(src) + half,
+               n - half);
+  std::memcpy(dst, src, half);
+  helper->wait_and_release();
+}
+
+}  // namespace tensorwire::detail
