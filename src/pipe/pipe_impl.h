@@ -68,6 +68,8 @@ class PipeImpl {
   [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
   void wait_event(std::chrono::steady_clock::time_point deadline, const char* what);
   void wait_wireup(std::chrono::steady_clock::time_point deadline);
+  void use_direct_endpoint(std::chrono::steady_clock::time_point deadline);
+  void retire_first_endpoint(std::chrono::steady_clock::time_point deadline);
   void send_control(const Json& body, std::chrono::steady_clock::time_point deadline);
   Json recv_control(std::chrono::steady_clock::time_point deadline);
   void ensure_frame_capacity(size_t n);
@@ -78,8 +80,10 @@ class PipeImpl {
   uint16_t local_port_ = 0;
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
+  std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
   std::optional<shm::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
+  uint32_t liveness_calls_ = 0;
   std::mutex mu_;       // every UCX call and all state below
   std::mutex send_mu_;  // one sender at a time
   std::mutex recv_mu_;  // one receiver at a time

@@ -35,8 +35,6 @@ void throw_status(const std::string& what, ucs_status_t status) {
 
 // ---- Context ---------------------------------------------------------------
 
-namespace {
-// Whether UCX_TLS lets UCX use shared memory (UCX warns about MM_ERROR_HANDLING otherwise).
 bool shared_memory_enabled() {
   const char* env = std::getenv("UCX_TLS");
   if (env == nullptr || *env == '\0') return true;
@@ -50,7 +48,6 @@ bool shared_memory_enabled() {
       named = true;
   return exclude ? !named : named;
 }
-}  // namespace
 
 std::shared_ptr<Context> Context::get() {
   static std::mutex mu;
@@ -124,6 +121,17 @@ void Worker::wait(std::chrono::milliseconds timeout) {
     efd_, POLLIN, 0
   };
   ::poll(&p, 1, static_cast<int>(timeout.count()));
+}
+
+std::vector<std::byte> Worker::address() const {
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  ucs_status_t st = ucp_worker_get_address(worker_, &addr, &len);
+  if (st != UCS_OK) throw_status("ucp_worker_get_address", st);
+  const auto* p = reinterpret_cast<const std::byte*>(addr);
+  std::vector<std::byte> out(p, p + len);
+  ucp_worker_release_address(worker_, addr);
+  return out;
 }
 
 // ---- Request ---------------------------------------------------------------
@@ -283,6 +291,19 @@ Endpoint::Endpoint(Worker& worker, ConnRequest& request) : worker_(worker), peer
   request.handle = nullptr;  // consumed, whatever happens
   ucs_status_t st = ucp_ep_create(worker_.handle(), &params, &ep_);
   if (st != UCS_OK) throw_status("accept from " + peer_, st);
+}
+
+Endpoint::Endpoint(Worker& worker, std::span<const std::byte> address, std::string peer)
+    : worker_(worker), peer_(std::move(peer)) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Endpoint::on_error;
+  params.err_handler.arg = this;
+  ucs_status_t st = ucp_ep_create(worker_.handle(), &params, &ep_);
+  if (st != UCS_OK) throw_status("connect to the worker address of " + peer_, st);
 }
 
 Endpoint::~Endpoint() {

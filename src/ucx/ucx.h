@@ -30,6 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 // The process-wide UCP context (tag matching + wake-up). UCX reads UCX_* environment
 // variables (UCX_TLS=sm,tcp or tcp selects transports) when it is first created.
+// Whether UCX_TLS lets UCX use shared memory transports.
+bool shared_memory_enabled();
+
 class Context {
  public:
   static std::shared_ptr<Context> get();
@@ -56,6 +59,9 @@ class Worker {
   bool arm();
   // Progress, then sleep on efd() for at most `timeout` if nothing happened.
   void wait(std::chrono::milliseconds timeout);
+  // This worker's address (every transport it can be reached by), for a peer's
+  // Endpoint(worker, address).
+  std::vector<std::byte> address() const;
 
  private:
   std::shared_ptr<Context> context_;
@@ -112,6 +118,8 @@ class Endpoint {
   Endpoint(Worker& worker, const std::string& host, uint16_t port);
   // Server side: accepts a request from a Listener (on any worker).
   Endpoint(Worker& worker, ConnRequest& request);
+  // To a worker address received from a peer (Worker::address()); `peer` names it in errors.
+  Endpoint(Worker& worker, std::span<const std::byte> address, std::string peer);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;

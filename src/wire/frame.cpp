@@ -9,18 +9,31 @@
 namespace tensorwire::wire {
 
 namespace detail {
+// Slicing-by-8 (eight table lookups per 8 bytes): the header CRC is computed on every
+// message sent and received, and a byte-at-a-time loop cost ~50 ns of a ~450 ns one-way
+// pipe latency.
 uint32_t crc32(std::span<const std::byte> bytes) noexcept {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      t[0][i] = c;
     }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (size_t k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
     return t;
   }();
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  size_t n = bytes.size();
   uint32_t c = 0xFFFFFFFFu;
-  for (std::byte b : bytes) c = table[(c ^ static_cast<uint8_t>(b)) & 0xff] ^ (c >> 8);
+  for (; n >= 8; p += 8, n -= 8) {
+    const uint32_t lo =
+        c ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
+    c = tables[7][lo & 0xff] ^ tables[6][(lo >> 8) & 0xff] ^ tables[5][(lo >> 16) & 0xff] ^
+        tables[4][lo >> 24] ^ tables[3][p[4]] ^ tables[2][p[5]] ^ tables[1][p[6]] ^ tables[0][p[7]];
+  }
+  for (; n > 0; ++p, --n) c = tables[0][(c ^ *p) & 0xff] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
 }
 }  // namespace detail

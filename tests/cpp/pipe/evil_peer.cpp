@@ -1,7 +1,7 @@
 // evil_peer: connects to a TensorDictPipe listener, passes the handshake honestly, then
 // sends a malformed message, so the tests can check what the receiver does with it.
 //   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
-//                                     short-payload | wrong-schema-id)
+//                                     short-payload | wrong-schema-id | bad-worker-address)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 #include <cstdio>
 #include <cstring>
@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
   raw.ep = std::make_unique<ucx::Endpoint>(raw.worker, argv[1],
                                            static_cast<uint16_t>(std::atoi(argv[2])));
   std::string kind = argv[3];
+  {  // as the pipe does: nothing is sent before UCX's wire-up is over (pipe_impl.cpp)
+    ucx::Request flushed = raw.ep->flush();
+    while (!flushed.done()) raw.worker.progress();
+  }
   wire::handshake_as_client(
       {"pipe", "consolidated", ""}, [&](const Json& j) { raw.send_control(j); },
       [&]() {
@@ -66,6 +70,24 @@ int main(int argc, char** argv) {
         if (!j) throw ClosedError("no handshake reply");
         return *j;
       });
+
+  // On one host the pipe offers its worker address next; this peer offers none (both stay
+  // on the first endpoint), or a malformed one.
+  raw.send_control(
+      {{"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
+  if (!raw.recv_control(std::chrono::seconds(10))) {
+    std::printf("NO-ADDRESS\n");
+    return 1;
+  }
+  if (kind == "bad-worker-address") {
+    auto reply = raw.recv_control(std::chrono::seconds(10));
+    if (reply && reply->contains("error")) {
+      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
+      return 0;
+    }
+    std::printf("NO-REPLY\n");
+    return 1;
+  }
 
   // A valid message to start from: schema + storage of {"x": float32[4]}.
   TensorDict td;

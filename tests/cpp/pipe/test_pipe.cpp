@@ -235,6 +235,25 @@ TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
   }
 }
 
+// Two processes on one host switch to an endpoint made from the peer's worker address
+// (pipe_impl.cpp): a malformed address ends the connection with an error on both sides.
+TEST_P(PipeTest, AMalformedWorkerAddressIsRefusedAndThePeerIsTold) {
+  PipeListener listener(0);
+  PeerProcess p({evil(), "127.0.0.1", std::to_string(listener.port()), "bad-worker-address"},
+                env());
+  std::string what;
+  try {
+    auto pipe = listener.accept(20s, /*throw_on_refusal=*/true);
+    EXPECT_FALSE(pipe) << "a malformed worker address was accepted";
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("worker address"), std::string::npos) << what;
+  std::string reply = p.read_line("REJECTED");
+  EXPECT_NE(reply.find("worker address"), std::string::npos)
+      << "the peer was not told (" << p.stderr_text() << ")";
+}
+
 TEST_P(PipeTest, ServerServesThreeConcurrentClients) {
   TensorDictServer server(0);
   std::vector<std::unique_ptr<PeerProcess>> peers;
