@@ -1,11 +1,13 @@
 # Installs the library with an exported CMake package: find_package(tensorwire).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-if(NOT TENSORWIRE_PYTHON)
+# Every build installs it (`make build` then `cmake --install build`, Python extension or
+# not), except pip's: scikit-build-core (SKBUILD) installs into the wheel, which gets only
+# the extension and the command (python/CMakeLists.txt).
+if(NOT SKBUILD)
   install(TARGETS tensorwire EXPORT tensorwireTargets
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-          INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(EXPORT tensorwireTargets NAMESPACE tensorwire::
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tensorwire)

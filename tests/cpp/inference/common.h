@@ -82,21 +82,10 @@ inline bool eventually(const std::function<bool()>& cond,
   return cond();
 }
 
-// ThreadSanitizer's allocator is not fork-safe: a child forked while another thread
-// allocates can deadlock in it. Tests that run code in a forked child of this
-// multithreaded process skip themselves under TSan (the exec'd-peer tests still run).
-#if defined(__SANITIZE_THREAD__)
-#define TW_SKIP_FORK_UNDER_TSAN() GTEST_SKIP() << "fork-and-run in a threaded process under TSan"
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TW_SKIP_FORK_UNDER_TSAN() GTEST_SKIP() << "fork-and-run in a threaded process under TSan"
-#endif
-#endif
-#ifndef TW_SKIP_FORK_UNDER_TSAN
-#define TW_SKIP_FORK_UNDER_TSAN() (void)0
-#endif
-
 // Runs `fn` in a forked child; returns its pid. The child's exit status is fn()'s value.
+// Tests that use it belong to a fixture CMake labels `forked-child` (ForkedChildTest in
+// test_processes.cpp): `make test-tsan` excludes them, since ThreadSanitizer's allocator
+// is not fork-safe and a child forked from a multithreaded process can deadlock in it.
 inline pid_t fork_child(const std::function<int()>& fn) {
   std::fflush(nullptr);
   pid_t pid = ::fork();
