@@ -23,11 +23,14 @@ void futex_wake(std::atomic<uint32_t>& word) {
 }
 
 // One helper thread and one job slot. `state` moves Idle -> Posted (by the caller that
-// claimed the helper) -> Done (by the helper) -> Idle (by that caller). `claimed` makes
+// claimed the helper) -> Running (by the helper, when it takes the job) -> Done (by the
+// helper) -> Idle (by that caller). A caller that finds its job still Posted after its own
+// half takes it back (Posted -> Idle) and copies it too: on a busy machine the helper may
+// not get a CPU soon, and waiting for it would be slower than one thread. `claimed` makes
 // sure only one caller at a time uses the slot.
 class CopyHelper {
  public:
-  enum : uint32_t { kIdle = 0, kPosted = 1, kDone = 2 };
+  enum : uint32_t { kIdle = 0, kPosted = 1, kRunning = 2, kDone = 3 };
 
   // The helper of this process; nullptr on a one-CPU machine or if the thread could not
   // be started. A forked child gets a new one (the parent's thread does not exist there).
@@ -69,9 +72,16 @@ class CopyHelper {
     futex_wake(state_);
   }
 
-  void wait_and_release() noexcept {
-    // The helper's half takes as long as ours: a short spin usually sees it finish.
-    for (int i = 0; i < 2000; ++i) {
+  // After the caller's own half: true when the helper copied the posted part, false when
+  // the caller took it back (and must copy it itself).
+  bool finish() noexcept {
+    uint32_t expected = kPosted;
+    if (state_.compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel)) {
+      claimed_.store(false, std::memory_order_release);
+      return false;
+    }
+    // Running: the helper has a CPU and is about as far as we are; spin briefly first.
+    for (int i = 0; i < 4000; ++i) {
       if (state_.load(std::memory_order_acquire) == kDone) break;
 #if defined(__x86_64__)
       __builtin_ia32_pause();
@@ -81,6 +91,7 @@ class CopyHelper {
     while ((s = state_.load(std::memory_order_acquire)) != kDone) futex_wait(state_, s);
     state_.store(kIdle, std::memory_order_relaxed);
     claimed_.store(false, std::memory_order_release);
+    return true;
   }
 
  private:
@@ -97,6 +108,9 @@ class CopyHelper {
     while (true) {
       uint32_t s;
       while ((s = state_.load(std::memory_order_acquire)) != kPosted) futex_wait(state_, s);
+      uint32_t expected = kPosted;
+      if (!state_.compare_exchange_strong(expected, kRunning, std::memory_order_acq_rel))
+        continue;  // the caller took it back
       std::memcpy(dst_, src_, n_);
       state_.store(kDone, std::memory_order_release);
       futex_wake(state_);
@@ -124,10 +138,11 @@ void copy_bytes(void* dst, const void* src, size_t n) noexcept {
   }
   // The helper copies the second half (cut at a cache line), this thread the first.
   const size_t half = (n / 2) & ~size_t{63};
-  helper->post(static_cast<std::byte*>(dst) + half, static_cast<const std::byte*>(src) + half,
-               n - half);
+  auto* dst_rest = static_cast<std::byte*>(dst) + half;
+  const auto* src_rest = static_cast<const std::byte*>(src) + half;
+  helper->post(dst_rest, src_rest, n - half);
   std::memcpy(dst, src, half);
-  helper->wait_and_release();
+  if (!helper->finish()) std::memcpy(dst_rest, src_rest, n - half);
 }
 
 }  // namespace tensorwire::detail
