@@ -20,3 +20,73 @@ def tensorwire_bin():
 
 def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+
+
+# ---- no leftovers after the whole suite ------------------------------------------------
+# Every process a test starts (peers, workers, servers) must be gone when the suite ends,
+# and so must any shared memory it created. Processes are told apart from others on the
+# machine by their start time (after the session began) and their command line naming this
+# checkout or a tensorwire peer.
+
+def _clock_ticks_now():
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+
+
+def _ours_started_after(ticks):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] == "Z" or float(fields[19]) < ticks:
+            continue
+        # multiprocessing's resource tracker / forkserver serve this interpreter and end
+        # with it (they wait for its end of a pipe): not leftovers of a test.
+        if "from multiprocessing." in cmd and int(fields[1]) == os.getpid():
+            continue
+        if ROOT in cmd or "tensorwire" in cmd or "pipe_peer" in cmd:
+            found.append(f"{pid}: {cmd[:160]}")
+    return found
+
+
+def _shm_names():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def pytest_sessionstart(session):
+    session.config._tw_start_ticks = _clock_ticks_now()
+    session.config._tw_shm = _shm_names()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import time
+    start = getattr(session.config, "_tw_start_ticks", None)
+    if start is None:
+        return
+    deadline = time.monotonic() + 10  # processes being reaped get a moment
+    while True:
+        procs = _ours_started_after(start)
+        shm = sorted(_shm_names() - session.config._tw_shm)
+        if (not procs and not shm) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if procs or shm:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["", "leftovers after the test suite:"] + [f"  process {p}" for p in procs] + \
+                [f"  /dev/shm/{n}" for n in shm]
+        if tr:
+            tr.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines))
+        session.exitstatus = 1

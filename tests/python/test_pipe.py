@@ -29,9 +29,26 @@ def cpp_peer():
     return path
 
 
+_spawned = []
+
+
 def spawn(args, **kw):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    _spawned.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _reap_peers():
+    """A test that fails before its peer finished (a listening peer nobody connects to waits
+    for ever) must not leave the peer behind: kill whatever is still running."""
+    yield
+    while _spawned:
+        proc = _spawned.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def py_peer(*args):
