@@ -14,6 +14,21 @@ namespace tensorwire::py {
 
 namespace {
 
+// Calls poll() until it returns true or spin_us passes (at least once); the clock is read
+// once per 16 calls.
+template <class Poll>
+bool spin_poll(double spin_us, Poll&& poll) {
+  if (poll()) return true;
+  if (spin_us <= 0) return false;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
+  do {
+    for (int i = 0; i < 16; ++i)
+      if (poll()) return true;
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 using Millis = std::chrono::milliseconds;
 constexpr Millis kSlice{200};
 
@@ -133,23 +148,30 @@ void bind_pipe(nb::module_& m) {
              nb::gil_scoped_release nogil;
              self.get().start_send(t);
            })
-      .def("poll_send",
-           [](PyPipe& self) {
-             nb::gil_scoped_release nogil;
-             return self.get().poll_send();
-           })
+      // The asyncio forms poll, spinning up to spin_us (GIL released) before they arm the
+      // wake-up fd and await it: a reply is often a few microseconds away, and a trip
+      // through the event loop's epoll costs tens of microseconds.
+      .def(
+          "poll_send",
+          [](PyPipe& self, double spin_us) {
+            nb::gil_scoped_release nogil;
+            TensorDictPipe& p = self.get();
+            return spin_poll(spin_us, [&] { return p.poll_send(); });
+          },
+          nb::arg("spin_us") = 0.0)
       .def(
           "poll_recv",
-          [](PyPipe& self, nb::handle into_obj) -> nb::object {
+          [](PyPipe& self, nb::handle into_obj, double spin_us) -> nb::object {
             TensorDict* into = into_of(into_obj);
-            TensorDict* got;
+            TensorDict* got = nullptr;
             {
               nb::gil_scoped_release nogil;
-              got = self.get().poll_recv(into);
+              TensorDictPipe& p = self.get();
+              spin_poll(spin_us, [&] { return (got = p.poll_recv(into)) != nullptr; });
             }
             return got ? self.wrap(*got, into_obj, into) : nb::none();
           },
-          nb::arg("td").none() = nb::none())
+          nb::arg("td").none() = nb::none(), nb::arg("spin_us") = 0.0)
       .def("arm", [](PyPipe& self) { return self.get().arm(); })
       .def_prop_ro("fd", [](PyPipe& self) { return self.get().fd(); })
       .def_prop_ro("peer_fd", [](PyPipe& self) { return self.get().peer_fd(); })

@@ -21,6 +21,11 @@ __all__ = ["TensorDictPipe", "TensorDictServer", "PipeListener"]
 _log = logging.getLogger("tensorwire")
 _DEFAULT_MAX_MESSAGE = 16 << 30
 
+# asend / arecv spin this long (microseconds, GIL released, event loop blocked) polling the
+# pipe before they await its wake-up fd: a reply on one host arrives within a few
+# microseconds, while a wake-up through the event loop costs tens. 0 awaits at once.
+ASYNC_SPIN_US = 50.0
+
 
 def _check_sync(op: str) -> None:
     try:
@@ -119,7 +124,7 @@ class TensorDictPipe:
         self._check_open("send")
         td = _as_tensorwire(td)
         self._impl.start_send(td)
-        while not self._impl.poll_send():
+        while not self._impl.poll_send(ASYNC_SPIN_US):
             if self._impl.arm():
                 await self._waiter.wait()
 
@@ -127,7 +132,7 @@ class TensorDictPipe:
         self._check_open("recv")
         _check_device(device)
         while True:
-            got = self._impl.poll_recv(td)
+            got = self._impl.poll_recv(td, ASYNC_SPIN_US)
             if got is not None:
                 return got
             if self._impl.arm():

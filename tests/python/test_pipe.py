@@ -130,7 +130,11 @@ def test_recv_into_a_callers_consolidated_dict(tls):
         assert finish(peer)[0] == 0
 
 
-def test_asyncio_send_and_receive_and_async_for_ends_when_the_peer_closes(tls):
+@pytest.mark.parametrize("spin_us", [0.0, 50.0], ids=["await-at-once", "spin-then-await"])
+def test_asyncio_send_and_receive_and_async_for_ends_when_the_peer_closes(tls, spin_us, monkeypatch):
+    import tensorwire.pipe
+    monkeypatch.setattr(tensorwire.pipe, "ASYNC_SPIN_US", spin_us)
+
     async def run():
         listener = tw.PipeListener(0)
         peer = py_peer("echo", "127.0.0.1", listener.port, 3)
