@@ -4,10 +4,10 @@
 
 #include <deque>
 #include <map>
-#include <random>
 #include <variant>
 
 #include "dataflow/links.h"
+#include "dataflow/runner_core.h"
 
 namespace tensorwire::dataflow {
 
@@ -16,37 +16,24 @@ namespace {
 constexpr const char* kName = "MultiProcessMapDataZMQ";
 using Millis = std::chrono::milliseconds;
 
-uint64_t random_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
 }  // namespace
 
-struct MultiProcessMapDataZMQ::Impl {
+struct MultiProcessMapDataZMQ::Impl : detail::RunnerCore {
   Impl(std::shared_ptr<DataFlow> d, MapFunction f, MapOptions o)
-      : ds(std::move(d)),
+      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
         map(std::move(f)),
-        opt(std::move(o)),
-        link(kName, opt.liveness_interval) {}
+        opt(std::move(o)) {}
 
-  std::shared_ptr<DataFlow> ds;
   MapFunction map;
   MapOptions opt;
-  std::optional<size_t> size;
   size_t buffer_size = 0;
-  uint64_t seed = 0;
-  bool reset_done = false;
-  bool in_epoch = false;
   std::string result_endpoint, task_endpoint;  // worker i takes tasks from task_endpoint + i
-  detail::MainLink link;
   // One task socket per worker, so that a task goes to the least busy worker (not blindly
   // round-robin) and the schema is sent once to each worker that needs it.
   std::vector<std::unique_ptr<zmqio::Socket>> tasks;
   std::vector<size_t> worker_in_flight;
   std::vector<uint64_t> worker_schema;
   std::unique_ptr<detail::ShmSender> task_sender;
-  std::exception_ptr failed;
 
   // What is in flight, per pass of the dataflow (strict mode keeps passes apart).
   uint64_t seq = 0;
@@ -199,18 +186,12 @@ MultiProcessMapDataZMQ::MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, Map
                                                MapOptions options)
     : impl_(std::make_unique<Impl>(std::move(ds), std::move(map), std::move(options))) {
   Impl& m = *impl_;
-  if (!m.ds) throw ValueError(std::string(kName) + ": no dataflow");
   if (!m.map) throw ValueError(std::string(kName) + ": no map function");
-  if (m.opt.num_proc < 1 || m.opt.num_proc > 1024)
-    throw ValueError(std::string(kName) + ": num_proc must be in [1, 1024], got " +
-                     std::to_string(m.opt.num_proc));
   if (m.opt.buffer_size < 1)
     throw ValueError(std::string(kName) + ": buffer_size must be at least 1");
-  m.size = m.ds->size();
   m.buffer_size = m.opt.buffer_size;
   // As tensorpack: a strict buffer larger than the dataflow could never be filled.
   if (m.opt.strict && m.size && *m.size > 0) m.buffer_size = std::min(m.buffer_size, *m.size);
-  m.seed = m.opt.seed ? *m.opt.seed : random_seed();
 }
 
 MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
@@ -219,17 +200,11 @@ MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
 
 void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
-  if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
-  m.reset_done = true;
   const int n = m.opt.num_proc;
   const std::string base = "ipc://@" + shm::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";
   m.task_endpoint = base + "-tasks-";
-  m.link.make_sockets(n);
-  for (int i = 0; i < n; ++i) {
-    WorkerInfo info{i, n, m.seed + static_cast<uint64_t>(i)};
-    m.link.workers.spawn(info, m.opt.fork_hooks, [&m, i]() -> int { m.worker_main(i); });
-  }
+  m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });
   m.link.open(m.result_endpoint);
   for (int i = 0; i < n; ++i) {
     m.tasks.push_back(std::make_unique<zmqio::Socket>(
@@ -260,14 +235,11 @@ Epoch MultiProcessMapDataZMQ::epoch() {
 }
 
 void MultiProcessMapDataZMQ::epoch_begin() {
-  if (!impl_->reset_done)
-    throw StateError(std::string(kName) + ": call reset_state() before iterating");
-  if (impl_->in_epoch) throw StateError("This DataFlow is not reentrant!");
-  impl_->in_epoch = true;
+  impl_->begin_epoch();
 }
 
 void MultiProcessMapDataZMQ::epoch_end() noexcept {
-  impl_->in_epoch = false;
+  impl_->end_epoch();
 }
 
 EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
@@ -348,8 +320,7 @@ void MultiProcessMapDataZMQ::close() {
   m.tasks.clear();
   m.link.close();
   m.task_sender.reset();
-  if (!m.failed && m.reset_done)
-    m.failed = std::make_exception_ptr(ClosedError(std::string(kName) + " is closed"));
+  m.mark_closed();
 }
 
 }  // namespace tensorwire::dataflow

@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
-#include <random>
 #include <thread>
 
 #include "dataflow/links.h"
+#include "dataflow/runner_core.h"
 #include "tensorwire/shm/futex.h"
 
 namespace tensorwire::dataflow {
@@ -59,28 +59,17 @@ struct alignas(64) Credit {
   }
 };
 
-uint64_t random_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
 }  // namespace
 
-struct MultiProcessRunnerZMQ::Impl {
+struct MultiProcessRunnerZMQ::Impl : detail::RunnerCore {
   Impl(std::shared_ptr<DataFlow> d, RunnerOptions o)
-      : ds(std::move(d)), opt(std::move(o)), link(kName, opt.liveness_interval) {}
+      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
+        opt(std::move(o)) {}
 
-  std::shared_ptr<DataFlow> ds;
   RunnerOptions opt;
-  std::optional<size_t> size;
-  uint64_t seed = 0;
-  bool reset_done = false;
-  bool in_epoch = false;
   uint64_t epoch_count = 0;
   std::string endpoint;
   shm::Segment credits;
-  detail::MainLink link;
-  std::exception_ptr failed;
 
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
   [[noreturn]] void worker_main(int index);
@@ -148,13 +137,7 @@ void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
 
 MultiProcessRunnerZMQ::MultiProcessRunnerZMQ(std::shared_ptr<DataFlow> ds, RunnerOptions options)
     : impl_(std::make_unique<Impl>(std::move(ds), std::move(options))) {
-  if (!impl_->ds) throw ValueError(std::string(kName) + ": no dataflow");
-  if (impl_->opt.num_proc < 1 || impl_->opt.num_proc > 1024)
-    throw ValueError(std::string(kName) + ": num_proc must be in [1, 1024], got " +
-                     std::to_string(impl_->opt.num_proc));
   if (impl_->opt.hwm < 1) throw ValueError(std::string(kName) + ": hwm must be at least 1");
-  impl_->size = impl_->ds->size();
-  impl_->seed = impl_->opt.seed ? *impl_->opt.seed : random_seed();
 }
 
 MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
@@ -164,16 +147,11 @@ MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
 void MultiProcessRunnerZMQ::reset_state() {
   Impl& m = *impl_;
   if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
-  m.reset_done = true;
   const int n = m.opt.num_proc;
   m.endpoint = "ipc://@" + shm::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) new (&m.credit(i)) Credit{};
-  m.link.make_sockets(n);
-  for (int i = 0; i < n; ++i) {
-    WorkerInfo info{i, n, m.seed + static_cast<uint64_t>(i)};
-    m.link.workers.spawn(info, m.opt.fork_hooks, [&m, i]() -> int { m.worker_main(i); });
-  }
+  m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });
   // Contexts and threads only after every fork (a context does not survive one).
   m.link.open(m.endpoint);
 }
@@ -187,7 +165,7 @@ std::optional<TensorDict> MultiProcessRunnerZMQ::next(std::chrono::milliseconds 
 std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   if (m.failed) std::rethrow_exception(m.failed);
-  if (!m.reset_done) throw StateError(std::string(kName) + ": call reset_state() before iterating");
+  m.check_started();
   try {
     while (true) {
       auto r = m.link.receive(timeout);
@@ -221,15 +199,12 @@ Epoch MultiProcessRunnerZMQ::epoch() {
 }
 
 void MultiProcessRunnerZMQ::epoch_begin() {
-  if (!impl_->reset_done)
-    throw StateError(std::string(kName) + ": call reset_state() before iterating");
-  if (impl_->in_epoch) throw StateError("This DataFlow is not reentrant!");
-  impl_->in_epoch = true;
+  impl_->begin_epoch();
   impl_->epoch_count = 0;
 }
 
 void MultiProcessRunnerZMQ::epoch_end() noexcept {
-  impl_->in_epoch = false;
+  impl_->end_epoch();
 }
 
 EpochSource::Step MultiProcessRunnerZMQ::epoch_step(std::chrono::milliseconds timeout) {
@@ -262,8 +237,7 @@ size_t MultiProcessRunnerZMQ::shared_memory_bytes() const {
 
 void MultiProcessRunnerZMQ::close() {
   impl_->link.close();
-  if (!impl_->failed && impl_->reset_done && impl_->link.owner_pid == ::getpid())
-    impl_->failed = std::make_exception_ptr(ClosedError(std::string(kName) + " is closed"));
+  impl_->mark_closed();
 }
 
 }  // namespace tensorwire::dataflow
