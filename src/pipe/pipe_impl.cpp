@@ -85,7 +85,7 @@ void PipeImpl::handshake(bool as_server) {
     }
     throw;
   }
-  if (peer.same_host()) {
+  if (peer.same_namespaces()) {
     use_direct_endpoint(deadline);
     retire_first_endpoint(deadline);
   }
@@ -133,7 +133,8 @@ std::optional<std::vector<std::byte>> from_hex(const std::string& s) {
 }
 }  // namespace
 
-// Two processes on one host: the client-server endpoint (what UCX's listener gives) carries
+// Two processes on one host (and in the same pid and IPC namespaces: not two containers):
+// the client-server endpoint (what UCX's listener gives) carries
 // TCP lanes for large transfers besides shared memory, and a worker with a TCP lane polls
 // its socket on every progress. An endpoint created from the peer's worker address picks
 // the host-local transports only (shared memory, CMA), as ucx_perftest's does: 1 KiB

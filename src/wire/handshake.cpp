@@ -42,6 +42,25 @@ const std::string& boot_id() {
   return id;
 }
 
+// The pid and IPC namespaces ("pid:[4026531836] ipc:[4026531839]"): two processes of one
+// host (equal boot ids) can share memory and read each other's memory only in the same
+// ones; containers share the boot id but not these.
+const std::string& namespaces() {
+  static const std::string ns = [] {
+    std::string out;
+    for (const char* n : {"pid", "ipc"}) {
+      char buf[64] = {};
+      const std::string path = std::string("/proc/self/ns/") + n;
+      ssize_t len = ::readlink(path.c_str(), buf, sizeof buf - 1);
+      if (len <= 0) return std::string();  // unknown: never "the same"
+      if (!out.empty()) out += ' ';
+      out.append(buf, static_cast<size_t>(len));
+    }
+    return out;
+  }();
+  return ns;
+}
+
 bool same_secret(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
@@ -56,6 +75,7 @@ PeerIdentity identity_of(const Json& hello) {
   if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer())
     p.pid = it->get<int>();
   p.boot_id = str_field(hello, "boot_id");
+  p.namespaces = str_field(hello, "namespaces");
   return p;
 }
 
@@ -67,7 +87,8 @@ Json hello(const HandshakeConfig& c, const char* role, const std::string& my_non
           {"auth", !c.auth_key.empty()},
           {"nonce", my_nonce},
           {"pid", static_cast<int>(::getpid())},
-          {"boot_id", boot_id()}};
+          {"boot_id", boot_id()},
+          {"namespaces", namespaces()}};
 }
 
 // What is wrong with the peer's hello, or "" when nothing is.
@@ -89,6 +110,10 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
 
 bool PeerIdentity::same_host() const {
   return !boot_id.empty() && boot_id == wire::boot_id();
+}
+
+bool PeerIdentity::same_namespaces() const {
+  return same_host() && !namespaces.empty() && namespaces == wire::namespaces();
 }
 
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {

@@ -4,9 +4,9 @@
 // can be watched through a pidfd).
 //
 //   server -> client  {"tensorwire":1, "role":"server", "protocol", "mode", "auth", "nonce", "pid",
-//   "boot_id"} client -> server  {... "role":"client", "nonce", "mac": HMAC(key, "client:" + server
-//   nonce) | null} server -> client  {"ok": true, "mac": HMAC(key, "server:" + client nonce) |
-//   null}
+//   "boot_id", "namespaces"} client -> server  {... "role":"client", "nonce", "mac": HMAC(key,
+//   "client:" + server nonce) | null} server -> client  {"ok": true, "mac": HMAC(key, "server:" +
+//   client nonce) | null}
 //                     or {"ok": false, "error": "..."}
 //
 // Without a key the handshake authenticates nothing: for trusted networks only.
@@ -29,8 +29,12 @@ struct HandshakeConfig {
 
 struct PeerIdentity {
   int pid = -1;
-  std::string boot_id;  // equal boot ids: the peer runs on this machine
+  std::string boot_id;     // equal boot ids: the peer runs on this machine
+  std::string namespaces;  // its pid and IPC namespaces, as /proc/self/ns names them
   bool same_host() const;
+  // On this machine and in this process's pid and IPC namespaces (not another container):
+  // shared memory and cross-memory attach between the two work.
+  bool same_namespaces() const;
 };
 
 // Error raised when a handshake fails; its message says why, on both sides.

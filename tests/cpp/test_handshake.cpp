@@ -1,0 +1,124 @@
+// The connection handshake (src/wire/handshake.cpp), both roles in one process over two
+// in-memory queues: agreement, the peer's identity (host and namespaces, which decide
+// whether a pipe may use shared memory), and every refusal on both sides.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "tensorwire/wire/handshake.h"
+
+namespace tw = tensorwire;
+namespace wire = tensorwire::wire;
+
+namespace {
+
+class Queue {
+ public:
+  void push(const tw::Json& j) {
+    std::lock_guard<std::mutex> lock(mu_);
+    q_.push_back(j);
+    cv_.notify_one();
+  }
+  tw::Json pop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return !q_.empty(); }))
+      throw tw::ClosedError("no message");
+    tw::Json j = std::move(q_.front());
+    q_.pop_front();
+    return j;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<tw::Json> q_;
+};
+
+struct Outcome {
+  wire::PeerIdentity server_saw, client_saw;
+  std::string server_error, client_error;
+};
+
+Outcome run(const wire::HandshakeConfig& server, const wire::HandshakeConfig& client) {
+  Queue to_client, to_server;
+  Outcome o;
+  std::thread s([&] {
+    try {
+      o.server_saw = wire::handshake_as_server(
+          server, [&](const tw::Json& j) { to_client.push(j); }, [&] { return to_server.pop(); });
+    } catch (const std::exception& e) {
+      o.server_error = e.what();
+    }
+  });
+  try {
+    o.client_saw = wire::handshake_as_client(
+        client, [&](const tw::Json& j) { to_server.push(j); }, [&] { return to_client.pop(); });
+  } catch (const std::exception& e) {
+    o.client_error = e.what();
+  }
+  s.join();
+  return o;
+}
+
+}  // namespace
+
+TEST(Handshake, AgreeingSidesLearnEachOthersIdentityOnThisHostAndNamespaces) {
+  Outcome o = run({"pipe", "consolidated", ""}, {"pipe", "consolidated", ""});
+  EXPECT_EQ(o.server_error, "");
+  EXPECT_EQ(o.client_error, "");
+  for (const auto* id : {&o.server_saw, &o.client_saw}) {
+    EXPECT_EQ(id->pid, ::getpid());
+    EXPECT_TRUE(id->same_host());
+    EXPECT_TRUE(id->same_namespaces());
+    EXPECT_NE(id->namespaces.find("pid:["), std::string::npos) << id->namespaces;
+    EXPECT_NE(id->namespaces.find("ipc:["), std::string::npos) << id->namespaces;
+  }
+}
+
+TEST(Handshake, AnotherBootIdOrOtherNamespacesAreNotTheSameMachine) {
+  Outcome o = run({"pipe", "consolidated", ""}, {"pipe", "consolidated", ""});
+  wire::PeerIdentity other_host = o.client_saw;
+  other_host.boot_id = "00000000-0000-0000-0000-000000000000";
+  EXPECT_FALSE(other_host.same_host());
+  EXPECT_FALSE(other_host.same_namespaces());
+  wire::PeerIdentity container = o.client_saw;  // same kernel, another container
+  container.namespaces = "pid:[1] ipc:[2]";
+  EXPECT_TRUE(container.same_host());
+  EXPECT_FALSE(container.same_namespaces());
+  wire::PeerIdentity unknown = o.client_saw;  // a peer that did not say
+  unknown.namespaces.clear();
+  EXPECT_FALSE(unknown.same_namespaces());
+}
+
+TEST(Handshake, AModeMismatchIsRefusedOnBothSidesWithTheSameReason) {
+  Outcome o = run({"pipe", "consolidated", ""}, {"pipe", "non-consolidated", ""});
+  EXPECT_NE(o.server_error.find("mode mismatch"), std::string::npos) << o.server_error;
+  EXPECT_NE(o.client_error.find("mode mismatch"), std::string::npos) << o.client_error;
+}
+
+TEST(Handshake, KeysMustMatchAndBeOnBothSidesOrNeither) {
+  Outcome wrong = run({"pipe", "consolidated", "secret"}, {"pipe", "consolidated", "guess"});
+  EXPECT_NE(wrong.server_error.find("authentication failed"), std::string::npos);
+  EXPECT_NE(wrong.client_error.find("authentication failed"), std::string::npos);
+  Outcome missing = run({"pipe", "consolidated", "secret"}, {"pipe", "consolidated", ""});
+  EXPECT_NE(missing.server_error.find("authentication required"), std::string::npos);
+  EXPECT_NE(missing.client_error.find("authentication required"), std::string::npos);
+  Outcome extra = run({"pipe", "consolidated", ""}, {"pipe", "consolidated", "secret"});
+  EXPECT_NE(extra.server_error.find("server has none"), std::string::npos);
+  EXPECT_NE(extra.client_error.find("server has none"), std::string::npos);
+  Outcome good = run({"pipe", "consolidated", "secret"}, {"pipe", "consolidated", "secret"});
+  EXPECT_EQ(good.server_error + good.client_error, "");
+}
+
+TEST(Handshake, AProtocolMismatchIsRefused) {
+  Outcome o = run({"pipe", "consolidated", ""}, {"dataflow", "consolidated", ""});
+  EXPECT_NE(o.server_error.find("protocol mismatch"), std::string::npos) << o.server_error;
+  EXPECT_FALSE(o.client_error.empty());
+}
