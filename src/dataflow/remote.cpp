@@ -101,11 +101,7 @@ TensorDict RemoteDataZMQ::Impl::decode(int which) {
       throw ProtocolError("storage frame of " + std::to_string(frames[2].size()) +
                           " bytes, the header announced " + std::to_string(h.payload_bytes));
     wire::Incoming in = decoder.prepare(h, bytes(1));
-    const std::byte* src = bytes(2).data();
-    for (auto& buf : in.buffers) {
-      if (!buf.empty()) std::memcpy(buf.data(), src, buf.size());
-      src += buf.size();
-    }
+    wire::Decoder::fill(in, bytes(2));
     TensorDict td =
         decoder.finish(in);  // a copy sharing the storage: the next message allocates anew
     ++counts[which];

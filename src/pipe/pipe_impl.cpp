@@ -161,10 +161,12 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
          true, true);
   if (mine.is_null()) return;
   std::unique_ptr<ucx::Endpoint> first = std::move(ep_);
+  wired_up_ = false;  // until retire_first_endpoint() has flushed the new endpoint
   try {
     ep_ = std::make_unique<ucx::Endpoint>(*worker_, *address, first->peer());
   } catch (...) {
     ep_ = std::move(first);
+    wired_up_ = true;
     throw;
   }
   first_ep_ = std::move(first);
@@ -200,7 +202,10 @@ void PipeImpl::wait_wireup(Clock::time_point deadline) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       worker_->progress();
-      if (flushed.done()) return;
+      if (flushed.done()) {
+        wired_up_ = true;
+        return;
+      }
       check_alive();
     }
     wait_event(deadline, "handshake");
@@ -454,11 +459,7 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
         throw ProtocolError("unexpected control message on the data channel");
       decoder_.prepare(h, frame.subspan(wire::kHeaderBytes, h.metadata_bytes), into_, incoming_);
       if (inline_payload) {
-        const std::byte* src = frame.data() + meta_end;
-        for (auto& buf : incoming_.buffers) {
-          if (!buf.empty()) std::memcpy(buf.data(), src, buf.size());
-          src += buf.size();
-        }
+        wire::Decoder::fill(incoming_, frame.subspan(meta_end));
       } else {
         payload_reqs_.clear();
         // Sized before posting: each request writes its length into a stable slot.
@@ -526,13 +527,14 @@ void PipeImpl::close() {
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
-  // A connection that never completed its handshake is closed by force: UCX 1.13 aborts
-  // when it flushes an endpoint still in wireup.
   if (first_ep_) {  // closed during the switch to a direct endpoint
     first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
     first_ep_.reset();
   }
-  ep_->close(/*force=*/!connected_, std::chrono::milliseconds(1000));
+  // Graceful once the endpoint's wire-up is over, so a refusal or error just sent reaches
+  // the peer before the disconnect (a forced close can reset the connection under it);
+  // by force before that: UCX 1.13 aborts when it flushes an endpoint still in wire-up.
+  ep_->close(/*force=*/!wired_up_, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
 }
 

@@ -89,6 +89,7 @@ class PipeImpl {
   std::mutex recv_mu_;  // one receiver at a time
   std::atomic<bool> closed_{false};
   bool connected_ = false;  // the handshake completed
+  bool wired_up_ = false;   // ep_'s UCX wire-up is over (a graceful close is safe)
   std::string failure_;     // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
 

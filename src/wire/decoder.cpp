@@ -1,8 +1,12 @@
 #include "tensorwire/wire/decoder.h"
 
+#include "core/copy_bytes.h"
+
 #include <cstring>
 
 namespace tensorwire::wire {
+
+namespace core_detail = tensorwire::detail;
 
 namespace {
 
@@ -319,12 +323,23 @@ TensorDict& Decoder::decode(std::span<const std::byte> message, TensorDict* into
                         " bytes does not match its header (" + std::to_string(h.metadata_bytes) +
                         " metadata + " + std::to_string(h.payload_bytes) + " payload bytes)");
   Incoming in = prepare(h, message.subspan(kHeaderBytes, h.metadata_bytes), into);
-  const std::byte* src = message.data() + kHeaderBytes + h.metadata_bytes;
-  for (auto& buf : in.buffers) {
-    if (!buf.empty()) std::memcpy(buf.data(), src, buf.size());
+  fill(in, message.subspan(kHeaderBytes + h.metadata_bytes));
+  return finish(in);
+}
+
+void Decoder::fill(const Incoming& incoming, std::span<const std::byte> payload) {
+  // prepare() sized the buffers from the header, which the caller matched to the payload;
+  // checked again here, since a short payload would be read past its end.
+  size_t total = 0;
+  for (const auto& buf : incoming.buffers) total += buf.size();
+  if (total > payload.size())
+    throw ProtocolError("payload of " + std::to_string(payload.size()) +
+                        " bytes, its leaves need " + std::to_string(total));
+  const std::byte* src = payload.data();
+  for (const auto& buf : incoming.buffers) {
+    if (!buf.empty()) core_detail::copy_bytes(buf.data(), src, buf.size());
     src += buf.size();
   }
-  return finish(in);
 }
 
 }  // namespace tensorwire::wire

@@ -7,7 +7,8 @@
 //   1. read_header(40 bytes)            -> sizes of what follows
 //   2. prepare(header, metadata bytes)  -> the buffers the payload must be written to
 //   3. finish(incoming)                 -> the TensorDict
-// decode() does all three for a message held in one buffer.
+// decode() does all three for a message held in one buffer; fill() is step 2's copy for a
+// payload that arrived in one buffer.
 //
 // Not thread-safe: one decoder per receiving stream.
 #pragma once
@@ -55,6 +56,10 @@ class Decoder {
   // Same, into an Incoming the caller reuses (no allocation for storage messages).
   void prepare(const FrameHeader& header, std::span<const std::byte> metadata, TensorDict* into,
                Incoming& out);
+
+  // Copies a payload held in one contiguous buffer (its size checked against the header
+  // by the caller) into the buffers prepare() returned, in order.
+  static void fill(const Incoming& incoming, std::span<const std::byte> payload);
 
   // For Storage messages into the cached TensorDict, returns that same object.
   TensorDict& finish(Incoming& incoming);
