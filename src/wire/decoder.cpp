@@ -2,7 +2,9 @@
 
 #include "core/copy_bytes.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace tensorwire::wire {
 
@@ -10,42 +12,102 @@ namespace core_detail = tensorwire::detail;
 
 namespace {
 
-// An ordered_json object looks keys up linearly, so parsing an object of n keys into it
-// costs O(n^2): a denial of service for untrusted input. Parse into the map-based json
-// (O(n log n)) and move the result into ordered form without any lookup. Object members
-// come out in key order, which the decoder never relies on.
-Json to_ordered(nlohmann::json&& j) {
-  switch (j.type()) {
-    case nlohmann::json::value_t::object: {
-      Json out = Json::object();
-      auto& members = out.get_ref<Json::object_t&>();
-      members.reserve(j.size());
-      for (auto& [k, v] : j.get_ref<nlohmann::json::object_t&>())
-        members.emplace_back(k, to_ordered(std::move(v)));
-      return out;
-    }
-    case nlohmann::json::value_t::array: {
-      Json out = Json::array();
-      auto& items = out.get_ref<Json::array_t&>();
-      items.reserve(j.size());
-      for (auto& v : j.get_ref<nlohmann::json::array_t&>())
-        items.push_back(to_ordered(std::move(v)));
-      return out;
-    }
-    case nlohmann::json::value_t::string:
-      return Json(std::move(j.get_ref<std::string&>()));
-    case nlohmann::json::value_t::boolean:
-      return Json(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-      return Json(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned:
-      return Json(j.get<uint64_t>());
-    case nlohmann::json::value_t::number_float:
-      return Json(j.get<double>());
-    default:
-      return Json(nullptr);
+// Builds a Json (nlohmann's ordered_json) straight from SAX events. Untrusted input must
+// not cost more than it weighs: ordered_json's own parser looks every key up linearly
+// (O(n^2) for an object of n keys), and parsing into the map-based json first and
+// converting costs an extra tree of allocations. Here members are appended as they come
+// (insertion order kept) and each object is checked for duplicate keys once, when it
+// ends, by sorting: O(n log n). A duplicate key is an error rather than "last one wins":
+// no valid message has one. Nesting is bounded, so no recursive consumer can run out of
+// stack.
+class JsonBuilder : public nlohmann::json_sax<Json> {
+ public:
+  JsonBuilder(const char* what, int max_depth) : what_(what), max_depth_(max_depth) {}
+
+  Json take() { return std::move(root_); }
+
+  bool null() override { return put(Json(nullptr)); }
+  bool boolean(bool v) override { return put(Json(v)); }
+  bool number_integer(number_integer_t v) override { return put(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return put(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return put(Json(v)); }
+  bool string(string_t& v) override { return put(Json(std::move(v))); }
+  bool binary(binary_t&) override { return fail("binary values are not JSON"); }
+
+  bool start_object(std::size_t) override { return open(Json::object()); }
+  bool key(string_t& k) override {
+    auto& members = stack_.back()->get_ref<Json::object_t&>();
+    members.emplace_back(std::move(k), nullptr);
+    return true;
   }
-}
+  bool end_object() override {
+    check_unique_keys(stack_.back()->get_ref<Json::object_t&>());
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return open(Json::array()); }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    throw ProtocolError(std::string("invalid ") + what_ + ": malformed JSON (" + e.what() + ")");
+  }
+
+ private:
+  // Where the next value goes: the root, the last key's slot, or the end of an array.
+  Json* slot() {
+    if (stack_.empty()) return &root_;
+    Json& top = *stack_.back();
+    if (top.is_object()) return &top.get_ref<Json::object_t&>().back().second;
+    auto& items = top.get_ref<Json::array_t&>();
+    items.emplace_back(nullptr);
+    return &items.back();
+  }
+  bool put(Json&& v) {
+    *slot() = std::move(v);
+    return true;
+  }
+  // A container's slot stays put while it is open: its parent only grows after it ends.
+  bool open(Json&& container) {
+    if (static_cast<int>(stack_.size()) >= max_depth_)
+      throw ProtocolError(std::string("invalid ") + what_ + ": JSON nested deeper than " +
+                          std::to_string(max_depth_));
+    Json* s = slot();
+    *s = std::move(container);
+    stack_.push_back(s);
+    return true;
+  }
+  void check_unique_keys(const Json::object_t& members) {
+    const size_t n = members.size();
+    if (n < 2) return;
+    if (n <= 8) {  // ordered_map's operator[] looks keys up: iterate instead
+      for (auto i = members.begin(); i != members.end(); ++i)
+        for (auto j = i + 1; j != members.end(); ++j)
+          if (i->first == j->first) duplicate(i->first);
+      return;
+    }
+    std::vector<const std::string*> keys;
+    keys.reserve(n);
+    for (const auto& m : members) keys.push_back(&m.first);
+    std::sort(keys.begin(), keys.end(), [](auto* x, auto* y) { return *x < *y; });
+    for (size_t i = 1; i < n; ++i)
+      if (*keys[i] == *keys[i - 1]) duplicate(*keys[i]);
+  }
+  [[noreturn]] void duplicate(const std::string& key) {
+    throw ProtocolError(std::string("invalid ") + what_ + ": duplicate key '" + key.substr(0, 64) +
+                        "' in a JSON object");
+  }
+  [[noreturn]] bool fail(const std::string& why) {
+    throw ProtocolError(std::string("invalid ") + what_ + ": " + why);
+  }
+
+  const char* what_;
+  int max_depth_;
+  Json root_;
+  std::vector<Json*> stack_;
+};
 
 }  // namespace
 
@@ -55,17 +117,13 @@ Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits
   // JSON nesting is bounded too: deeply nested input must not exhaust the stack of a
   // recursive consumer. Two JSON levels per TensorDict level, plus room for values.
   const int max_json_depth = static_cast<int>(limits.max_depth) * 2 + 16;
-  auto cb = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > max_json_depth)
-      throw ProtocolError(std::string("invalid ") + what + ": JSON nested deeper than " +
-                          std::to_string(max_json_depth));
-    return true;
-  };
+  JsonBuilder builder(what, max_json_depth);
   try {
-    return to_ordered(nlohmann::json::parse(begin, begin + bytes.size(), cb));
+    Json::sax_parse(begin, begin + bytes.size(), &builder);
   } catch (const nlohmann::json::exception& e) {
     throw ProtocolError(std::string("invalid ") + what + ": malformed JSON (" + e.what() + ")");
   }
+  return builder.take();
 }
 
 Decoder::Decoder(Limits limits) : limits_(limits) {}

@@ -612,5 +612,47 @@ TEST(Codec, ParseUntrustedJsonBoundsNesting) {
             Json::parse(shallow));
 }
 
+TEST(Codec, ParseUntrustedJsonKeepsKeyOrderAndValues) {
+  std::string text =
+      R"({"zeta": 1, "alpha": [true, null, -2, 3.5, "s"], "mid": {"b": 18446744073709551615, "a": {}}})";
+  Json j = parse_untrusted_json(std::as_bytes(std::span(text)), Limits{}, "header");
+  EXPECT_EQ(j, Json::parse(text));  // ordered_json compares members in order
+  std::vector<std::string> keys;
+  for (auto& [k, v] : j.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"zeta", "alpha", "mid"}));
+  EXPECT_EQ(j["mid"]["b"].get<uint64_t>(), 18446744073709551615ull);
+  std::string scalar = "42";
+  EXPECT_EQ(parse_untrusted_json(std::as_bytes(std::span(scalar)), Limits{}, "x"), Json(42));
+}
+
+TEST(Codec, ParseUntrustedJsonRejectsDuplicateKeysInSmallAndLargeObjects) {
+  std::string small = R"({"a": 1, "b": 2, "a": 3})";
+  std::string large = "{";
+  for (int i = 0; i < 40; ++i)
+    large += "\"k" + std::to_string(i) + "\": " + std::to_string(i) + ", ";
+  large += R"("k17": 0})";
+  std::string nested = R"({"leaves": {"x": [1], "y": {"p": 1, "p": 2}}})";
+  for (const auto& [text, key] : {std::pair{small, "'a'"}, {large, "'k17'"}, {nested, "'p'"}}) {
+    try {
+      parse_untrusted_json(std::as_bytes(std::span(text)), Limits{}, "schema");
+      FAIL() << "accepted " << text;
+    } catch (const ProtocolError& e) {
+      EXPECT_THAT(e.what(),
+                  AllOf(HasSubstr("invalid schema"), HasSubstr("duplicate key"), HasSubstr(key)));
+    }
+  }
+}
+
+TEST(Codec, ParseUntrustedJsonRejectsTrailingGarbageAndTruncation) {
+  for (std::string text : {"{\"a\": 1} x", "[1, 2", "", "{\"a\" 1}", "\"unterminated"}) {
+    try {
+      parse_untrusted_json(std::as_bytes(std::span(text)), Limits{}, "schema");
+      FAIL() << "accepted " << text;
+    } catch (const ProtocolError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("malformed JSON")) << text;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tensorwire::wire
