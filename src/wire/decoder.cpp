@@ -173,9 +173,9 @@ void Decoder::prepare_schema(const FrameHeader& h, std::span<const std::byte> me
   in.buffers.emplace_back(storage.data(), storage.nbytes());
 }
 
-// Whether `meta` describes the cached schema. Received metadata has its object members
-// in key order while a local consolidate() keeps insertion order, so equality is checked
-// order-insensitively, once per distinct metadata object (then remembered).
+// Whether `meta` describes the cached schema. A sender may order object members
+// differently from a local consolidate() (JSON does not fix the order), so equality is
+// checked order-insensitively, once per distinct metadata object (then remembered).
 bool Decoder::same_layout(const std::shared_ptr<const Json>& meta) {
   if (meta == layout_->metadata_ptr() || meta == matched_into_meta_) return true;
   auto canonical = [](const Json& j) { return nlohmann::json::parse(j.dump()); };
