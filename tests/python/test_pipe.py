@@ -326,3 +326,21 @@ def test_connect_to_a_listener_that_never_accepts_times_out_cleanly(tls):
         tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=1)
     assert time.monotonic() - t0 < 5
     listener.close()
+
+
+def test_async_spin_stops_for_a_slow_peer_and_resumes_for_a_fast_one(monkeypatch):
+    import tensorwire.pipe as twpipe
+    monkeypatch.setattr(twpipe, "ASYNC_SPIN_US", 50.0)
+    spin = twpipe._Spin()
+    for _ in range(spin.OFF_AFTER):             # spins that catch nothing ...
+        assert spin.budget() == 50.0
+        spin.outcome(spun=True, caught=False)
+    budgets = [spin.budget() for _ in range(2 * spin.PROBE_EVERY)]
+    assert budgets.count(50.0) == 2             # ... leave one probe spin in PROBE_EVERY calls
+    assert budgets.count(0.0) == 2 * spin.PROBE_EVERY - 2
+    spin.outcome(spun=False, caught=True)       # a message there at once also counts
+    assert spin.budget() == 50.0                # spinning again
+    spin.outcome(spun=True, caught=False)
+    assert spin.budget() == 50.0                # one miss is not enough to stop
+    monkeypatch.setattr(twpipe, "ASYNC_SPIN_US", 0.0)
+    assert spin.budget() == 0.0                 # 0 turns spinning off altogether
