@@ -36,12 +36,17 @@ class JsonBuilder : public nlohmann::json_sax<Json> {
 
   bool start_object(std::size_t) override { return open(Json::object()); }
   bool key(string_t& k) override {
-    auto& members = stack_.back()->get_ref<Json::object_t&>();
-    members.emplace_back(std::move(k), nullptr);
+    stack_.back().members.emplace_back(std::move(k), nullptr);
     return true;
   }
   bool end_object() override {
-    check_unique_keys(stack_.back()->get_ref<Json::object_t&>());
+    Frame& f = stack_.back();
+    check_unique_keys(f.members);
+    // ordered_map's elements have a const key, so its vector copies them deep when it
+    // grows: members wait in a vector of movable pairs and move in once, at their count.
+    auto& out = f.target->get_ref<Json::object_t&>();
+    out.reserve(f.members.size());
+    for (auto& [k, v] : f.members) out.emplace_back(std::move(k), std::move(v));
     stack_.pop_back();
     return true;
   }
@@ -56,12 +61,20 @@ class JsonBuilder : public nlohmann::json_sax<Json> {
   }
 
  private:
+  using Members = std::vector<std::pair<std::string, Json>>;
+  struct Frame {
+    Json* target;     // the container being filled
+    Members members;  // an object's members so far
+  };
+
   // Where the next value goes: the root, the last key's slot, or the end of an array.
+  // A slot stays put while its container is open: its parent only grows after it ends
+  // (and a moved Frame keeps its vector's buffer).
   Json* slot() {
     if (stack_.empty()) return &root_;
-    Json& top = *stack_.back();
-    if (top.is_object()) return &top.get_ref<Json::object_t&>().back().second;
-    auto& items = top.get_ref<Json::array_t&>();
+    Frame& f = stack_.back();
+    if (f.target->is_object()) return &f.members.back().second;
+    auto& items = f.target->get_ref<Json::array_t&>();
     items.emplace_back(nullptr);
     return &items.back();
   }
@@ -69,23 +82,28 @@ class JsonBuilder : public nlohmann::json_sax<Json> {
     *slot() = std::move(v);
     return true;
   }
-  // A container's slot stays put while it is open: its parent only grows after it ends.
   bool open(Json&& container) {
     if (static_cast<int>(stack_.size()) >= max_depth_)
       throw ProtocolError(std::string("invalid ") + what_ + ": JSON nested deeper than " +
                           std::to_string(max_depth_));
     Json* s = slot();
     *s = std::move(container);
-    stack_.push_back(s);
+    stack_.push_back(Frame{s, {}});
+    // Room for a typical leaf entry ([dtype, shape, start, stop, pad]) or small object at
+    // once: a text parser does not know sizes, and growing 1, 2, 4, 8 costs 4 allocations.
+    if (s->is_array())
+      s->get_ref<Json::array_t&>().reserve(8);
+    else
+      stack_.back().members.reserve(8);
     return true;
   }
-  void check_unique_keys(const Json::object_t& members) {
+  void check_unique_keys(const Members& members) {
     const size_t n = members.size();
     if (n < 2) return;
-    if (n <= 8) {  // ordered_map's operator[] looks keys up: iterate instead
-      for (auto i = members.begin(); i != members.end(); ++i)
-        for (auto j = i + 1; j != members.end(); ++j)
-          if (i->first == j->first) duplicate(i->first);
+    if (n <= 8) {
+      for (size_t i = 0; i < n; ++i)
+        for (size_t j = i + 1; j < n; ++j)
+          if (members[i].first == members[j].first) duplicate(members[i].first);
       return;
     }
     std::vector<const std::string*> keys;
@@ -106,7 +124,7 @@ class JsonBuilder : public nlohmann::json_sax<Json> {
   const char* what_;
   int max_depth_;
   Json root_;
-  std::vector<Json*> stack_;
+  std::vector<Frame> stack_;
 };
 
 }  // namespace
