@@ -176,6 +176,8 @@ void bind_pipe(nb::module_& m) {
       .def_prop_ro("fd", [](PyPipe& self) { return self.get().fd(); })
       .def_prop_ro("peer_fd", [](PyPipe& self) { return self.get().peer_fd(); })
       .def_prop_ro("peer", [](PyPipe& self) { return self.get().peer(); })
+      .def_prop_ro("transports",
+                   [](PyPipe& self) { return self.pipe ? self.pipe->transports() : std::string(); })
       .def_prop_ro("local_port", [](PyPipe& self) { return self.get().local_port(); })
       .def_prop_ro("consolidated", [](PyPipe& self) { return self.get().options().consolidated; })
       .def_prop_ro("closed", [](PyPipe& self) { return !self.pipe || self.pipe->closed(); })

@@ -201,6 +201,12 @@ class TensorDictPipe:
     def peer(self) -> str:
         return self._impl.peer
 
+    @property
+    def transports(self) -> str:
+        """The UCX transports the data moves over, e.g. ``"sysv/memory"`` between
+        processes of one host, ``"tcp/lo"`` over loopback TCP ("" once closed)."""
+        return self._impl.transports
+
     def __enter__(self) -> "TensorDictPipe":
         return self
 

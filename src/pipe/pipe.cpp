@@ -163,6 +163,9 @@ bool TensorDictPipe::closed() const {
 uint16_t TensorDictPipe::local_port() const {
   return impl_->local_port();
 }
+std::string TensorDictPipe::transports() const {
+  return impl_->transports();
+}
 const std::string& TensorDictPipe::peer() const {
   return impl_->peer();
 }

@@ -58,6 +58,7 @@ class PipeImpl {
   bool closed() const { return closed_.load(); }
   uint16_t local_port() const { return local_port_; }
   const std::string& peer() const { return ep_->peer(); }
+  std::string transports();
   const PipeOptions& options() const { return options_; }
 
  private:

@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -391,6 +392,39 @@ void Endpoint::discard_unexpected() {
       ucp_request_free(p);
     }
   }
+}
+
+std::string Endpoint::transports() const {
+  if (!ep_) return "";
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (!f) return "";
+  ucp_ep_print_info(ep_, f);
+  std::fclose(f);
+  std::string info(buf, len);
+  std::free(buf);
+  // Lane lines look like "#   lane[1]:  2:sysv/memory.0 md[1] ... am am_bw#0 keepalive";
+  // keep each distinct "name/device", in lane order, minus the ".N" suffix.
+  std::string out;
+  std::istringstream lines(info);
+  for (std::string line; std::getline(lines, line);) {
+    auto lane = line.find("lane[");
+    if (lane == std::string::npos) continue;
+    auto colon = line.find(':', line.find(']', lane));
+    if (colon == std::string::npos) continue;
+    std::istringstream words(line.substr(colon + 1));
+    std::string word;
+    while (words >> word)
+      if (auto c = word.find(':'); c != std::string::npos && word.find('/') != std::string::npos) {
+        std::string tl = word.substr(c + 1);
+        tl = tl.substr(0, tl.rfind('.'));
+        if ((" " + out + " ").find(" " + tl + " ") == std::string::npos)
+          out += (out.empty() ? "" : " ") + tl;
+        break;
+      }
+  }
+  return out;
 }
 
 Request Endpoint::flush() {

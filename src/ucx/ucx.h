@@ -127,6 +127,9 @@ class Endpoint {
   // Non-OK once UCX reported an error on this endpoint (peer gone, connection reset).
   ucs_status_t error() const noexcept { return error_; }
   const std::string& peer() const noexcept { return peer_; }
+  // The transports of the endpoint's tag lanes ("sysv/memory cma/memory"), read from
+  // ucp_ep_print_info (UCX 1.13 has no query for them).
+  std::string transports() const;
 
   Request send(uint64_t tag, std::span<const std::span<const std::byte>> pieces,
                std::vector<ucp_dt_iov_t>& iov_storage);

@@ -344,3 +344,18 @@ def test_async_spin_stops_for_a_slow_peer_and_resumes_for_a_fast_one(monkeypatch
     assert spin.budget() == 50.0                # one miss is not enough to stop
     monkeypatch.setattr(twpipe, "ASYNC_SPIN_US", 0.0)
     assert spin.budget() == 0.0                 # 0 turns spinning off altogether
+
+
+def test_transports_name_shared_memory_on_one_host_and_tcp_when_forced(tls):
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 1)
+        pipe = listener.accept(timeout=30)
+        names = pipe.transports
+        if tls == "tcp":
+            assert "tcp/" in names and "/memory" not in names, names
+        else:
+            assert ("sysv/" in names or "posix/" in names) and "tcp/" not in names, names
+        assert pipe.recv(timeout=30)["x"][0] == 0
+        pipe.close()
+        assert pipe.transports == ""
+        assert finish(peer)[0] == 0

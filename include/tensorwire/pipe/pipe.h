@@ -75,6 +75,10 @@ class TensorDictPipe {
   uint16_t local_port() const;  // listener side: the port that was bound
   const std::string& peer() const;
   const PipeOptions& options() const;
+  // The UCX transports the connection's data moves over, as UCX names them, e.g.
+  // "sysv/memory" between processes of one host, "tcp/lo" over loopback TCP
+  // (diagnostics: which path a pipe took). Empty once closed.
+  std::string transports() const;
 
   TensorDictPipe(TensorDictPipe&&) noexcept;
   TensorDictPipe& operator=(TensorDictPipe&&) noexcept;

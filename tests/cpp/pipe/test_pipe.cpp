@@ -235,6 +235,26 @@ TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
   }
 }
 
+// With shared memory allowed, two processes of one host move their data over it (and no
+// TCP lane, which would cost an epoll_wait per progress call); with tcp forced, over TCP.
+TEST_P(PipeTest, APipeBetweenProcessesOfOneHostUsesSharedMemoryUnlessTcpIsForced) {
+  PipeListener listener(0);
+  PeerProcess p({peer(), "send", "127.0.0.1", std::to_string(listener.port()), "1"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe);
+  const std::string t = pipe->transports();
+  if (std::string(GetParam().name) == "shm") {
+    EXPECT_TRUE(t.find("sysv/") != std::string::npos || t.find("posix/") != std::string::npos) << t;
+    EXPECT_EQ(t.find("tcp/"), std::string::npos) << t;
+  } else {
+    EXPECT_NE(t.find("tcp/"), std::string::npos) << t;
+    EXPECT_EQ(t.find("/memory"), std::string::npos) << t;
+  }
+  EXPECT_EQ(pipe->recv(nullptr, 20s).get("x").data<float>()[0], 0.f);
+  pipe->close();
+  EXPECT_EQ(pipe->transports(), "");
+}
+
 // Two processes on one host switch to an endpoint made from the peer's worker address
 // (pipe_impl.cpp): a malformed address ends the connection with an error on both sides.
 TEST_P(PipeTest, AMalformedWorkerAddressIsRefusedAndThePeerIsTold) {
