@@ -173,6 +173,7 @@ void bind_pipe(nb::module_& m) {
           },
           nb::arg("td").none() = nb::none(), nb::arg("spin_us") = 0.0)
       .def("arm", [](PyPipe& self) { return self.get().arm(); })
+      .def_prop_ro("events", [](PyPipe& self) { return self.get().events(); })
       .def_prop_ro("fd", [](PyPipe& self) { return self.get().fd(); })
       .def_prop_ro("peer_fd", [](PyPipe& self) { return self.get().peer_fd(); })
       .def_prop_ro("peer", [](PyPipe& self) { return self.get().peer(); })

@@ -83,7 +83,7 @@ class _FdWaiter:
         if not self._waiters:
             self._loop = loop
             for fd in self._fds:
-                loop.add_reader(fd, self._wake)
+                loop.add_reader(fd, self.wake)
         self._waiters.add(fut)
         try:
             await fut
@@ -94,7 +94,7 @@ class _FdWaiter:
                     self._loop.remove_reader(fd)
                 self._loop = None
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         for fut in list(self._waiters):
             if not fut.done():
                 fut.set_result(None)
@@ -114,6 +114,8 @@ class TensorDictPipe:
         self._waiter = _FdWaiter([impl.fd, impl.peer_fd])
         self._send_spin = _Spin()
         self._recv_spin = _Spin()
+        self._sending: Optional[TensorDict] = None  # the TensorDict of a send in flight
+        self._recv_targets: list = []               # targets of receives in flight
 
     # -- connecting ---------------------------------------------------------------
     @classmethod
@@ -152,31 +154,66 @@ class TensorDictPipe:
         _check_sync("recv")
         self._check_open("recv")
         _check_device(device)
-        return self._impl.recv(td, timeout)
+        self._keep_recv_target(td)
+        got = self._impl.recv(td, timeout)
+        self._recv_targets.clear()
+        return got
 
     async def asend(self, td: TensorDict) -> None:
         self._check_open("send")
         td = _as_tensorwire(td)
+        if self._sending is not None:  # an abandoned asend: its send completes first
+            await self._send_done(self._impl.events)
+        self._sending = td  # read until the send completes, even if this call is cancelled
         self._impl.start_send(td)
         budget = self._send_spin.budget()
+        seen = self._impl.events
         done = self._impl.poll_send(budget)
         self._send_spin.outcome(budget > 0, done)
-        while not done:
-            if self._impl.arm():
-                await self._waiter.wait()
-            done = self._impl.poll_send(0.0)
+        if not done:
+            await self._send_done(seen)
+        self._sending = None
+
+    async def _send_done(self, seen: int) -> None:
+        while True:
+            await self._wait(seen)
+            seen = self._impl.events
+            if self._impl.poll_send(0.0):
+                self._sending = None
+                return
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:
         self._check_open("recv")
         _check_device(device)
+        self._keep_recv_target(td)
         budget = self._recv_spin.budget()
+        seen = self._impl.events
         got = self._impl.poll_recv(td, budget)
         self._recv_spin.outcome(budget > 0, got is not None)
         while got is None:
-            if self._impl.arm():
-                await self._waiter.wait()
+            await self._wait(seen)
+            seen = self._impl.events
             got = self._impl.poll_recv(td, 0.0)
+        self._recv_targets.clear()
         return got
+
+    def _keep_recv_target(self, td) -> None:
+        # A receive abandoned (timeout, cancellation) still writes into its target when a
+        # later call completes it, and that call returns it: keep every target alive until
+        # a receive completes.
+        if td is not None:
+            self._recv_targets.append(td)
+
+    async def _wait(self, seen: int) -> None:
+        """Sleeps until the pipe may progress. ``seen``: the pipe's event count before this
+        coroutine's last poll. If it changed, that poll (or arm) took events another
+        coroutine of this pipe may be waiting for (a frame moved into UCX's queue leaves the
+        fd quiet): wake it before sleeping."""
+        armed = self._impl.arm()
+        if self._impl.events != seen:
+            self._waiter.wake()
+        if armed:
+            await self._waiter.wait()
 
     # -- lifetime -----------------------------------------------------------------
     def _check_open(self, op: str) -> None:

@@ -91,9 +91,13 @@ void BlockCache::release(Block block) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     if (block.capacity <= limit_) {
       evict_until(limit_ - block.capacity);
-      free_.push_back(block);
-      cached_bytes_ += block.capacity;
-      return;
+      try {
+        free_.push_back(block);
+        cached_bytes_ += block.capacity;
+        return;
+      } catch (const std::bad_alloc&) {
+        // No room to remember it: give it back to the system below.
+      }
     }
   }
   ::munmap(block.data, block.capacity);

@@ -1,6 +1,8 @@
 #include "copy_bytes.h"
 
 #include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -95,13 +97,20 @@ class CopyHelper {
   }
 
  private:
+  // The helper blocks every signal (it inherits the mask it is created with), so signals
+  // meant for the process go to the application's own threads.
   bool start() noexcept {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    bool ok = true;
     try {
       std::thread([this] { run(); }).detach();
-      return true;
     } catch (...) {
-      return false;
+      ok = false;
     }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return ok;
   }
 
   void run() noexcept {

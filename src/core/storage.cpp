@@ -26,7 +26,12 @@ Storage Storage::allocate(size_t nbytes, size_t alignment) {
       alignment <= static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
     detail::BlockCache::Block block = detail::BlockCache::instance().acquire(nbytes);
     Storage s;
-    s.impl_ = std::make_shared<Impl>();
+    try {
+      s.impl_ = std::make_shared<Impl>();
+    } catch (...) {
+      detail::BlockCache::instance().release(block);
+      throw;
+    }
     s.impl_->data = block.data;
     s.impl_->nbytes = nbytes;
     s.impl_->kind = Kind::Owned;

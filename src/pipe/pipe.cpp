@@ -163,6 +163,9 @@ bool TensorDictPipe::closed() const {
 uint16_t TensorDictPipe::local_port() const {
   return impl_->local_port();
 }
+uint64_t TensorDictPipe::events() const {
+  return impl_->events();
+}
 std::string TensorDictPipe::transports() const {
   return impl_->transports();
 }

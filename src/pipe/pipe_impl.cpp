@@ -1,6 +1,10 @@
 #include "pipe_impl.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -41,7 +45,7 @@ ucx::Request PipeImpl::post_control(const Json& body) {
 void PipeImpl::flush(ucx::Request& req, std::chrono::milliseconds budget) {
   auto until = Clock::now() + budget;
   try {
-    while (!req.done() && Clock::now() < until) worker_->progress();
+    while (!req.done() && Clock::now() < until) progress();
   } catch (const Error&) {
   }
 }
@@ -52,6 +56,7 @@ PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& op
       encoder_(mode_of(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, host, port);
+  make_kick();
 }
 
 PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16_t local_port)
@@ -61,6 +66,12 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
       encoder_(mode_of(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, request);
+  make_kick();
+}
+
+void PipeImpl::make_kick() {
+  kick_ = shm::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!kick_) throw SystemError("eventfd", errno);
 }
 
 PipeImpl::~PipeImpl() {
@@ -81,15 +92,11 @@ void PipeImpl::handshake(bool as_server) {
   } catch (...) {
     // Let the refusal reach the peer before the endpoint goes.
     std::lock_guard<std::mutex> lock(mu_);
-    for (int i = 0; i < 50 && worker_->progress(); ++i) {
+    for (int i = 0; i < 50 && progress(); ++i) {
     }
     throw;
   }
-  if (peer.same_namespaces()) {
-    use_direct_endpoint(deadline);
-    retire_first_endpoint(deadline);
-  }
-  connected_ = true;
+  // The peer's pidfd first, so that a peer dying during the switch below ends it at once.
   if (peer.same_host() && peer.pid > 0) {
     try {
       peer_watch_.emplace(peer.pid);
@@ -97,6 +104,20 @@ void PipeImpl::handshake(bool as_server) {
       // Another pid namespace: rely on UCX's own error detection.
     }
   }
+  if (peer.same_namespaces() && peer_is_local()) {
+    use_direct_endpoint(deadline);
+    retire_first_endpoint(deadline);
+  }
+  connected_ = true;
+}
+
+// Whether the connection's other end is this machine by its address too (a loopback
+// address or one of this host's interfaces), not only by what its hello claims: a worker
+// address is parsed by UCX, which trusts it, so only a process of this host may hand us one.
+bool PipeImpl::peer_is_local() const {
+  std::string host = ep_->peer();
+  if (auto colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
+  return ucx::is_local_address(host);
 }
 
 namespace {
@@ -147,6 +168,12 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   if (ucx::shared_memory_enabled()) mine = to_hex(worker_->address());
   send_control({{"worker_address", mine}}, deadline);
   Json reply = recv_control(deadline);
+  // The peer's confirmation travels on the new endpoint and may overtake its address on
+  // the first one: keep it for retire_first_endpoint().
+  if (reply.is_object() && reply.contains("direct")) {
+    early_direct_ = true;
+    reply = recv_control(deadline);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!reply.is_object() || !reply.contains("worker_address"))
     fail("expected the peer's worker address after the handshake, got " + reply.dump(), true, true);
@@ -160,14 +187,17 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
              std::to_string(kMaxWorkerAddress) + " bytes",
          true, true);
   if (mine.is_null()) return;
+  // UCX reads an address until its end marker: zeros after it keep a truncated one from
+  // running past the buffer.
+  address->resize(address->size() + 64, std::byte{0});
   std::unique_ptr<ucx::Endpoint> first = std::move(ep_);
   wired_up_ = false;  // until retire_first_endpoint() has flushed the new endpoint
   try {
     ep_ = std::make_unique<ucx::Endpoint>(*worker_, *address, first->peer());
-  } catch (...) {
+  } catch (const Error& e) {
     ep_ = std::move(first);
     wired_up_ = true;
-    throw;
+    fail(std::string("cannot connect to the peer's worker address: ") + e.what(), true, false);
   }
   first_ep_ = std::move(first);
 }
@@ -178,13 +208,16 @@ void PipeImpl::retire_first_endpoint(Clock::time_point deadline) {
   if (!first_ep_) return;
   wait_wireup(deadline);
   send_control({{"direct", true}}, deadline);
-  Json ok = recv_control(deadline);
-  if (!ok.is_object() || !ok.contains("direct")) {
-    std::lock_guard<std::mutex> lock(mu_);
-    fail("expected the peer's confirmation of the direct endpoint, got " + ok.dump(), true, true);
+  if (!early_direct_) {
+    Json ok = recv_control(deadline);
+    if (!ok.is_object() || !ok.contains("direct")) {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail("expected the peer's confirmation of the direct endpoint, got " + ok.dump(), true, true);
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
+  // Nothing is pending on it (both sides confirmed), so no drain before the forced close.
+  first_ep_->close(/*force=*/true, std::chrono::milliseconds(200), /*drain_failed=*/false);
   first_ep_.reset();
 }
 
@@ -199,16 +232,17 @@ void PipeImpl::wait_wireup(Clock::time_point deadline) {
     flushed = ep_->flush();
   }
   while (true) {
+    const uint64_t seen = worker_->events();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      worker_->progress();
+      progress();
       if (flushed.done()) {
         wired_up_ = true;
         return;
       }
       check_alive();
     }
-    wait_event(deadline, "handshake");
+    wait_event(deadline, "handshake", seen);
   }
 }
 
@@ -220,28 +254,30 @@ void PipeImpl::send_control(const Json& body, Clock::time_point deadline) {
     req = post_control(body);
   }
   while (true) {
+    const uint64_t seen = worker_->events();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      worker_->progress();
+      progress();
       if (req.done()) return;
       check_alive();
     }
-    wait_event(deadline, "handshake");
+    wait_event(deadline, "handshake", seen);
   }
 }
 
 Json PipeImpl::recv_control(Clock::time_point deadline) {
   while (true) {
+    const uint64_t seen = worker_->events();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      worker_->progress();
+      progress();
       if (auto m = ep_->probe(kControlTag)) {
         if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
           fail("control message of " + std::to_string(m->first) + " bytes", true, true);
         std::vector<std::byte> buf(m->first);
         size_t got = 0;
         ucx::Request req = ep_->recv(m->second, buf, &got);
-        while (!req.done()) worker_->progress();
+        while (!req.done()) progress();
         wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
         if (h.kind != wire::MessageKind::Control ||
             wire::kHeaderBytes + h.metadata_bytes != buf.size())
@@ -252,7 +288,7 @@ Json PipeImpl::recv_control(Clock::time_point deadline) {
       }
       check_alive();
     }
-    wait_event(deadline, "handshake");
+    wait_event(deadline, "handshake", seen);
   }
 }
 
@@ -265,7 +301,7 @@ void PipeImpl::drain_control() {
   std::vector<std::byte> buf(m->first);
   size_t got = 0;
   ucx::Request req = ep_->recv(m->second, buf, &got);
-  while (!req.done()) worker_->progress();
+  while (!req.done()) progress();
   Json body;
   try {
     wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
@@ -315,7 +351,7 @@ void PipeImpl::fail(const std::string& reason, bool tell_peer, bool protocol) {
     // Outstanding receives must not land in buffers we may free.
     frame_req_.cancel(worker_->handle());
     for (auto& r : payload_reqs_) r.cancel(worker_->handle());
-    worker_->progress();
+    progress();
   }
   if (protocol) throw ProtocolError(failure_);
   throw ClosedError(failure_);
@@ -323,15 +359,27 @@ void PipeImpl::fail(const std::string& reason, bool tell_peer, bool protocol) {
 
 // ---- waiting ---------------------------------------------------------------
 
+// Progress that wakes the other waiting thread: a send and a receive may wait on two
+// threads, and one's progress can take the event the other sleeps for (the frame lands in
+// UCX's unexpected queue and the worker fd stays quiet). Under mu_.
+unsigned PipeImpl::progress() {
+  const unsigned n = worker_->progress();
+  if (n && sleepers_.load(std::memory_order_acquire) > 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+  }
+  return n;
+}
+
 bool PipeImpl::arm() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (worker_->progress()) return false;
+  if (progress()) return false;
   return worker_->arm();
 }
 
 // Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd and
 // the peer's pidfd in slices, so peer death and closure are noticed within ~100 ms.
-void PipeImpl::wait_event(Clock::time_point deadline, const char* what) {
+void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t seen) {
   // The spin reads the clock and takes the lock once per batch of progress calls: on a VM a
   // clock read can cost as much as an idle progress, and a reply is ~1 us away.
   const auto spin_until = Clock::now() + std::chrono::microseconds(50);
@@ -341,15 +389,28 @@ void PipeImpl::wait_event(Clock::time_point deadline, const char* what) {
       if (worker_->progress()) return;
   } while (Clock::now() < spin_until);
   if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " timed out");
+  // Counted as a sleeper from here on, and back to polling if anything progressed since
+  // the caller's poll began: an event another thread takes from now on kicks us awake.
+  sleepers_.fetch_add(1, std::memory_order_acq_rel);
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
+  } leave{sleepers_};
+  if (worker_->events() != seen) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw ClosedError("the pipe is closed");
-    if (worker_->progress() || !worker_->arm()) return;
+    if (progress() || !worker_->arm()) return;
   }
-  struct pollfd fds[2] = {{worker_->efd(), POLLIN, 0}, {peer_fd(), POLLIN, 0}};
+  struct pollfd fds[3] = {
+      {worker_->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {peer_fd(), POLLIN, 0}};
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   int slice = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100));
-  ::poll(fds, peer_fd() >= 0 ? 2 : 1, slice);
+  ::poll(fds, peer_fd() >= 0 ? 3 : 2, slice);
+  if (fds[1].revents & POLLIN) {
+    uint64_t drained;
+    [[maybe_unused]] ssize_t r = ::read(kick_.get(), &drained, sizeof drained);
+  }
 }
 
 // ---- sending ---------------------------------------------------------------
@@ -377,7 +438,7 @@ void PipeImpl::start_send(const TensorDict& td) {
 }
 
 bool PipeImpl::step_send() {
-  worker_->progress();
+  progress();
   bool all_done = true;
   for (auto& r : send_reqs_) all_done = r.done() && all_done;
   if (!all_done) {
@@ -401,7 +462,11 @@ void PipeImpl::send(const TensorDict& td, Millis timeout) {
   std::lock_guard<std::mutex> one_sender(send_mu_);
   const auto deadline = deadline_after(timeout);
   start_send(td);
-  while (!poll_send()) wait_event(deadline, "send");
+  while (true) {
+    const uint64_t seen = worker_->events();
+    if (poll_send()) return;
+    wait_event(deadline, "send", seen);
+  }
 }
 
 // ---- receiving -------------------------------------------------------------
@@ -414,7 +479,7 @@ void PipeImpl::ensure_frame_capacity(size_t n) {
 }
 
 TensorDict* PipeImpl::step_recv(TensorDict* into) {
-  worker_->progress();
+  progress();
   try {
     if (state_ == RecvState::Idle) {
       auto m = ep_->probe(kFrameTag);
@@ -502,8 +567,9 @@ TensorDict& PipeImpl::recv(TensorDict* into, Millis timeout) {
   std::lock_guard<std::mutex> one_receiver(recv_mu_);
   const auto deadline = deadline_after(timeout);
   while (true) {
+    const uint64_t seen = worker_->events();
     if (TensorDict* td = poll_recv(into)) return *td;
-    wait_event(deadline, "recv");
+    wait_event(deadline, "recv", seen);
   }
 }
 
@@ -520,7 +586,7 @@ void PipeImpl::close() {
   if (closed_.exchange(true)) return;
   frame_req_.cancel(worker_->handle());
   for (auto& r : payload_reqs_) r.cancel(worker_->handle());
-  worker_->progress();
+  progress();
   if (failure_.empty() && ep_->error() == UCS_OK && connected_) {
     // Tell the peer, so its receive ends with "the peer closed the pipe" at once.
     try {

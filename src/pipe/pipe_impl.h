@@ -19,6 +19,7 @@
 
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/shm/process.h"
+#include "tensorwire/shm/unix_socket.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "tensorwire/wire/handshake.h"
@@ -51,6 +52,7 @@ class PipeImpl {
   bool last_new_schema() const { return last_new_schema_; }
 
   int fd() const { return worker_->efd(); }
+  uint64_t events() const { return worker_->events(); }
   bool arm();
   int peer_fd() const { return peer_watch_ ? peer_watch_->fd() : -1; }
 
@@ -67,7 +69,12 @@ class PipeImpl {
   void check_alive();                       // under mu_: throws ClosedError
   void drain_control();                     // under mu_
   [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
-  void wait_event(std::chrono::steady_clock::time_point deadline, const char* what);
+  // Waits for progress to be possible; `seen` is worker_->events() from before the caller's
+  // last poll (returns at once if anything progressed since).
+  void wait_event(std::chrono::steady_clock::time_point deadline, const char* what, uint64_t seen);
+  unsigned progress();  // under mu_
+  bool peer_is_local() const;
+  void make_kick();
   void wait_wireup(std::chrono::steady_clock::time_point deadline);
   void use_direct_endpoint(std::chrono::steady_clock::time_point deadline);
   void retire_first_endpoint(std::chrono::steady_clock::time_point deadline);
@@ -82,6 +89,9 @@ class PipeImpl {
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
   std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
+  bool early_direct_ = false;                // the peer's "direct" came before its address
+  shm::Fd kick_;                             // eventfd: wakes a waiter whose event was taken
+  std::atomic<int> sleepers_{0};             // threads in wait_event
   std::optional<shm::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   uint32_t liveness_calls_ = 0;

@@ -1,6 +1,7 @@
 #include "ucx.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <poll.h>
 
@@ -35,6 +36,29 @@ void throw_status(const std::string& what, ucs_status_t status) {
 }
 
 // ---- Context ---------------------------------------------------------------
+
+bool is_local_address(const std::string& ip) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is4 = ::inet_pton(AF_INET, ip.c_str(), &v4) == 1;
+  const bool is6 = !is4 && ::inet_pton(AF_INET6, ip.c_str(), &v6) == 1;
+  if (!is4 && !is6) return false;
+  if (is4 && (ntohl(v4.s_addr) >> 24) == 127) return true;
+  if (is6 && IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a && !found; a = a->ifa_next) {
+    if (!a->ifa_addr) continue;
+    if (is4 && a->ifa_addr->sa_family == AF_INET)
+      found = reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == v4.s_addr;
+    else if (is6 && a->ifa_addr->sa_family == AF_INET6)
+      found = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6,
+                          sizeof v6) == 0;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
 
 bool shared_memory_enabled() {
   const char* env = std::getenv("UCX_TLS");
@@ -432,9 +456,9 @@ Request Endpoint::flush() {
   return Request(ucp_ep_flush_nbx(ep_, &param), false);
 }
 
-void Endpoint::close(bool force, std::chrono::milliseconds timeout) {
+void Endpoint::close(bool force, std::chrono::milliseconds timeout, bool drain_failed) {
   if (!ep_) return;
-  if (error_ != UCS_OK) {
+  if (error_ != UCS_OK && drain_failed) {
     // UCX 1.13 aborts ("pending request ... should have been flushed") when a failed
     // endpoint is closed while requests still wait in its wireup queue: let them fail
     // first.

@@ -10,6 +10,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -33,6 +34,10 @@ using Clock = std::chrono::steady_clock;
 // Whether UCX_TLS lets UCX use shared memory transports.
 bool shared_memory_enabled();
 
+// Whether `ip` (an IPv4 or IPv6 address in text) is a loopback address or one of this
+// host's interface addresses.
+bool is_local_address(const std::string& ip);
+
 class Context {
  public:
   static std::shared_ptr<Context> get();
@@ -53,7 +58,14 @@ class Worker {
 
   ucp_worker_h handle() const noexcept { return worker_; }
   int efd() const noexcept { return efd_; }
-  unsigned progress() { return ucp_worker_progress(worker_); }
+  unsigned progress() {
+    unsigned n = ucp_worker_progress(worker_);
+    if (n) events_.fetch_add(1, std::memory_order_relaxed);
+    return n;
+  }
+  // How many progress calls found something to do so far: a waiter that sees it change
+  // knows another thread may have taken the event it was sleeping for.
+  uint64_t events() const noexcept { return events_.load(std::memory_order_relaxed); }
   // Arms the wake-up fd: true when it is safe to sleep on efd(), false when events are
   // already pending (progress again instead).
   bool arm();
@@ -67,6 +79,7 @@ class Worker {
   std::shared_ptr<Context> context_;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
+  std::atomic<uint64_t> events_{0};
 };
 
 // An outstanding send or receive. Poll with done(); completed requests are freed.
@@ -149,7 +162,9 @@ class Endpoint {
   Request flush();
 
   // Closes: flushes gracefully unless `force` or the endpoint failed; bounded in time.
-  void close(bool force, std::chrono::milliseconds timeout);
+  // `drain_failed`: first let requests of a failed endpoint fail (UCX 1.13 aborts otherwise);
+  // not needed when nothing can be pending on it.
+  void close(bool force, std::chrono::milliseconds timeout, bool drain_failed = true);
 
  private:
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);

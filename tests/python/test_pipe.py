@@ -359,3 +359,56 @@ def test_transports_name_shared_memory_on_one_host_and_tcp_when_forced(tls):
         pipe.close()
         assert pipe.transports == ""
         assert finish(peer)[0] == 0
+
+
+@pytest.mark.parametrize("spin_us", [0.0, 50.0], ids=["await-at-once", "spin-then-await"])
+def test_concurrent_asend_and_arecv_on_one_pipe_do_not_lose_each_others_wake_ups(tls, spin_us, monkeypatch):
+    # One coroutine sends while another receives on the same pipe: a poll by one can take
+    # the event the other sleeps for; the pipe's event count makes it wake the other.
+    import tensorwire.pipe as twpipe
+    monkeypatch.setattr(twpipe, "ASYNC_SPIN_US", spin_us)
+    n = 300
+
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("echo", "127.0.0.1", listener.port, n)
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+
+        async def sender():
+            for i in range(n):
+                await pipe.asend(tw.TensorDict({"v": np.full(2, i)}, batch_size=[2]))
+
+        async def receiver():
+            for i in range(n):
+                back = await pipe.arecv()
+                assert back["v"].tolist() == [i, i]
+
+        await asyncio.wait_for(asyncio.gather(sender(), receiver()), 60)
+        await pipe.aclose()
+        assert finish(peer)[0] == 0
+        listener.close()
+    asyncio.run(run())
+
+
+def test_an_abandoned_arecv_keeps_its_target_alive_until_a_receive_completes(tls):
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("echo", "127.0.0.1", listener.port, 2)
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        await pipe.asend(tw.TensorDict({"v": np.full(2, 0)}, batch_size=[2]))
+        first = await asyncio.wait_for(pipe.arecv(), 30)        # the schema message
+        assert first["v"].tolist() == [0, 0]
+        target = tw.TensorDict({"v": np.zeros(2, np.int64)}, batch_size=[2])
+        with pytest.raises(asyncio.TimeoutError):                # the echo peer waits for us
+            await asyncio.wait_for(pipe.arecv(target), 0.05)
+        assert pipe._recv_targets == [target]                    # kept: it may still be written
+        del target
+        gc.collect()
+        await pipe.asend(tw.TensorDict({"v": np.full(2, 1)}, batch_size=[2]))
+        got = await asyncio.wait_for(pipe.arecv(), 30)          # completes the abandoned one
+        assert got["v"].tolist() == [1, 1]
+        assert pipe._recv_targets == []                          # released once complete
+        await pipe.aclose()
+        assert finish(peer)[0] == 0
+        listener.close()
+    asyncio.run(run())

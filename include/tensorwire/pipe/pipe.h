@@ -60,6 +60,9 @@ class TensorDictPipe {
 
   // Non-blocking forms for event loops: each advances the operation as far as it can.
   // start_send() then poll_send() until true; poll_recv() until it returns a dict.
+  // A send or receive that times out (or a poll loop that is abandoned) stays in flight:
+  // the sent TensorDict's memory is still read, and a receive still writes into the
+  // TensorDict given to it, until a later call completes it. Keep both alive until then.
   void start_send(const TensorDict& td);
   bool poll_send();
   TensorDict* poll_recv(TensorDict* into = nullptr);
@@ -67,6 +70,10 @@ class TensorDictPipe {
   // returns false, events are already pending (poll again instead of sleeping).
   int fd() const;
   bool arm();
+  // Counts the progress calls that found work. Two waiters on one pipe (a send and a
+  // receive in one event loop): one that sees it change across its own poll and arm may
+  // have taken the other's event, and should wake the other before it sleeps.
+  uint64_t events() const;
   // A fd that becomes readable if the peer process exits (-1 for a remote peer).
   int peer_fd() const;
 

@@ -10,6 +10,7 @@
 #include "tensorwire/pipe/server.h"
 #include "tensorwire/tensorwire.h"
 #include "tensorwire/wire/handshake.h"
+#include "ucx/ucx.h"
 
 using namespace tensorwire;
 using test_support::PeerProcess;
@@ -327,6 +328,18 @@ TEST_P(PipeTest, ConnectingToAPortWithNoListenerFails) {
   EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", port, opt), Error);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   EXPECT_THROW(TensorDictPipe::connect("no-such-host.invalid", port, opt), ValueError);
+}
+
+// Only a process of this host may hand the pipe a UCX worker address (UCX trusts it): the
+// connection's address must be loopback or one of this host's interfaces.
+TEST(PipeLocalAddress, LoopbackAndOwnInterfacesAreLocalOthersAreNot) {
+  EXPECT_TRUE(ucx::is_local_address("127.0.0.1"));
+  EXPECT_TRUE(ucx::is_local_address("127.3.4.5"));
+  EXPECT_TRUE(ucx::is_local_address("::1"));
+  EXPECT_FALSE(ucx::is_local_address("192.0.2.1"));  // TEST-NET-1: never assigned
+  EXPECT_FALSE(ucx::is_local_address("2001:db8::1"));
+  EXPECT_FALSE(ucx::is_local_address("not an address"));
+  EXPECT_FALSE(ucx::is_local_address(""));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PipeTest,
