@@ -297,6 +297,21 @@ nb::object element_to_py(char kind, const std::string& key, const Entry& e, bool
   }
 }
 
+// A datapoint's structure tag: a string "<container><kinds>", or for a dict
+// ["d<kinds>", [keys in order]]. Returns the kinds string and the dict's keys (nullptr
+// for a list or tuple); bad_tag() for any other shape.
+std::pair<const std::string*, const Json*> parse_tag(const Json& tag_json) {
+  const Json* keys = nullptr;
+  const Json* kinds_json = &tag_json;
+  if (tag_json.is_array()) {
+    if (tag_json.size() != 2 || !tag_json[1].is_array()) bad_tag("a malformed dict tag");
+    kinds_json = &tag_json[0];
+    keys = &tag_json[1];
+  }
+  if (!kinds_json->is_string()) bad_tag("not a string");
+  return {&kinds_json->get_ref<const std::string&>(), keys};
+}
+
 const Entry& entry_named(const TensorDict& td, const std::string& name) {
   for (const auto& [n, e] : td.items())
     if (n == name) return e;
@@ -309,17 +324,8 @@ nb::object node_to_py(const TensorDict& td, bool allow_pickle, int depth) {
     if (name == kTag) tag_entry = &e;
   if (!tag_entry) return nb::cast(PyTensorDict(td));  // not from Python: a TensorDict
   if (!tag_entry->is_non_tensor()) bad_tag("not a value");
-  // A string "<container><kinds>", or for a dict ["d<kinds>", [keys in order]].
-  const Json& tag_json = tag_entry->non_tensor().value;
-  const Json* keys = nullptr;
-  const Json* kinds_json = &tag_json;
-  if (tag_json.is_array()) {
-    if (tag_json.size() != 2 || !tag_json[1].is_array()) bad_tag("a malformed dict tag");
-    kinds_json = &tag_json[0];
-    keys = &tag_json[1];
-  }
-  if (!kinds_json->is_string()) bad_tag("not a string");
-  const std::string& tag = kinds_json->get_ref<const std::string&>();
+  const auto [tag_kinds, keys] = parse_tag(tag_entry->non_tensor().value);
+  const std::string& tag = *tag_kinds;
   if (tag.empty() || td.size() != tag.size() || (keys && keys->size() + 1 != tag.size()))
     bad_tag("'" + tag.substr(0, 64) + "' does not match the entries");
   const char container = tag[0];
@@ -397,16 +403,8 @@ std::unique_ptr<PlanNode> make_plan(const Json& node, int depth) {
   auto tag_it = non_tensors->find(kTag);
   if (tag_it == non_tensors->end()) return nullptr;
   if (!tag_it->is_array() || tag_it->empty()) bad_tag("not a value");
-  const Json& tag_json = (*tag_it)[0];
-  const Json* keys = nullptr;
-  const Json* kinds_json = &tag_json;
-  if (tag_json.is_array()) {
-    if (tag_json.size() != 2 || !tag_json[1].is_array()) bad_tag("a malformed dict tag");
-    kinds_json = &tag_json[0];
-    keys = &tag_json[1];
-  }
-  if (!kinds_json->is_string()) bad_tag("not a string");
-  const std::string& tag = kinds_json->get_ref<const std::string&>();
+  const auto [tag_kinds, keys] = parse_tag((*tag_it)[0]);
+  const std::string& tag = *tag_kinds;
   if (tag.empty() || (keys && keys->size() + 1 != tag.size()))
     bad_tag("a tag that does not match its keys");
   auto plan = std::make_unique<PlanNode>();

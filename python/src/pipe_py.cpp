@@ -14,19 +14,8 @@ namespace tensorwire::py {
 
 namespace {
 
-// Calls poll() until it returns true or spin_us passes (at least once); the clock is read
-// once per 16 calls.
-template <class Poll>
-bool spin_poll(double spin_us, Poll&& poll) {
-  if (poll()) return true;
-  if (spin_us <= 0) return false;
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::nanoseconds(static_cast<int64_t>(spin_us * 1000));
-  do {
-    for (int i = 0; i < 16; ++i)
-      if (poll()) return true;
-  } while (std::chrono::steady_clock::now() < until);
-  return false;
+std::chrono::microseconds micros(double us) {
+  return std::chrono::microseconds(us > 0 ? static_cast<int64_t>(us) : 0);
 }
 
 using Millis = std::chrono::milliseconds;
@@ -156,7 +145,7 @@ void bind_pipe(nb::module_& m) {
           [](PyPipe& self, double spin_us) {
             nb::gil_scoped_release nogil;
             TensorDictPipe& p = self.get();
-            return spin_poll(spin_us, [&] { return p.poll_send(); });
+            return p.poll_send(micros(spin_us));
           },
           nb::arg("spin_us") = 0.0)
       .def(
@@ -167,7 +156,7 @@ void bind_pipe(nb::module_& m) {
             {
               nb::gil_scoped_release nogil;
               TensorDictPipe& p = self.get();
-              spin_poll(spin_us, [&] { return (got = p.poll_recv(into)) != nullptr; });
+              got = p.poll_recv(into, micros(spin_us));
             }
             return got ? self.wrap(*got, into_obj, into) : nb::none();
           },

@@ -139,11 +139,11 @@ std::future<TensorDict> TensorDictPipe::recv_async() {
 void TensorDictPipe::start_send(const TensorDict& td) {
   impl_->start_send(td);
 }
-bool TensorDictPipe::poll_send() {
-  return impl_->poll_send();
+bool TensorDictPipe::poll_send(std::chrono::microseconds spin) {
+  return impl_->poll_send(spin);
 }
-TensorDict* TensorDictPipe::poll_recv(TensorDict* into) {
-  return impl_->poll_recv(into);
+TensorDict* TensorDictPipe::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
+  return impl_->poll_recv(into, spin);
 }
 int TensorDictPipe::fd() const {
   return impl_->fd();

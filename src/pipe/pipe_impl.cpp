@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "wire/hex.h"
+
 namespace tensorwire::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -25,6 +27,18 @@ wire::HandshakeConfig handshake_config(const PipeOptions& o) {
 
 Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   return timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
+}
+
+// Runs `batch` (a few polls; true once one succeeded) until it succeeds or `budget` has
+// passed, reading the clock once per batch: on a VM a clock read costs about as much as an
+// idle progress call, and a reply on one host is about 1 us away.
+template <class Batch>
+bool spin_for(Clock::duration budget, Batch&& batch) {
+  const auto until = Clock::now() + budget;
+  do {
+    if (batch()) return true;
+  } while (Clock::now() < until);
+  return false;
 }
 
 // Control frames are small; anything bigger is a protocol violation.
@@ -123,35 +137,6 @@ bool PipeImpl::peer_is_local() const {
 namespace {
 // A UCX worker address is a few hundred bytes; anything near this is not one.
 constexpr size_t kMaxWorkerAddress = 16 * 1024;
-
-std::string to_hex(std::span<const std::byte> bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (std::byte b : bytes) {
-    out += digits[static_cast<unsigned>(b) >> 4];
-    out += digits[static_cast<unsigned>(b) & 15];
-  }
-  return out;
-}
-
-// Decodes lowercase or uppercase hex; std::nullopt for anything else.
-std::optional<std::vector<std::byte>> from_hex(const std::string& s) {
-  if (s.size() % 2 != 0) return std::nullopt;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::vector<std::byte> out(s.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i) {
-    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out[i] = static_cast<std::byte>(hi * 16 + lo);
-  }
-  return out;
-}
 }  // namespace
 
 // Two processes on one host (and in the same pid and IPC namespaces: not two containers):
@@ -165,7 +150,7 @@ std::optional<std::vector<std::byte>> from_hex(const std::string& s) {
 // on it is lost.
 void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   Json mine = nullptr;
-  if (ucx::shared_memory_enabled()) mine = to_hex(worker_->address());
+  if (ucx::shared_memory_enabled()) mine = wire::to_hex(worker_->address());
   send_control({{"worker_address", mine}}, deadline);
   Json reply = recv_control(deadline);
   // The peer's confirmation travels on the new endpoint and may overtake its address on
@@ -181,7 +166,7 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   if (theirs.is_null()) return;
   std::optional<std::vector<std::byte>> address;
   if (theirs.is_string() && theirs.get_ref<const std::string&>().size() <= 2 * kMaxWorkerAddress)
-    address = from_hex(theirs.get<std::string>());
+    address = wire::from_hex(theirs.get<std::string>());
   if (!address || address->empty())
     fail("the peer's worker address is not a hex string of at most " +
              std::to_string(kMaxWorkerAddress) + " bytes",
@@ -380,14 +365,14 @@ bool PipeImpl::arm() {
 // Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd and
 // the peer's pidfd in slices, so peer death and closure are noticed within ~100 ms.
 void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t seen) {
-  // The spin reads the clock and takes the lock once per batch of progress calls: on a VM a
-  // clock read can cost as much as an idle progress, and a reply is ~1 us away.
-  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
-  do {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int i = 0; i < 16; ++i)
-      if (worker_->progress()) return;
-  } while (Clock::now() < spin_until);
+  // The lock is taken once per batch of progress calls too.
+  if (spin_for(std::chrono::microseconds(50), [&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int i = 0; i < 16; ++i)
+          if (worker_->progress()) return true;
+        return false;
+      }))
+    return;
   if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " timed out");
   // Counted as a sleeper from here on, and back to polling if anything progressed since
   // the caller's poll began: an event another thread takes from now on kicks us awake.
@@ -452,10 +437,17 @@ bool PipeImpl::step_send() {
   return true;
 }
 
-bool PipeImpl::poll_send() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!sending_) return true;
-  return step_send();
+bool PipeImpl::poll_send(std::chrono::microseconds spin) {
+  auto once = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !sending_ || step_send();
+  };
+  if (once()) return true;
+  return spin.count() > 0 && spin_for(spin, [&] {
+           for (int i = 0; i < 16; ++i)
+             if (once()) return true;
+           return false;
+         });
 }
 
 void PipeImpl::send(const TensorDict& td, Millis timeout) {
@@ -557,10 +549,20 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
   }
 }
 
-TensorDict* PipeImpl::poll_recv(TensorDict* into) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw ClosedError("Cannot recv on a closed pipe.");
-  return step_recv(into);
+TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
+  auto once = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw ClosedError("Cannot recv on a closed pipe.");
+    return step_recv(into);
+  };
+  TensorDict* got = once();
+  if (got || spin.count() <= 0) return got;
+  spin_for(spin, [&] {
+    for (int i = 0; i < 16; ++i)
+      if ((got = once())) return true;
+    return false;
+  });
+  return got;
 }
 
 TensorDict& PipeImpl::recv(TensorDict* into, Millis timeout) {

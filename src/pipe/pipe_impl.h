@@ -47,8 +47,9 @@ class PipeImpl {
   void send(const TensorDict& td, Millis timeout);
   TensorDict& recv(TensorDict* into, Millis timeout);
   void start_send(const TensorDict& td);
-  bool poll_send();
-  TensorDict* poll_recv(TensorDict* into);
+  bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
+  TensorDict* poll_recv(TensorDict* into,
+                        std::chrono::microseconds spin = std::chrono::microseconds(0));
   bool last_new_schema() const { return last_new_schema_; }
 
   int fd() const { return worker_->efd(); }

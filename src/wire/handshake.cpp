@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <span>
+
+#include "wire/hex.h"
 
 namespace tensorwire::wire {
 
@@ -14,22 +17,11 @@ namespace {
 
 constexpr int kVersion = 1;
 
-std::string hex(const unsigned char* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(digits[p[i] >> 4]);
-    out.push_back(digits[p[i] & 15]);
-  }
-  return out;
-}
-
 std::string nonce() {
   unsigned char buf[16];
   if (::getrandom(buf, sizeof buf, 0) != static_cast<ssize_t>(sizeof buf))
     throw SystemError("getrandom", errno);
-  return hex(buf, sizeof buf);
+  return to_hex(std::as_bytes(std::span(buf)));
 }
 
 const std::string& boot_id() {
@@ -122,7 +114,7 @@ std::string hmac_sha256_hex(const std::string& key, const std::string& message) 
   if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
             reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len))
     throw Error("HMAC-SHA256 failed");
-  return hex(out, len);
+  return to_hex(std::as_bytes(std::span(out, len)));
 }
 
 PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& send,

@@ -64,8 +64,11 @@ class TensorDictPipe {
   // the sent TensorDict's memory is still read, and a receive still writes into the
   // TensorDict given to it, until a later call completes it. Keep both alive until then.
   void start_send(const TensorDict& td);
-  bool poll_send();
-  TensorDict* poll_recv(TensorDict* into = nullptr);
+  // `spin`: keep polling this long before giving up (an event loop that would otherwise
+  // pay tens of microseconds per wake-up; a reply on one host is about 1 us away).
+  bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
+  TensorDict* poll_recv(TensorDict* into = nullptr,
+                        std::chrono::microseconds spin = std::chrono::microseconds(0));
   // A fd that becomes readable when progress may be possible. Call arm() first: when it
   // returns false, events are already pending (poll again instead of sleeping).
   int fd() const;
