@@ -30,8 +30,8 @@
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
-#include "tensorwire/shm/adaptive_spin.h"
-#include "tensorwire/shm/futex.h"
+#include "os/adaptive_spin.h"
+#include "os/futex.h"
 
 namespace tensorwire::tools {
 
@@ -228,10 +228,10 @@ Client client_for(const Options& o, const std::string& name) {
 // so both see the same load on the machine (figures on a shared machine drift by
 // integer factors from one second to the next).
 struct LatencyShared {
-  shm::WaitWord ping;
-  alignas(64) shm::WaitWord pong;
-  alignas(64) shm::WaitWord go;
-  alignas(64) shm::WaitWord done;
+  os::WaitWord ping;
+  alignas(64) os::WaitWord pong;
+  alignas(64) os::WaitWord go;
+  alignas(64) os::WaitWord done;
   alignas(64) std::atomic<uint32_t> stop{0};
   double rt[1];  // round-trip samples, written by the client process
 };
@@ -242,7 +242,7 @@ Json run_latency(const Options& o) {
       "== latency: one client process, float32[4] -> float32[2], a policy that costs nothing ==\n");
   std::printf(
       "   wait strategy: spin up to %u pause iterations (%.0f ns each, adaptive), then futex\n\n",
-      o.spin, shm::AdaptiveSpin::pause_ns());
+      o.spin, os::AdaptiveSpin::pause_ns());
   const int block = 500;
   const int blocks = std::max(1, o.latency_requests / block);
   const int n = blocks * block;
@@ -261,7 +261,7 @@ Json run_latency(const Options& o) {
   std::fflush(nullptr);
   pid_t partner = ::fork();
   if (partner == 0) {  // the other end of the ping-pong
-    shm::AdaptiveSpin spin(o.spin);
+    os::AdaptiveSpin spin(o.spin);
     uint32_t seen = 0;
     while (true) {
       seen = spin.wait(L->ping, seen, forever, always);
@@ -290,7 +290,7 @@ Json run_latency(const Options& o) {
 
   std::vector<double> pp;
   pp.reserve(static_cast<size_t>(n));
-  shm::AdaptiveSpin spin(o.spin);
+  os::AdaptiveSpin spin(o.spin);
   uint32_t pong_seen = 0, done_seen = 0;
   for (int i = 0; i < 1000; ++i) {  // warm-up
     L->ping.notify_all();
@@ -326,7 +326,7 @@ Json run_latency(const Options& o) {
       "   ratio of p50s: %.2fx (target <= 3x: %s); %d samples each, in %d interleaved blocks\n\n",
       ratio, ratio <= 3 ? "met" : "MISSED", n, blocks);
   return {{"spin", o.spin},
-          {"pause_ns", shm::AdaptiveSpin::pause_ns()},
+          {"pause_ns", os::AdaptiveSpin::pause_ns()},
           {"samples", n},
           {"pingpong_us", {{"p50", pp50}, {"p95", pp95}, {"p99", pp99}}},
           {"round_trip_us", {{"p50", rt50}, {"p95", rt95}, {"p99", rt99}}},

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 
 namespace tensorwire::py {
+void bind_errors(nanobind::module_& m);
 void bind_tensordict(nanobind::module_& m);
 void bind_pipe(nanobind::module_& m);
 void bind_dataflow(nanobind::module_& m);

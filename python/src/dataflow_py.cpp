@@ -737,12 +737,12 @@ df::ForkHooks python_fork_hooks() {
   return h;
 }
 
-df::Failure describe_python_failure(std::exception_ptr ep) {
+Failure describe_python_failure(std::exception_ptr ep) {
   nb::gil_scoped_acquire gil;
   try {
     std::rethrow_exception(ep);
   } catch (nb::python_error& e) {
-    df::Failure f;
+    Failure f;
     nb::handle exc = e.value();
     nb::handle type = exc.type();
     std::string module =
@@ -768,20 +768,8 @@ df::Failure describe_python_failure(std::exception_ptr ep) {
     }
     return f;
   } catch (...) {
-    return df::describe_exception(std::current_exception());
+    return describe_exception(std::current_exception());
   }
-}
-
-// Rebuilds a worker's exception in Python (tensorwire.dataflow._worker_exception) and
-// sets it as the current Python error.
-[[noreturn]] void raise_worker_error(const df::WorkerError& e, const char* owner) {
-  const df::Failure& f = e.failure();
-  nb::object exc =
-      nb::module_::import_("tensorwire.dataflow")
-          .attr("_worker_exception")(owner, e.worker(), e.pid(), f.type, f.message, f.traceback,
-                                     nb::bytes(f.payload.data(), f.payload.size()));
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-  throw nb::python_error();
 }
 
 // Waits in slices without the GIL, checking Python signals in between. `step` returns
@@ -855,11 +843,8 @@ struct PyEpoch {
             return dp.has_value() || epoch->done();
           },
           look_first);
-    } catch (const df::WorkerError& e) {
-      epoch.reset();  // as a generator that raised: this iteration is over
-      raise_worker_error(e, name);
     } catch (...) {
-      epoch.reset();
+      epoch.reset();  // as a generator that raised: this iteration is over
       throw;
     }
     if (!dp) {
@@ -986,16 +971,12 @@ void bind_dataflow(nb::module_& m) {
       .def("next",
            [](PyRunner& r) {
              std::optional<df::RawDatapoint> dp;
-             try {
-               wait_interruptibly(
-                   [&](Millis slice) {
-                     dp = r.runner->next_raw(slice);
-                     return dp.has_value();
-                   },
-                   true);
-             } catch (const df::WorkerError& e) {
-               raise_worker_error(e, r.name);
-             }
+             wait_interruptibly(
+                 [&](Millis slice) {
+                   dp = r.runner->next_raw(slice);
+                   return dp.has_value();
+                 },
+                 true);
              return raw_to_py(*dp, plan_cache(), true);
            })
       .def("close", [](PyRunner& r) { r.runner->close(); })

@@ -228,7 +228,7 @@ struct PyCallable {
   }
 };
 
-inf::RemoteError describe_python_error(nb::python_error& e) {
+RemoteError describe_python_error(nb::python_error& e) {
   nb::handle type = e.type();
   std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
   std::string name = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
@@ -238,7 +238,7 @@ inf::RemoteError describe_python_error(nb::python_error& e) {
   std::string message = nb::len(args) == 1 && nb::isinstance<nb::str>(args[0])
                             ? nb::cast<std::string>(args[0])
                             : nb::cast<std::string>(nb::str(value));
-  return inf::RemoteError(std::move(name), std::move(message));
+  return RemoteError(std::move(name), std::move(message));
 }
 
 bool interpreter_finalizing() {
@@ -328,29 +328,6 @@ nb::list key_list(const std::vector<Key>& keys) {
 }  // namespace
 
 void bind_inference(nb::module_& m) {
-  // RemoteError: the builtin exception named by the server when there is one (the
-  // policy raised a ValueError: the client raises a ValueError), a RuntimeError naming
-  // the original type otherwise.
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const inf::RemoteError& e) {
-      PyObject* type = nullptr;
-      if (e.type_name().find('.') == std::string::npos) {
-        PyObject* builtins = PyEval_GetBuiltins();  // borrowed
-        PyObject* t = builtins ? PyDict_GetItemString(builtins, e.type_name().c_str()) : nullptr;
-        if (t && PyType_Check(t) &&
-            PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t),
-                             reinterpret_cast<PyTypeObject*>(PyExc_Exception)))
-          type = t;
-      }
-      if (type)
-        PyErr_SetString(type, e.message().c_str());
-      else
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-    }
-  });
-
   nb::class_<PyFuture>(m, "InferenceFuture", "One in-flight inference request.")
       .def("done", &PyFuture::done, "True when result() would not block.")
       .def("result", &PyFuture::result, nb::arg("timeout").none() = nb::none(),
@@ -511,7 +488,7 @@ void bind_inference(nb::module_& m) {
            })
       .def("_reject_one",
            [](inf::SharedMemoryTransport& t, uint32_t slot, const std::string& type,
-              const std::string& message) { t.reject_one(slot, inf::RemoteError(type, message)); })
+              const std::string& message) { t.reject_one(slot, RemoteError(type, message)); })
       .def_prop_ro("sizes", [](const inf::SharedMemoryTransport& t) {
         auto s = t.sizes();
         nb::dict d;

@@ -3,7 +3,7 @@
 The core is C++ (``tensorwire._C``); leaves come back as zero-copy numpy arrays (or torch
 tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
-from ._C import (NonTensorStack, ProtocolError, TensorDict, load, release_storage_cache,
+from ._C import (ClosedError, NonTensorStack, ProtocolError, RemoteTraceback, TensorDict, load, release_storage_cache,
                  set_storage_cache_limit, stack, storage_cache_stats)
 from ._interop import from_tensordict, to_tensordict
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
@@ -17,6 +17,8 @@ __all__ = [
     "TensorDict",
     "NonTensorStack",
     "ProtocolError",
+    "ClosedError",
+    "RemoteTraceback",
     "load",
     "stack",
     "set_storage_cache_limit", "release_storage_cache", "storage_cache_stats",

@@ -32,7 +32,7 @@ import warnings
 import weakref
 
 from . import _C
-from ._C import WorkerDiedError
+from ._C import RemoteTraceback, WorkerDiedError
 
 __all__ = [
     "DataFlow",
@@ -73,47 +73,6 @@ def _seed_worker(seed):
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker process (set as ``__cause__``)."""
-
-    def __init__(self, tb):
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self):
-        return self.tb
-
-
-def _worker_exception(owner, worker, pid, type_name, message, tb, payload):
-    """Rebuilds a worker's exception in this process (called from the C++ binding)."""
-    exc = None
-    if payload:
-        try:
-            exc = pickle.loads(payload)
-        except Exception:
-            exc = None
-    if not isinstance(exc, Exception):
-        # Not picklable (or a C++ worker): the same builtin type when there is one.
-        module, _, name = type_name.rpartition(".")
-        cls = getattr(builtins, name, None) if module == "builtins" else None
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            try:
-                exc = cls(message)
-            except Exception:
-                exc = None
-        if exc is None:
-            # SystemExit / KeyboardInterrupt in a worker must not end this process.
-            exc = RuntimeError(f"{type_name}: {message}")
-    exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""' if tb else type_name)
-    note = f"raised in {owner} worker {worker} (pid {pid})"
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    exc.worker_traceback = tb
-    exc.worker = worker
-    logger.error("%s: %s in worker %d:\n%s", owner, type_name, worker, tb)
-    return exc
 
 
 # Every runner that forked, so that interpreter exit reaps their workers even when the

@@ -11,14 +11,14 @@ namespace tensorwire::dataflow::detail {
 void MainLink::make_sockets(int num_workers) {
   owner_pid = ::getpid();
   for (int i = 0; i < num_workers; ++i) {
-    auto [a, b] = shm::UnixSocket::pair();
+    auto [a, b] = os::UnixSocket::pair();
     parent_ends.push_back(std::move(a));
     child_ends.push_back(std::move(b));
   }
 }
 
-shm::UnixSocket MainLink::take_child_end(int index) {
-  shm::UnixSocket mine = std::move(child_ends.at(static_cast<size_t>(index)));
+os::UnixSocket MainLink::take_child_end(int index) {
+  os::UnixSocket mine = std::move(child_ends.at(static_cast<size_t>(index)));
   parent_ends.clear();
   child_ends.clear();
   workers.forget_in_child();
@@ -128,7 +128,7 @@ void MainLink::close() noexcept {
 
 // ---- WorkerLink --------------------------------------------------------------------------
 
-WorkerLink::WorkerLink(int index_, shm::UnixSocket socket_, const std::string& endpoint, int sndhwm,
+WorkerLink::WorkerLink(int index_, os::UnixSocket socket_, const std::string& endpoint, int sndhwm,
                        size_t min_chunks)
     : index(index_),
       socket(std::move(socket_)),

@@ -39,7 +39,7 @@ struct MainLink {
   void make_sockets(int num_workers);
   // In a child, before anything else: drops what belongs to the parent and returns the
   // child's own end of its socket pair.
-  shm::UnixSocket take_child_end(int index);
+  os::UnixSocket take_child_end(int index);
   // After forking: the ZeroMQ context, the PULL socket bound to `endpoint`, the receiver.
   void open(const std::string& endpoint);
 
@@ -54,7 +54,7 @@ struct MainLink {
   std::string owner;
   WorkerProcesses workers;
   Millis liveness;
-  std::vector<shm::UnixSocket> parent_ends, child_ends;
+  std::vector<os::UnixSocket> parent_ends, child_ends;
   std::unique_ptr<zmqio::Context> ctx;
   std::unique_ptr<zmqio::Socket> pull;
   std::unique_ptr<ShmReceiver> receiver;
@@ -69,7 +69,7 @@ struct MainLink {
 
 struct WorkerLink {
   // `min_chunks`: see ShmSender. Connects a PUSH socket to `endpoint`.
-  WorkerLink(int index, shm::UnixSocket socket, const std::string& endpoint, int sndhwm,
+  WorkerLink(int index, os::UnixSocket socket, const std::string& endpoint, int sndhwm,
              size_t min_chunks);
 
   // Encodes `td` into shared memory and adds its descriptor to the batch (not sent yet).
@@ -95,7 +95,7 @@ struct WorkerLink {
   [[noreturn]] void park();
 
   int index;
-  shm::UnixSocket socket;
+  os::UnixSocket socket;
   zmqio::Context ctx;
   zmqio::Socket push;
   ShmSender sender;

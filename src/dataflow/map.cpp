@@ -56,7 +56,7 @@ struct MultiProcessMapDataZMQ::Impl : detail::RunnerCore {
 };
 
 void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
-  shm::UnixSocket sock = link.take_child_end(index);
+  os::UnixSocket sock = link.take_child_end(index);
   // The task socket's end in this worker: its own queue is as deep as the whole buffer,
   // so that the main process never blocks sending a task.
   detail::WorkerLink w(index, std::move(sock), result_endpoint, 0,
@@ -201,7 +201,7 @@ MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
 void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
   const int n = m.opt.num_proc;
-  const std::string base = "ipc://@" + shm::unique_name("dataflow-map");
+  const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";
   m.task_endpoint = base + "-tasks-";
   m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });

@@ -6,7 +6,7 @@
 
 #include "dataflow/links.h"
 #include "dataflow/runner_core.h"
-#include "tensorwire/shm/futex.h"
+#include "os/futex.h"
 
 namespace tensorwire::dataflow {
 
@@ -38,7 +38,7 @@ struct alignas(64) Credit {
     const uint32_t r = received.fetch_add(1, std::memory_order_seq_cst) + 1;
     if (sleeping.load(std::memory_order_seq_cst) &&
         static_cast<int32_t>(r - wake_at.load(std::memory_order_relaxed)) >= 0)
-      shm::futex_wake(&received);
+      os::futex_wake(&received);
   }
   // Worker side: waits until received reaches `target` (or the parent is gone).
   uint32_t wait_for(uint32_t target) noexcept {
@@ -51,7 +51,7 @@ struct alignas(64) Credit {
       // here, or the main process saw `sleeping` and wakes us.
       r = received.load(std::memory_order_seq_cst);
       if (static_cast<int32_t>(r - target) < 0)
-        shm::futex_wait(&received, r, std::chrono::milliseconds(100));
+        os::futex_wait(&received, r, std::chrono::milliseconds(100));
       sleeping.store(0, std::memory_order_relaxed);
       r = received.load(std::memory_order_acquire);
     }
@@ -148,7 +148,7 @@ void MultiProcessRunnerZMQ::reset_state() {
   Impl& m = *impl_;
   if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
   const int n = m.opt.num_proc;
-  m.endpoint = "ipc://@" + shm::unique_name("dataflow");
+  m.endpoint = "ipc://@" + os::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) new (&m.credit(i)) Credit{};
   m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });

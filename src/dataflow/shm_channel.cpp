@@ -215,13 +215,13 @@ ShmReceiver::Received ShmReceiver::decode(std::span<const std::byte> msg) {
   return r;
 }
 
-void send_segment(shm::UnixSocket& socket, uint32_t index, const shm::Segment& segment) {
+void send_segment(os::UnixSocket& socket, uint32_t index, const shm::Segment& segment) {
   socket.send("segment " + std::to_string(index) + " " + std::to_string(segment.size()),
               {segment.fd()});
 }
 
-std::optional<std::pair<uint32_t, shm::Segment>> recv_segment(shm::UnixSocket& socket,
-                                                              shm::Millis timeout) {
+std::optional<std::pair<uint32_t, shm::Segment>> recv_segment(os::UnixSocket& socket,
+                                                              os::Millis timeout) {
   auto m = socket.recv(timeout);
   if (!m) return std::nullopt;
   unsigned long index = 0, size = 0;

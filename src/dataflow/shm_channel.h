@@ -22,8 +22,8 @@
 
 #include "dataflow/descriptor.h"
 #include "tensorwire/core/consolidate.h"
-#include "tensorwire/shm/chunk_arena.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "shm/chunk_arena.h"
+#include "os/unix_socket.h"
 #include "tensorwire/wire/frame.h"
 #include "tensorwire/wire/layout.h"
 
@@ -96,9 +96,9 @@ class ShmReceiver {
 };
 
 // Segments over a Unix socket: "segment <index> <bytes>" with the memfd attached.
-void send_segment(shm::UnixSocket& socket, uint32_t index, const shm::Segment& segment);
+void send_segment(os::UnixSocket& socket, uint32_t index, const shm::Segment& segment);
 // Receives the next segment message; std::nullopt on timeout, ClosedError on EOF.
-std::optional<std::pair<uint32_t, shm::Segment>> recv_segment(shm::UnixSocket& socket,
-                                                              shm::Millis timeout);
+std::optional<std::pair<uint32_t, shm::Segment>> recv_segment(os::UnixSocket& socket,
+                                                              os::Millis timeout);
 
 }  // namespace tensorwire::dataflow::detail

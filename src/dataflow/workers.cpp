@@ -63,7 +63,7 @@ void WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   w.index = info.index;
   w.pid = pid;
   try {
-    w.watch = shm::ProcessWatch(pid);
+    w.watch = os::ProcessWatch(pid);
   } catch (...) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
@@ -83,7 +83,7 @@ void WorkerProcesses::check() {
     w.reaped = true;
     w.status = r == w.pid ? status : -1;
     const std::string how =
-        r == w.pid ? shm::describe_exit(status) : "ended (exit status unavailable)";
+        r == w.pid ? os::describe_exit(status) : "ended (exit status unavailable)";
     throw WorkerDiedError(owner_ + ": worker " + std::to_string(w.index) + " (pid " +
                               std::to_string(w.pid) + ") " + how,
                           w.index, w.pid, w.status);
@@ -104,7 +104,7 @@ std::vector<int> WorkerProcesses::pids() const {
 }
 
 void WorkerProcesses::forget_in_child() noexcept {
-  for (Worker& w : workers_) w.watch = shm::ProcessWatch();
+  for (Worker& w : workers_) w.watch = os::ProcessWatch();
   workers_.clear();
   parent_pid_ = -1;
 }

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tensorwire/dataflow/dataflow.h"
-#include "tensorwire/shm/process.h"
+#include "os/process.h"
 
 namespace tensorwire::dataflow::detail {
 
@@ -49,7 +49,7 @@ class WorkerProcesses {
   struct Worker {
     int index = 0;
     int pid = -1;
-    shm::ProcessWatch watch;
+    os::ProcessWatch watch;
     bool reaped = false;
     int status = -1;
   };

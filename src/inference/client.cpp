@@ -1,42 +1,6 @@
 #include "tensorwire/inference/client.h"
 
-#include <cxxabi.h>
-
-#include <cstdlib>
-#include <typeinfo>
-
 namespace tensorwire::inference {
-
-RemoteError::RemoteError(std::string type_name, std::string message)
-    : Error(type_name + ": " + message),
-      type_name_(std::move(type_name)),
-      message_(std::move(message)) {}
-
-RemoteError describe_exception(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const RemoteError& e) {
-    return e;
-  } catch (const KeyError& e) {
-    return RemoteError("KeyError", e.what());
-  } catch (const ValueError& e) {
-    return RemoteError("ValueError", e.what());
-  } catch (const TypeError& e) {
-    return RemoteError("TypeError", e.what());
-  } catch (const TimeoutError& e) {
-    return RemoteError("TimeoutError", e.what());
-  } catch (const Error& e) {
-    return RemoteError("RuntimeError", e.what());
-  } catch (const std::exception& e) {
-    int status = 0;
-    char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
-    std::string type = status == 0 && name ? name : typeid(e).name();
-    std::free(name);
-    return RemoteError(type, e.what());
-  } catch (...) {
-    return RemoteError("unknown", "an exception that is not a std::exception");
-  }
-}
 
 Clock::time_point deadline_after(Timeout timeout) noexcept {
   if (timeout.count() < 0) return Clock::time_point::max();

@@ -8,7 +8,7 @@
 #include <optional>
 #include <thread>
 
-#include "tensorwire/shm/fork.h"
+#include "os/fork.h"
 
 namespace tensorwire::inference {
 
@@ -109,7 +109,7 @@ void InferenceServer::State::run() {
         std::vector<size_t> all(d.size());
         for (size_t k = 0; k < all.size(); ++k) all[k] = k;
         try {
-          transport->reject(d, all, describe_exception(std::current_exception()));
+          transport->reject(d, all, RemoteError(describe_exception(std::current_exception())));
         } catch (...) {
         }
         d.clear();
@@ -134,7 +134,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
   } catch (...) {
     std::vector<size_t> all(d.size());
     for (size_t k = 0; k < all.size(); ++k) all[k] = k;
-    transport->reject(d, all, describe_exception(std::current_exception()));
+    transport->reject(d, all, RemoteError(describe_exception(std::current_exception())));
     return;
   }
   // The policy runs for every group first; stats are recorded before any response goes
@@ -153,7 +153,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       try {
         outputs[k] = policy(*groups[k].input);
       } catch (...) {
-        errors[k] = describe_exception(std::current_exception());
+        errors[k] = RemoteError(describe_exception(std::current_exception()));
       }
     }
     forward_end = Clock::now();
@@ -164,7 +164,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       try {
         transport->resolve(d, groups[k], outputs[k], stamp);
       } catch (...) {
-        errors[k] = describe_exception(std::current_exception());
+        errors[k] = RemoteError(describe_exception(std::current_exception()));
       }
     }
     if (errors[k]) transport->reject(d, groups[k].rows, *errors[k]);
@@ -206,7 +206,7 @@ InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> trans
 }
 
 InferenceServer::~InferenceServer() {
-  if (s_->worker.joinable() && s_->worker_generation != shm::fork_generation()) {
+  if (s_->worker.joinable() && s_->worker_generation != os::fork_generation()) {
     new std::thread(std::move(s_->worker));  // a forked copy: the thread is the parent's
     return;
   }
@@ -223,13 +223,13 @@ void InferenceServer::start() {
     std::lock_guard<std::mutex> lock(s_->done_mu);
     s_->finished = false;
   }
-  s_->worker_generation = shm::fork_generation();
+  s_->worker_generation = os::fork_generation();
   s_->worker = std::thread([s = s_.get()] { s->run(); });
 }
 
 bool InferenceServer::shutdown(Timeout timeout) {
   if (!s_->worker.joinable()) return true;
-  if (s_->worker_generation != shm::fork_generation()) return false;
+  if (s_->worker_generation != os::fork_generation()) return false;
   s_->stop = true;
   s_->transport->close_server("InferenceServer is shutting down.", false);
   s_->transport->interrupt();
@@ -246,7 +246,7 @@ bool InferenceServer::shutdown(Timeout timeout) {
 
 bool InferenceServer::running() const noexcept {
   std::lock_guard<std::mutex> lock(s_->done_mu);
-  return s_->worker.joinable() && !s_->finished && s_->worker_generation == shm::fork_generation();
+  return s_->worker.joinable() && !s_->finished && s_->worker_generation == os::fork_generation();
 }
 
 void InferenceServer::update_model(const std::function<void()>& fn, bool mark) {

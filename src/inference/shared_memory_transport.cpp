@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "os/fork.h"
 #include "shm_client.h"
 #include "shm_owner.h"
-#include "tensorwire/shm/fork.h"
 
 namespace tensorwire::inference {
 
@@ -62,7 +62,7 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
   if (options.num_slots < 1)
     throw ValueError("num_slots must be at least 1, got " + std::to_string(options.num_slots));
   std::shared_ptr<SharedMemoryTransport> t(new SharedMemoryTransport());
-  t->name_ = options.name.empty() ? shm::unique_name("infer") : options.name;
+  t->name_ = options.name.empty() ? os::unique_name("infer") : options.name;
   t->region_ = ShmRegion::create(request_spec, response_spec, options.num_slots,
                                  options.copy_result, options.spin);
   t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_);

@@ -1,7 +1,7 @@
 #include "shm_client.h"
 
+#include "os/fork.h"
 #include "shm_handshake.h"
-#include "tensorwire/shm/fork.h"
 
 namespace tensorwire::inference::detail {
 
@@ -140,16 +140,16 @@ class ShmPending final : public Pending {
 }  // namespace
 
 bool ShmConnection::stale() const noexcept {
-  return fork_generation != shm::fork_generation();
+  return fork_generation != os::fork_generation();
 }
 
 std::string ShmConnection::gone_message() const {
   return "the inference server process (pid " + std::to_string(owner_pid) + ") exited";
 }
 
-std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, shm::Millis timeout) {
+std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, os::Millis timeout) {
   auto c = std::make_shared<ShmConnection>();
-  c->socket = shm::UnixSocket::connect(name, timeout);
+  c->socket = os::UnixSocket::connect(name, timeout);
   Welcome w = receive_welcome(c->socket, timeout);
   c->region = std::move(w.region);
   c->id = w.client_id;
@@ -164,30 +164,30 @@ std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, shm::Mil
     throw ClosedError("the inference server process (pid " + std::to_string(c->owner_pid) +
                       ") exited");
   }
-  c->fork_generation = shm::fork_generation();
-  c->reply_wait = shm::AdaptiveSpin(c->region->max_spin);
-  c->slot_wait = shm::AdaptiveSpin(c->region->max_spin);
+  c->fork_generation = os::fork_generation();
+  c->reply_wait = os::AdaptiveSpin(c->region->max_spin);
+  c->slot_wait = os::AdaptiveSpin(c->region->max_spin);
   return c;
 }
 
 ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
-    : name_(std::move(name)), local_(std::move(local)), local_generation_(shm::fork_generation()) {}
+    : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
 std::shared_ptr<ShmConnection> ShmClient::connection() {
   std::lock_guard<std::mutex> lock(mu_);
   if (conn_ && !conn_->stale()) return conn_;
   conn_.reset();
   std::shared_ptr<ShmConnection> c;
-  if (local_ && local_generation_ == shm::fork_generation()) {
+  if (local_ && local_generation_ == os::fork_generation()) {
     c = std::make_shared<ShmConnection>();
     c->region = local_;
     c->id = local_->header->next_client_id.fetch_add(1);
     c->owner_pid = local_->header->owner_pid;
     c->fork_generation = local_generation_;
-    c->reply_wait = shm::AdaptiveSpin(local_->max_spin);
-    c->slot_wait = shm::AdaptiveSpin(local_->max_spin);
+    c->reply_wait = os::AdaptiveSpin(local_->max_spin);
+    c->slot_wait = os::AdaptiveSpin(local_->max_spin);
   } else {
-    c = connect_by_name(name_, shm::Millis{3000});
+    c = connect_by_name(name_, os::Millis{3000});
   }
   hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
   conn_ = c;

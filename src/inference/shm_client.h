@@ -10,8 +10,8 @@
 
 #include "shm_region.h"
 #include "tensorwire/inference/client.h"
-#include "tensorwire/shm/process.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "os/process.h"
+#include "os/unix_socket.h"
 
 namespace tensorwire::inference::detail {
 
@@ -19,11 +19,11 @@ namespace tensorwire::inference::detail {
 struct ShmConnection {
   std::shared_ptr<ShmRegion> region;
   uint32_t id = 0;
-  shm::UnixSocket socket;                  // attached clients: open and silent (EOF = death)
-  std::optional<shm::ProcessWatch> owner;  // attached clients: the serving process
+  os::UnixSocket socket;                  // attached clients: open and silent (EOF = death)
+  std::optional<os::ProcessWatch> owner;  // attached clients: the serving process
   int owner_pid = 0;
   uint64_t fork_generation = 0;
-  shm::AdaptiveSpin reply_wait, slot_wait;  // budgets learnt from this client's waits
+  os::AdaptiveSpin reply_wait, slot_wait;  // budgets learnt from this client's waits
 
   bool owner_alive() const { return !owner || owner->alive(); }
   bool stale() const noexcept;  // made in another process (we are a forked copy)
@@ -31,7 +31,7 @@ struct ShmConnection {
 };
 
 // Connects to the transport listening on `name` (the attach handshake).
-std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, shm::Millis timeout);
+std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, os::Millis timeout);
 
 class ShmClient final : public ClientImpl {
  public:

@@ -14,7 +14,7 @@ std::string encode_spec(const TensorDict& spec) {
   return out;
 }
 
-shm::Message expect(shm::UnixSocket& socket, shm::Millis timeout, const char* what) {
+os::Message expect(os::UnixSocket& socket, os::Millis timeout, const char* what) {
   auto m = socket.recv(timeout);
   if (!m)
     throw TimeoutError(std::string("shared-memory transport: no ") + what +
@@ -24,7 +24,7 @@ shm::Message expect(shm::UnixSocket& socket, shm::Millis timeout, const char* wh
 
 }  // namespace
 
-void send_welcome(shm::UnixSocket& socket, const ShmRegion& region, uint32_t client_id) {
+void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t client_id) {
   Json hello = {{"protocol", kProtocolVersion},
                 {"client_id", client_id},
                 {"num_slots", region.num_slots},
@@ -35,8 +35,8 @@ void send_welcome(shm::UnixSocket& socket, const ShmRegion& region, uint32_t cli
   socket.send(encode_spec(region.response.spec()));
 }
 
-Welcome receive_welcome(shm::UnixSocket& socket, shm::Millis timeout) {
-  shm::Message hello = expect(socket, timeout, "welcome");
+Welcome receive_welcome(os::UnixSocket& socket, os::Millis timeout) {
+  os::Message hello = expect(socket, timeout, "welcome");
   wire::Limits limits;
   Json j = wire::parse_untrusted_json(
       std::as_bytes(std::span<const char>(hello.bytes.data(), hello.bytes.size())), limits,
@@ -59,9 +59,9 @@ Welcome receive_welcome(shm::UnixSocket& socket, shm::Millis timeout) {
     throw ProtocolError("shared-memory welcome carries " + std::to_string(hello.fds.size()) +
                         " fds, expected 3");
   wire::Decoder dec(limits);
-  shm::Message req = expect(socket, timeout, "request spec");
+  os::Message req = expect(socket, timeout, "request spec");
   TensorDict request_spec = decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
-  shm::Message resp = expect(socket, timeout, "response spec");
+  os::Message resp = expect(socket, timeout, "response spec");
   TensorDict response_spec = decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
   Welcome w;
   w.region = ShmRegion::map(request_spec, response_spec, static_cast<uint32_t>(num_slots),

@@ -12,17 +12,17 @@
 #include <memory>
 
 #include "shm_region.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "os/unix_socket.h"
 
 namespace tensorwire::inference::detail {
 
-void send_welcome(shm::UnixSocket& socket, const ShmRegion& region, uint32_t client_id);
+void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t client_id);
 
 struct Welcome {
   std::shared_ptr<ShmRegion> region;
   uint32_t client_id = 0;
   int owner_pid = 0;
 };
-Welcome receive_welcome(shm::UnixSocket& socket, shm::Millis timeout);
+Welcome receive_welcome(os::UnixSocket& socket, os::Millis timeout);
 
 }  // namespace tensorwire::inference::detail

@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <optional>
 
+#include "os/fork.h"
+#include "os/process.h"
 #include "shm_handshake.h"
-#include "tensorwire/shm/fork.h"
-#include "tensorwire/shm/process.h"
 
 namespace tensorwire::inference::detail {
 
@@ -18,8 +18,8 @@ namespace {
 
 struct Peer {
   uint32_t id = 0;
-  shm::UnixSocket socket;
-  std::optional<shm::ProcessWatch> watch;
+  os::UnixSocket socket;
+  std::optional<os::ProcessWatch> watch;
 };
 
 }  // namespace
@@ -28,17 +28,17 @@ ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name)
     : doorbell_wait(region->max_spin),
       region_(std::move(region)),
       listener_(name),
-      fork_generation_(shm::fork_generation()) {
+      fork_generation_(os::fork_generation()) {
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) throw SystemError("eventfd", errno);
-  stop_ = shm::Fd(fd);
+  stop_ = os::Fd(fd);
   taken.resize(region_->num_slots);
   order.reserve(region_->num_slots);
   thread_ = std::thread([this] { run(); });
 }
 
 bool ShmOwner::here() const noexcept {
-  return fork_generation_ == shm::fork_generation();
+  return fork_generation_ == os::fork_generation();
 }
 
 ShmOwner::~ShmOwner() {
@@ -82,7 +82,7 @@ void ShmOwner::run() noexcept {
       if (s.revents) {
         try {
           // Clients send nothing: readable means EOF (or a misbehaving peer; drop it).
-          peers[i].socket.recv(shm::Millis{0});
+          peers[i].socket.recv(os::Millis{0});
           gone[i] = true;
         } catch (const Error&) {
           gone[i] = true;
@@ -97,7 +97,7 @@ void ShmOwner::run() noexcept {
     }
     if (fds[1].revents) {
       try {
-        std::optional<shm::UnixSocket> s = listener_.accept(shm::Millis{0});
+        std::optional<os::UnixSocket> s = listener_.accept(os::Millis{0});
         if (s) {
           Peer p;
           p.id = region_->header->next_client_id.fetch_add(1);

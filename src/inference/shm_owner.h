@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "shm_region.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "os/unix_socket.h"
 
 namespace tensorwire::inference::detail {
 
@@ -35,14 +35,14 @@ class ShmOwner {
   // Batch views already built, by (staging, first slot, count): clients that keep using
   // the same slots get the same view back without a rebuild. Bounded (cleared when full).
   std::unordered_map<uint64_t, std::shared_ptr<const TensorDict>> views;
-  shm::AdaptiveSpin doorbell_wait;
+  os::AdaptiveSpin doorbell_wait;
 
  private:
   void run() noexcept;
 
   std::shared_ptr<ShmRegion> region_;
-  shm::UnixListener listener_;
-  shm::Fd stop_;  // eventfd: wakes the watcher thread to exit
+  os::UnixListener listener_;
+  os::Fd stop_;  // eventfd: wakes the watcher thread to exit
   std::thread thread_;
   uint64_t fork_generation_;
   std::atomic<size_t> attached_{0};

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <new>
 
-#include "tensorwire/inference/remote_error.h"
+#include "tensorwire/runtime/remote_error.h"
 
 namespace tensorwire::inference::detail {
 

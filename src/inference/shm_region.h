@@ -18,10 +18,10 @@
 #include <string>
 
 #include "slot_layout.h"
-#include "tensorwire/shm/adaptive_spin.h"
-#include "tensorwire/shm/futex.h"
-#include "tensorwire/shm/index_set.h"
-#include "tensorwire/shm/segment.h"
+#include "os/adaptive_spin.h"
+#include "os/futex.h"
+#include "shm/index_set.h"
+#include "shm/segment.h"
 
 namespace tensorwire::inference::detail {
 
@@ -65,13 +65,13 @@ struct alignas(64) ControlHeader {
   uint64_t response_bank_bytes;
   alignas(64) std::atomic<uint32_t> server_state;
   std::atomic<uint32_t> next_client_id;  // ids of clients made in the owner process
-  alignas(64) shm::WaitWord doorbell;    // bumped when a slot becomes ready
-  alignas(64) shm::WaitWord freed;       // bumped when a slot becomes free (or on shutdown)
+  alignas(64) os::WaitWord doorbell;    // bumped when a slot becomes ready
+  alignas(64) os::WaitWord freed;       // bumped when a slot becomes free (or on shutdown)
 };
 
 struct alignas(64) SlotControl {
   std::atomic<uint64_t> state;
-  shm::WaitWord wake;  // bumped when the slot becomes Done or Failed
+  os::WaitWord wake;  // bumped when the slot becomes Done or Failed
   int64_t submitted_ns;
   uint32_t error_kind;
   uint32_t error_len;

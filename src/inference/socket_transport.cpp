@@ -19,12 +19,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "os/fork.h"
+#include "os/process.h"
+#include "os/unix_socket.h"
 #include "shm_region.h"
 #include "stacking.h"
 #include "tensorwire/core/json.h"
-#include "tensorwire/shm/fork.h"
-#include "tensorwire/shm/process.h"
-#include "tensorwire/shm/unix_socket.h"
 #include "wire_message.h"
 
 namespace tensorwire::inference {
@@ -64,8 +64,8 @@ std::string failure_frame(uint64_t id, const std::string& type, const std::strin
 // --- owner side ----------------------------------------------------------------------
 
 struct Conn {
-  shm::UnixSocket socket;
-  std::optional<shm::ProcessWatch> watch;
+  os::UnixSocket socket;
+  std::optional<os::ProcessWatch> watch;
   wire::Decoder decoder;                               // watcher thread only
   wire::Encoder encoder{wire::Mode::NonConsolidated};  // under send_mu
   std::mutex send_mu;
@@ -97,9 +97,9 @@ struct Item {
 
 struct SocketTransport::Owner {
   std::string name;
-  uint64_t generation = shm::fork_generation();
-  shm::UnixListener listener;
-  shm::Fd stop;
+  uint64_t generation = os::fork_generation();
+  os::UnixListener listener;
+  os::Fd stop;
   std::thread io;
 
   std::mutex mu;
@@ -113,12 +113,12 @@ struct SocketTransport::Owner {
   explicit Owner(std::string n) : name(std::move(n)), listener(name) {
     int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) throw SystemError("eventfd", errno);
-    stop = shm::Fd(fd);
+    stop = os::Fd(fd);
     io = std::thread([this] { run(); });
   }
 
   ~Owner() {
-    if (generation != shm::fork_generation()) {
+    if (generation != os::fork_generation()) {
       new std::thread(std::move(io));  // a forked copy: the thread is the parent's
       return;
     }
@@ -176,7 +176,7 @@ struct SocketTransport::Owner {
         bool gone = fds[3 + 2 * i].revents != 0;
         if (fds[2 + 2 * i].revents) {
           try {
-            while (auto m = c->socket.recv(shm::Millis{0})) handle(c, m->bytes);
+            while (auto m = c->socket.recv(os::Millis{0})) handle(c, m->bytes);
           } catch (const Error&) {
             gone = true;
           }
@@ -188,7 +188,7 @@ struct SocketTransport::Owner {
       }
       if (fds[1].revents) {
         try {
-          if (auto s = listener.accept(shm::Millis{0})) {
+          if (auto s = listener.accept(os::Millis{0})) {
             auto c = std::make_shared<Conn>();
             c->socket = std::move(*s);
             c->watch.emplace(c->socket.peer_pid());
@@ -212,8 +212,8 @@ struct Outcome {
 };
 
 struct SockConn {
-  shm::UnixSocket socket;
-  std::optional<shm::ProcessWatch> owner;
+  os::UnixSocket socket;
+  std::optional<os::ProcessWatch> owner;
   int owner_pid = 0;
   uint64_t generation = 0;
 
@@ -231,8 +231,8 @@ struct SockConn {
 
   // Reads at most one message (waiting up to `slice`) and files it. Called with
   // reading = true and mu unlocked.
-  void read_one(shm::Millis slice) {
-    std::optional<shm::Message> m;
+  void read_one(os::Millis slice) {
+    std::optional<os::Message> m;
     std::string gone;
     try {
       m = socket.recv(slice);
@@ -276,7 +276,7 @@ struct SockConn {
 
 std::shared_ptr<SockConn> connect_socket(const std::string& name) {
   auto c = std::make_shared<SockConn>();
-  c->socket = shm::UnixSocket::connect(name, shm::Millis{3000});
+  c->socket = os::UnixSocket::connect(name, os::Millis{3000});
   c->owner_pid = c->socket.peer_pid();
   try {
     c->owner.emplace(c->owner_pid);
@@ -284,7 +284,7 @@ std::shared_ptr<SockConn> connect_socket(const std::string& name) {
     throw ClosedError("the inference server process (pid " + std::to_string(c->owner_pid) +
                       ") exited");
   }
-  c->generation = shm::fork_generation();
+  c->generation = os::fork_generation();
   return c;
 }
 
@@ -292,7 +292,7 @@ class SocketPending final : public detail::Pending {
  public:
   SocketPending(std::shared_ptr<SockConn> c, uint64_t id) : c_(std::move(c)), id_(id) {}
   ~SocketPending() override {
-    if (taken_ || c_->generation != shm::fork_generation()) return;
+    if (taken_ || c_->generation != os::fork_generation()) return;
     std::lock_guard<std::mutex> lock(c_->mu);
     if (!c_->arrived.erase(id_) && c_->closed.empty()) c_->dropped.insert(id_);
   }
@@ -301,7 +301,7 @@ class SocketPending final : public detail::Pending {
     return c_->arrived.count(id_) || !c_->closed.empty();
   }
   bool wait(Clock::time_point deadline) override {
-    if (c_->generation != shm::fork_generation())
+    if (c_->generation != os::fork_generation())
       throw Error("a Future cannot be used in a process forked after it was made");
     std::unique_lock<std::mutex> lock(c_->mu);
     while (true) {
@@ -312,7 +312,7 @@ class SocketPending final : public detail::Pending {
       if (!c_->reading) {
         c_->reading = true;
         lock.unlock();
-        c_->read_one(std::chrono::duration_cast<shm::Millis>(slice) + shm::Millis{1});
+        c_->read_one(std::chrono::duration_cast<os::Millis>(slice) + os::Millis{1});
         lock.lock();
         c_->reading = false;
         c_->cv.notify_all();
@@ -364,7 +364,7 @@ class SocketClient final : public detail::ClientImpl {
  private:
   std::shared_ptr<SockConn> connection() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!conn_ || conn_->generation != shm::fork_generation()) conn_ = connect_socket(name_);
+    if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_);
     return conn_;
   }
   std::string name_;
@@ -376,7 +376,7 @@ class SocketClient final : public detail::ClientImpl {
 
 std::shared_ptr<SocketTransport> SocketTransport::create(SocketOptions options) {
   std::shared_ptr<SocketTransport> t(new SocketTransport());
-  t->o_ = std::make_unique<Owner>(options.name.empty() ? shm::unique_name("infer-socket")
+  t->o_ = std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket")
                                                        : options.name);
   return t;
 }
@@ -386,7 +386,7 @@ Client SocketTransport::client_for(const std::string& name) {
 }
 
 SocketTransport::~SocketTransport() {
-  if (o_->generation == shm::fork_generation())
+  if (o_->generation == os::fork_generation())
     close_server("the socket transport was closed", true);
 }
 
@@ -398,7 +398,7 @@ Client SocketTransport::client() {
 }
 
 void SocketTransport::open_server() {
-  if (o_->generation != shm::fork_generation())
+  if (o_->generation != os::fork_generation())
     throw Error("a SocketTransport can only be served by the process that created it");
   std::lock_guard<std::mutex> lock(o_->mu);
   if (o_->serving) throw Error("another InferenceServer already serves this transport");

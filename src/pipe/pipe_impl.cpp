@@ -84,7 +84,7 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
 }
 
 void PipeImpl::make_kick() {
-  kick_ = shm::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  kick_ = os::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!kick_) throw SystemError("eventfd", errno);
 }
 

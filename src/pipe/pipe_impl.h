@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "tensorwire/pipe/pipe.h"
-#include "tensorwire/shm/process.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "os/process.h"
+#include "os/unix_socket.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "tensorwire/wire/handshake.h"
@@ -91,9 +91,9 @@ class PipeImpl {
   std::unique_ptr<ucx::Endpoint> ep_;
   std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
   bool early_direct_ = false;                // the peer's "direct" came before its address
-  shm::Fd kick_;                             // eventfd: wakes a waiter whose event was taken
+  os::Fd kick_;                             // eventfd: wakes a waiter whose event was taken
   std::atomic<int> sleepers_{0};             // threads in wait_event
-  std::optional<shm::ProcessWatch> peer_watch_;
+  std::optional<os::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   uint32_t liveness_calls_ = 0;
   std::mutex mu_;       // every UCX call and all state below

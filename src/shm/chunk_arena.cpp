@@ -1,4 +1,4 @@
-#include "tensorwire/shm/chunk_arena.h"
+#include "shm/chunk_arena.h"
 
 #include <algorithm>
 #include <atomic>

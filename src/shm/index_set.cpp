@@ -1,4 +1,4 @@
-#include "tensorwire/shm/index_set.h"
+#include "shm/index_set.h"
 
 #include <bit>
 #include <new>

@@ -1,4 +1,4 @@
-#include "tensorwire/shm/segment.h"
+#include "shm/segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

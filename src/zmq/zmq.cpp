@@ -3,7 +3,7 @@
 #include <cerrno>
 
 #include "tensorwire/core/error.h"
-#include "tensorwire/shm/fork.h"
+#include "os/fork.h"
 
 namespace tensorwire::zmqio {
 
@@ -15,7 +15,7 @@ namespace {
 
 }  // namespace
 
-Context::Context() : generation_(shm::fork_generation()) {
+Context::Context() : generation_(os::fork_generation()) {
   try {
     ctx_ = std::make_unique<zmq::context_t>(1);
     // Blocking calls on our sockets never hang on a dead peer: every wait has a timeout
@@ -28,11 +28,11 @@ Context::Context() : generation_(shm::fork_generation()) {
 
 Context::~Context() {
   // Inherited across fork(): the I/O thread is not here. Leak the handle.
-  if (shm::fork_generation() != generation_) (void)ctx_.release();
+  if (os::fork_generation() != generation_) (void)ctx_.release();
 }
 
 Socket::Socket(Context& ctx, zmq::socket_type type, const SocketOptions& o)
-    : generation_(shm::fork_generation()) {
+    : generation_(os::fork_generation()) {
   try {
     sock_ = std::make_unique<zmq::socket_t>(ctx.get(), type);
     sock_->set(zmq::sockopt::linger, o.linger_ms);
@@ -45,7 +45,7 @@ Socket::Socket(Context& ctx, zmq::socket_type type, const SocketOptions& o)
 }
 
 Socket::~Socket() {
-  if (shm::fork_generation() != generation_) (void)sock_.release();
+  if (os::fork_generation() != generation_) (void)sock_.release();
 }
 
 void Socket::bind(const std::string& endpoint) {

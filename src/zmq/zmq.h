@@ -3,7 +3,7 @@
 //
 // Fork safety: a libzmq context owns threads, and threads do not survive fork(). A Context
 // or Socket that finds itself destroyed in a process other than the one that created it
-// (a forked child that inherited the memory; see shm::fork_generation()) leaks its handle
+// (a forked child that inherited the memory; see os::fork_generation()) leaks its handle
 // instead of closing it:
 // closing would talk to I/O threads that do not exist in the child and hang. Create
 // contexts after fork, one per process.

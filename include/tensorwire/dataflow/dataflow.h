@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/runtime/remote_error.h"
 #include "tensorwire/wire/layout.h"
 
 namespace tensorwire::dataflow {
@@ -72,16 +73,6 @@ struct WorkerInfo {
 // This process's worker information, or nullptr when it is not a runner's worker.
 const WorkerInfo* current_worker() noexcept;
 
-// What a worker reports about an exception it caught.
-struct Failure {
-  std::string type;  // e.g. "tensorwire::ValueError", "builtins.KeyError"
-  std::string message;
-  std::string traceback;  // may be empty (C++ workers)
-  std::string payload;    // opaque to C++ (Python: the pickled exception)
-};
-// The default description: the C++ type and what().
-Failure describe_exception(std::exception_ptr e);
-
 // Hooks run around each fork() of a runner (in the forking thread): the Python binding
 // uses them for PyOS_BeforeFork / PyOS_AfterFork_*.
 struct ForkHooks {
@@ -91,17 +82,15 @@ struct ForkHooks {
 };
 
 // A worker raised: thrown in the main process by the runner that received the report.
-class WorkerError : public Error {
+class WorkerError : public RemoteError {
  public:
   WorkerError(const std::string& runner, int worker, int pid, Failure failure);
   int worker() const noexcept { return worker_; }
   int pid() const noexcept { return pid_; }
-  const Failure& failure() const noexcept { return failure_; }
 
  private:
   int worker_;
   int pid_;
-  Failure failure_;
 };
 
 // A worker process ended (killed, out of memory, exited): iteration cannot go on.

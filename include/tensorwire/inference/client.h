@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "tensorwire/core/tensordict.h"
-#include "tensorwire/inference/remote_error.h"
+#include "tensorwire/runtime/remote_error.h"
 
 namespace tensorwire::inference {
 

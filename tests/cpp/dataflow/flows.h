@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "tensorwire/dataflow/dataflow.h"
-#include "tensorwire/shm/process.h"
+#include "os/process.h"
 
 namespace tensorwire::dataflow::testing {
 
@@ -125,9 +125,9 @@ inline size_t open_fds() {
 
 // True when `pid` has ended within `timeout` (it may be a zombie of another parent).
 inline bool ends_within(int pid, std::chrono::milliseconds timeout) {
-  shm::ProcessWatch w;
+  os::ProcessWatch w;
   try {
-    w = shm::ProcessWatch(pid);
+    w = os::ProcessWatch(pid);
   } catch (const SystemError&) {
     return true;  // already gone
   }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tensorwire/core/error.h"
-#include "tensorwire/shm/chunk_arena.h"
+#include "shm/chunk_arena.h"
 
 namespace tensorwire::shm {
 namespace {

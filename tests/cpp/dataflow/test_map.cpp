@@ -97,7 +97,7 @@ TEST_F(Map, AMapErrorIsRaisedHereAndTheStreamGoesOn) {
       while (e.next()) ++got;
     } catch (const WorkerError& err) {
       raised = true;
-      EXPECT_EQ(err.failure().type, "tensorwire::ValueError");
+      EXPECT_EQ(err.failure().type, "ValueError");
       EXPECT_EQ(err.failure().message, "cannot map 7");
     }
   }

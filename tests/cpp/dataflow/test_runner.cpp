@@ -139,7 +139,7 @@ TEST_F(Runner, AWorkerExceptionIsRethrownWithItsTypeAndMessage) {
   } catch (const WorkerError& e) {
     EXPECT_EQ(e.worker(), 0);
     EXPECT_EQ(e.pid(), r.pids().at(0));
-    EXPECT_EQ(e.failure().type, "tensorwire::ValueError");
+    EXPECT_EQ(e.failure().type, "ValueError");
     EXPECT_EQ(e.failure().message, "bad datapoint 3");
     EXPECT_THAT(e.what(), HasSubstr("worker 0"));
   }

@@ -17,7 +17,7 @@
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
-#include "tensorwire/shm/unix_socket.h"
+#include "os/unix_socket.h"
 
 #ifndef INFERENCE_PEER_PATH
 #define INFERENCE_PEER_PATH ""

@@ -133,7 +133,7 @@ TEST_F(ForkedChildTest, AForkedClientKilledWithSigkillIsReclaimed) {
 }
 
 TEST_F(ProcessTest, AKilledServerIsDetectedWithinFiveSeconds) {
-  const std::string name = shm::unique_name("killed-server");
+  const std::string name = os::unique_name("killed-server");
   Peer server = Peer::spawn({"serve", "shm", name, "1", "60000"});
   ASSERT_EQ(server.line(), "ready");
   Client c = SharedMemoryTransport::client_for(name);
@@ -163,7 +163,7 @@ TEST_F(ProcessTest, AKilledServerIsDetectedWithinFiveSeconds) {
 }
 
 TEST_F(ProcessTest, SocketTransportServesOtherProcessesAndNoticesAKilledServer) {
-  const std::string name = shm::unique_name("socket-peer");
+  const std::string name = os::unique_name("socket-peer");
   Peer server = Peer::spawn({"serve", "socket", name, "0", "0"});
   ASSERT_EQ(server.line(), "ready");
   Peer client = Peer::spawn({"client", "socket", name, "200"});
@@ -178,7 +178,7 @@ TEST_F(ProcessTest, SocketTransportServesOtherProcessesAndNoticesAKilledServer) 
 }
 
 TEST_F(ProcessTest, ASocketClientWaitingOnAKilledServerRaises) {
-  const std::string name = shm::unique_name("socket-killed");
+  const std::string name = os::unique_name("socket-killed");
   Peer server = Peer::spawn({"serve", "socket", name, "0", "60000"});
   ASSERT_EQ(server.line(), "ready");
   Client c = SocketTransport::client_for(name);

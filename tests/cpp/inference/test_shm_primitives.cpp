@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "tensorwire/shm/fork.h"
-#include "tensorwire/shm/index_set.h"
+#include "os/fork.h"
+#include "shm/index_set.h"
 
 namespace {
 
@@ -121,13 +121,13 @@ TEST(IndexSet, WorksAcrossProcessesInSharedMemory) {
 }
 
 TEST(ForkGeneration, ChangesInAForkedChildAndStaysPutOtherwise) {
-  const uint64_t mine = tensorwire::shm::fork_generation();
-  EXPECT_EQ(tensorwire::shm::fork_generation(), mine);
+  const uint64_t mine = tensorwire::os::fork_generation();
+  EXPECT_EQ(tensorwire::os::fork_generation(), mine);
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
   if (pid == 0) {
-    uint64_t g = tensorwire::shm::fork_generation();
+    uint64_t g = tensorwire::os::fork_generation();
     [[maybe_unused]] ssize_t n = ::write(fds[1], &g, sizeof g);
     ::_exit(0);
   }
@@ -137,7 +137,7 @@ TEST(ForkGeneration, ChangesInAForkedChildAndStaysPutOtherwise) {
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_NE(child, mine);
-  EXPECT_EQ(tensorwire::shm::fork_generation(), mine);
+  EXPECT_EQ(tensorwire::os::fork_generation(), mine);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "tensorwire/shm/futex.h"
+#include "os/futex.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -7,7 +7,7 @@
 
 #include <cerrno>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
   struct timespec ts {};
@@ -32,4 +32,4 @@ void WaitWord::notify_all() noexcept {
   if (waiters.load(std::memory_order_seq_cst) > 0) futex_wake(&seq);
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -22,9 +22,9 @@
 #include <chrono>
 #include <cstdint>
 
-#include "tensorwire/shm/futex.h"
+#include "os/futex.h"
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 class AdaptiveSpin {
  public:
@@ -76,4 +76,4 @@ uint32_t AdaptiveSpin::wait(WaitWord& word, uint32_t seen,
   return now;
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 using Millis = std::chrono::milliseconds;
 inline constexpr Millis kForever{-1};
@@ -90,4 +90,4 @@ class UnixListener {
 // A name unique to this process and call, for abstract addresses: "tensorwire-<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

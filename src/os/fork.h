@@ -12,10 +12,10 @@
 
 #include <cstdint>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 // A value that is the same for the whole life of a process and differs in each forked
 // child from its parent's (and from the child's own children's).
 uint64_t fork_generation() noexcept;
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -1,4 +1,4 @@
-#include "tensorwire/shm/unix_socket.h"
+#include "os/unix_socket.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -12,7 +12,7 @@
 
 #include "tensorwire/core/error.h"
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 namespace {
 
@@ -220,4 +220,4 @@ std::optional<UnixSocket> UnixListener::accept(Millis timeout) {
   return UnixSocket(Fd(c));
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

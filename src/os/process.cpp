@@ -1,4 +1,4 @@
-#include "tensorwire/shm/process.h"
+#include "os/process.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 
 #include "tensorwire/core/error.h"
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 ProcessWatch::ProcessWatch(int pid) : pid_(pid) {
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
@@ -38,4 +38,4 @@ std::string describe_exit(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -1,8 +1,8 @@
-#include "tensorwire/shm/adaptive_spin.h"
+#include "os/adaptive_spin.h"
 
 #include <algorithm>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 double AdaptiveSpin::pause_ns() noexcept {
   static const double ns = [] {
@@ -29,4 +29,4 @@ void AdaptiveSpin::learn(std::chrono::steady_clock::duration waited) noexcept {
   budget_.store(std::min(b, max_), std::memory_order_relaxed);
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "tensorwire/shm/unix_socket.h"
+#include "os/unix_socket.h"
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 class ProcessWatch {
  public:
@@ -27,4 +27,4 @@ class ProcessWatch {
 // from a waitpid() status.
 std::string describe_exit(int status);
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -1,10 +1,10 @@
-#include "tensorwire/shm/fork.h"
+#include "os/fork.h"
 
 #include <pthread.h>
 
 #include <atomic>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 namespace {
 
@@ -29,4 +29,4 @@ uint64_t fork_generation() noexcept {
   return g_generation.load(std::memory_order_relaxed);
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

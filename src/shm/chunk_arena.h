@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "tensorwire/shm/segment.h"
+#include "shm/segment.h"
 
 namespace tensorwire::shm {
 

@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace tensorwire::shm {
+namespace tensorwire::os {
 
 // Blocks while *word == expected, at most `timeout` (negative = no limit). Returns false
 // on timeout. Spurious returns are possible: callers re-check their condition.
@@ -75,4 +75,4 @@ uint32_t WaitWord::wait(uint32_t seen, std::chrono::steady_clock::time_point dea
   }
 }
 
-}  // namespace tensorwire::shm
+}  // namespace tensorwire::os

@@ -1,0 +1,182 @@
+// Exceptions and interrupts, in one place for the whole extension:
+//  - the mapping of every tensorwire::Error kind to the Python exception a user of the
+//    reference libraries expects (ClosedError is a ConnectionError, and a RuntimeError as
+//    before, so existing `except RuntimeError` keeps working);
+//  - RemoteError (a policy or a worker that raised in another process) rebuilt as the
+//    original exception where that is possible, with the remote traceback as its cause;
+//  - the interrupt check every blocking call of the library runs between wait slices: it
+//    takes the GIL briefly, on the main thread only (where Python handles signals), and
+//    turns a pending KeyboardInterrupt (or any signal handler's exception) into
+//    tensorwire::Interrupted, which unwinds the C++ wait and comes back here as that same
+//    Python exception.
+#include <nanobind/nanobind.h>
+
+#include <thread>
+
+#include "bindings.h"
+#include "tensorwire/core/error.h"
+#include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/runtime/interrupt.h"
+#include "tensorwire/runtime/remote_error.h"
+
+namespace tensorwire::py {
+
+namespace nb = nanobind;
+
+namespace {
+
+std::thread::id g_main_thread;
+// The Python exception an interrupt check fetched, per thread, until the translator
+// restores it (a strong reference; only ever touched with the GIL held).
+thread_local PyObject* t_pending = nullptr;
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+void python_interrupt_check() {
+  if (std::this_thread::get_id() != g_main_thread || !Py_IsInitialized() ||
+      interpreter_finalizing())
+    return;
+  PyGILState_STATE s = PyGILState_Ensure();
+  if (PyErr_CheckSignals() != 0) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    Py_XDECREF(t_pending);
+    t_pending = value;
+    PyGILState_Release(s);
+    throw Interrupted("interrupted by a signal");
+  }
+  PyGILState_Release(s);
+}
+
+// The builtin exception class called `name` ("KeyError" or "builtins.KeyError"), or null.
+PyObject* builtin_exception(std::string name) {
+  if (name.rfind("builtins.", 0) == 0) name = name.substr(9);
+  if (name.empty() || name.find('.') != std::string::npos) return nullptr;
+  PyObject* builtins = PyEval_GetBuiltins();  // borrowed
+  PyObject* t = builtins ? PyDict_GetItemString(builtins, name.c_str()) : nullptr;
+  // Only Exception subclasses: a SystemExit or KeyboardInterrupt raised in a worker or a
+  // policy must not end this process.
+  if (t && PyType_Check(t) &&
+      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t),
+                       reinterpret_cast<PyTypeObject*>(PyExc_Exception)))
+    return t;
+  return nullptr;
+}
+
+nb::object g_remote_traceback;  // tensorwire.RemoteTraceback (the class)
+
+// The Python exception for a failure in another process.
+nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* worker) {
+  const Failure& f = e.failure();
+  nb::object exc;
+  if (!f.payload.empty()) {  // only a runner's own forked worker fills it (trusted)
+    try {
+      exc = nb::module_::import_("pickle").attr("loads")(
+          nb::bytes(f.payload.data(), f.payload.size()));
+      if (!PyObject_IsInstance(exc.ptr(), PyExc_Exception)) exc = nb::object();
+    } catch (nb::python_error&) {
+      exc = nb::object();
+    }
+  }
+  if (!exc.is_valid()) {
+    if (PyObject* t = builtin_exception(f.type)) {
+      try {
+        exc = nb::borrow(t)(nb::str(f.message.c_str()));
+      } catch (nb::python_error&) {
+        exc = nb::object();
+      }
+    }
+  }
+  if (!exc.is_valid())
+    exc = nb::borrow(PyExc_RuntimeError)(nb::str((f.type + ": " + f.message).c_str()));
+  std::string cause = f.traceback.empty() ? f.type : "\n\"\"\"\n" + f.traceback + "\"\"\"";
+  PyException_SetCause(exc.ptr(), g_remote_traceback(nb::str(cause.c_str())).release().ptr());
+  exc.attr("remote_type") = nb::str(f.type.c_str());
+  exc.attr("remote_traceback") = nb::str(f.traceback.c_str());
+  if (worker) {
+    exc.attr("worker") = worker->worker();
+    exc.attr("worker_pid") = worker->pid();
+    exc.attr("worker_traceback") = nb::str(f.traceback.c_str());
+    std::string what = worker->what();
+    std::string note = what.substr(0, what.find(" raised "));
+    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(nb::str(("raised in " + note).c_str()));
+  }
+  return exc;
+}
+
+}  // namespace
+
+void bind_errors(nb::module_& m) {
+  g_main_thread = std::this_thread::get_id();
+  set_interrupt_check(python_interrupt_check);
+
+  static nb::object protocol_error =
+      nb::exception<ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
+  // ClosedError: a ConnectionError (what a closed connection is in Python) that is also a
+  // RuntimeError (what it was before, and what tensordict's pipe raises).
+  nb::object closed_error = nb::borrow(reinterpret_cast<PyObject*>(&PyType_Type))(
+      "ClosedError",
+      nb::make_tuple(nb::handle(PyExc_ConnectionError), nb::handle(PyExc_RuntimeError)),
+      nb::dict());
+  closed_error.attr("__module__") = "tensorwire";
+  closed_error.attr("__doc__") =
+      "Use of a closed pipe, transport, server or runner, or one whose peer went away.";
+  m.attr("ClosedError") = closed_error;
+  g_remote_traceback = nb::borrow(reinterpret_cast<PyObject*>(&PyType_Type))(
+      "RemoteTraceback", nb::make_tuple(nb::handle(PyExc_Exception)), nb::dict());
+  g_remote_traceback.attr("__module__") = "tensorwire";
+  g_remote_traceback.attr("__doc__") = "The traceback of an exception raised in another process.";
+  g_remote_traceback.attr("__str__") = nb::cpp_function(
+      [](nb::handle self) { return nb::str(self.attr("args")[0]); }, nb::is_method());
+  m.attr("RemoteTraceback") = g_remote_traceback;
+  // Module attributes keep both classes alive; these statics only borrow them until the
+  // module is gone (nanobind warns about leaks otherwise).
+  static PyObject* closed_type = closed_error.ptr();
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Interrupted& e) {
+      if (t_pending) {
+        PyObject* v = t_pending;
+        t_pending = nullptr;
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(v)), v);
+        Py_DECREF(v);
+      } else {
+        PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+      }
+    } catch (const dataflow::WorkerError& e) {
+      nb::object exc = remote_exception(e, &e);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const RemoteError& e) {
+      nb::object exc = remote_exception(e, nullptr);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const KeyError& e) {
+      PyErr_SetString(PyExc_KeyError, e.what());
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const TimeoutError& e) {
+      PyErr_SetString(PyExc_TimeoutError, e.what());
+    } catch (const ProtocolError& e) {
+      PyErr_SetString(protocol_error.ptr(), e.what());
+    } catch (const ClosedError& e) {
+      PyErr_SetString(closed_type, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+}
+
+}  // namespace tensorwire::py
