@@ -99,8 +99,10 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
   }
   if (!exc.is_valid())
     exc = nb::borrow(PyExc_RuntimeError)(nb::str((f.type + ": " + f.message).c_str()));
-  std::string cause = f.traceback.empty() ? f.type : "\n\"\"\"\n" + f.traceback + "\"\"\"";
-  PyException_SetCause(exc.ptr(), g_remote_traceback(nb::str(cause.c_str())).release().ptr());
+  if (!f.traceback.empty()) {
+    std::string cause = "\n\"\"\"\n" + f.traceback + "\"\"\"";
+    PyException_SetCause(exc.ptr(), g_remote_traceback(nb::str(cause.c_str())).release().ptr());
+  }
   exc.attr("remote_type") = nb::str(f.type.c_str());
   exc.attr("remote_traceback") = nb::str(f.traceback.c_str());
   if (worker) {
