@@ -94,7 +94,7 @@ class ListenerImpl {
       throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
                         std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
                         std::to_string(::getpid()) +
-                        "), where it cannot be used: make a new one in the child");
+                        "), where it cannot be used: its UCX state belongs to the parent");
   }
 
   // A client that fails the handshake, or gives up or vanishes during it, is that

@@ -101,7 +101,7 @@ void PipeImpl::check_process() const {
   throw ClosedError("this TensorDictPipe (to " + ep_->peer() + ") was made by process " +
                     std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
                     std::to_string(::getpid()) +
-                    "), where it cannot be used: make a new pipe in the child");
+                    "), where it cannot be used: its UCX state belongs to the parent");
 }
 
 void PipeImpl::handshake(bool as_server) {
@@ -640,17 +640,29 @@ void PipeImpl::close() {
     }
   }
   if (failure_.empty()) failure_ = "the pipe is closed";
+  // A send still in flight (abandoned, or refused by the peer: a rendezvous the peer will
+  // never take) is dropped with the endpoint: a graceful close would wait for it, and UCX
+  // 1.13 aborts destroying the worker while the endpoint still holds it.
+  bool sends_in_flight = false;
+  for (auto& r : send_reqs_) {
+    try {
+      sends_in_flight = !r.done() || sends_in_flight;
+    } catch (const Error&) {
+    }
+  }
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
+  sending_ = false;
+  sending_td_ = nullptr;
   if (first_ep_) {  // closed during the switch to a direct endpoint
     first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
     first_ep_.reset();
   }
-  // Graceful once the endpoint's wire-up is over, so a refusal or error just sent reaches
-  // the peer before the disconnect (a forced close can reset the connection under it);
-  // by force before that: UCX 1.13 aborts when it flushes an endpoint still in wire-up.
-  ep_->close(/*force=*/!wired_up_, std::chrono::milliseconds(1000));
+  // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
+  // reaches the peer before the disconnect (a forced close can reset the connection under
+  // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
+  ep_->close(/*force=*/!wired_up_ || sends_in_flight, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
 }
 

@@ -8,6 +8,8 @@
 #include <ucs/debug/debug.h>
 #include <ucs/debug/log_def.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -109,10 +111,16 @@ std::shared_ptr<Context> Context::get() {
   quiet_ucx();
   std::lock_guard<std::mutex> lock(mu);
   auto c = cached.lock();
-  // The parent's context, inherited through fork(): never used (nor freed) here.
   if (c && inherited(c->generation_)) {
-    new std::shared_ptr<Context>(std::move(c));  // keeps it from being destroyed, ever
-    c.reset();
+    // fork() while the parent's context was alive. UCX 1.13 keeps one async thread per
+    // process (it drives connection set-up) and does not reset it in a forked child: a
+    // context made here would hand its sockets to the parent's thread, which does not exist
+    // in this process, and connecting would hang. With no context alive at the fork, the
+    // child starts UCX afresh.
+    throw Error("UCX cannot start in this process (pid " + std::to_string(::getpid()) +
+                "): it was forked while its parent used UCX (a TensorDictPipe, PipeListener or "
+                "TensorDictServer was open), and UCX's state does not survive fork(). Start child "
+                "processes with the 'spawn' or 'forkserver' method, or fork before opening pipes");
   }
   if (!c) {
     c = std::shared_ptr<Context>(new Context());
