@@ -1,9 +1,10 @@
-// Bindings for TensorDictPipe, PipeListener and TensorDictServer. Blocking calls release
-// the GIL and wait in slices so Ctrl-C (PyErr_CheckSignals) is honoured; the asyncio glue
-// (python/tensorwire/pipe.py) uses the non-blocking poll_* forms and the wake-up fds.
+// Bindings for TensorDictPipe, PipeListener and TensorDictServer, conversions only: blocking
+// calls are the C++ ones (they check for Ctrl-C), with the GIL released; the asyncio glue
+// (tensorwire/pipe.py) uses the poll_* forms and the wake-up fds.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
-#include <poll.h>
+
+#include <cerrno>
 
 #include "bindings.h"
 #include "tensordict_py.h"
@@ -14,70 +15,19 @@ namespace tensorwire::py {
 
 namespace {
 
-std::chrono::microseconds micros(double us) {
-  return std::chrono::microseconds(us > 0 ? static_cast<int64_t>(us) : 0);
-}
-
-using Millis = std::chrono::milliseconds;
-constexpr Millis kSlice{200};
+using Seconds = std::optional<double>;  // None: for ever (Timeout::seconds)
 
 PipeOptions make_options(bool consolidated, const std::optional<std::string>& auth_key,
-                         double connect_timeout, uint64_t max_message_bytes) {
+                         Seconds connect_timeout, uint64_t max_message_bytes) {
   PipeOptions o;
   o.consolidated = consolidated;
-  if (auth_key) {
-    if (auth_key->empty())
-      throw ValueError("auth_key must not be empty (pass None for no authentication)");
-    o.auth_key = *auth_key;
-  }
-  o.connect_timeout = Millis(static_cast<int64_t>(connect_timeout * 1000));
+  if (auth_key && auth_key->empty())
+    throw ValueError("auth_key must not be empty (pass None for no authentication)");
+  o.auth_key = auth_key.value_or("");
+  o.connect_timeout = Timeout::seconds(connect_timeout);
   if (max_message_bytes) o.limits.max_message_bytes = max_message_bytes;
   return o;
 }
-
-// Runs `step(slice)` with the GIL released until it returns true, checking for signals
-// between slices; TimeoutError after `timeout` seconds (None: no limit).
-template <class Step>
-void blocking(std::optional<double> timeout, Step&& step) {
-  auto deadline = timeout ? std::chrono::steady_clock::now() +
-                                std::chrono::microseconds(static_cast<int64_t>(*timeout * 1e6))
-                          : std::chrono::steady_clock::time_point::max();
-  while (true) {
-    auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
-    Millis slice = std::clamp(left, Millis{0}, kSlice);
-    bool done;
-    {
-      nb::gil_scoped_release nogil;
-      done = step(slice);
-    }
-    if (done) return;
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    if (std::chrono::steady_clock::now() >= deadline) throw TimeoutError("the operation timed out");
-  }
-}
-
-// A pipe as Python sees it: the C++ pipe plus the Python object of the last receive, so
-// a steady-state receive returns the very same TensorDict object.
-struct PyPipe {
-  std::unique_ptr<TensorDictPipe> pipe;
-  nb::object cached;  // PyTensorDict of the current schema (consolidated mode)
-
-  TensorDictPipe& get() {
-    if (!pipe) throw ClosedError("the pipe is closed");
-    return *pipe;
-  }
-
-  nb::object wrap(TensorDict& received, nb::handle into_obj, TensorDict* into) {
-    if (into && &received == into) return nb::borrow(into_obj);
-    if (pipe->options().consolidated && !pipe->last_recv_was_new_schema() && cached.is_valid())
-      return cached;
-    // A structural copy: it shares the received storage, so later in-place receives are
-    // seen through it, and it stays valid after the next schema change.
-    nb::object obj = nb::cast(PyTensorDict(TensorDict(received)));
-    if (pipe->options().consolidated) cached = obj;
-    return obj;
-  }
-};
 
 TensorDict* into_of(nb::handle td) {
   if (td.is_none()) return nullptr;
@@ -86,166 +36,136 @@ TensorDict* into_of(nb::handle td) {
   return &nb::cast<PyTensorDict&>(td).td();
 }
 
+// A pipe as Python sees it: the C++ pipe plus the Python object of the last receive, so
+// a steady-state receive returns the very same TensorDict object.
+struct PyPipe {
+  TensorDictPipe pipe;
+  nb::object cached;  // PyTensorDict of the current schema (consolidated mode)
+
+  // Runs `get(into)` (a receive) with the GIL released; what it received, or None.
+  template <class Get>
+  nb::object receive(nb::handle into_obj, Get&& get) {
+    TensorDict* into = into_of(into_obj);
+    TensorDict* got = (nb::gil_scoped_release(), get(into));
+    if (!got) return nb::none();
+    if (into && got == into) return nb::borrow(into_obj);
+    const bool consolidated = pipe.options().consolidated;
+    if (consolidated && !pipe.last_recv_was_new_schema() && cached.is_valid()) return cached;
+    // A structural copy: it shares the received storage, so later in-place receives are
+    // seen through it, and it stays valid after the next schema change.
+    nb::object obj = nb::cast(PyTensorDict(TensorDict(*got)));
+    if (consolidated) cached = obj;
+    return obj;
+  }
+};
+
+// PipeListener and TensorDictServer: the same constructor and properties; accept() gives
+// None on timeout.
+template <class T>
+void bind_acceptor(nb::module_& m, const char* name) {
+  auto accept = [](T& self, Seconds timeout, bool throw_on_refusal) {
+    Timeout t = Timeout::seconds(timeout);
+    std::optional<TensorDictPipe> got;
+    {
+      nb::gil_scoped_release nogil;
+      if constexpr (std::is_same_v<T, PipeListener>)
+        got = self.accept(t, throw_on_refusal);
+      else
+        got = self.accept(t);
+    }
+    return got ? std::optional<PyPipe>(PyPipe{std::move(*got), {}}) : std::nullopt;
+  };
+  nb::class_<T>(m, name)
+      .def(
+          "__init__",
+          [](T* self, uint16_t port, bool consolidated, std::optional<std::string> auth_key,
+             Seconds timeout, uint64_t max_message_bytes) {
+            new (self) T(port, make_options(consolidated, auth_key, timeout, max_message_bytes));
+          },
+          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
+          nb::arg("timeout").none(), nb::arg("max_message_bytes"))
+      .def("accept", accept, nb::arg("timeout").none() = nb::none(),
+           nb::arg("throw_on_refusal") = false)
+      .def_prop_ro("port", &T::port)
+      .def_prop_ro("fd", &T::fd)
+      .def("arm", &T::arm)
+      .def("close", &T::close, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("closed", &T::closed)
+      .def_prop_ro("refused", &T::refused)
+      .def_prop_ro("last_refusal", &T::last_refusal);
+}
+
 }  // namespace
 
 void bind_pipe(nb::module_& m) {
+  // The pipe's own error kinds, on top of the mapping of python/src/errors.cpp (tried first).
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ConnectionRefused& e) {
+      PyErr_SetString(PyExc_ConnectionRefusedError, e.what());
+    } catch (const PortInUse& e) {
+      PyErr_SetObject(PyExc_OSError, nb::make_tuple(EADDRINUSE, e.what()).ptr());
+    }
+  });
+  using us = std::chrono::microseconds;
   nb::class_<PyPipe>(m, "_Pipe")
       .def(
           "send",
-          [](PyPipe& self, const PyTensorDict& td, std::optional<double> timeout) {
-            const TensorDict& t = td.td();
-            TensorDictPipe& p = self.get();
-            bool started = false;
-            blocking(timeout, [&](Millis) {
-              if (!started) {
-                p.start_send(t);
-                started = true;
-              }
-              // The blocking form of a slice: poll, then sleep on the wake-up fd.
-              auto until = std::chrono::steady_clock::now() + kSlice;
-              while (std::chrono::steady_clock::now() < until) {
-                if (p.poll_send()) return true;
-                if (p.arm()) {
-                  struct pollfd fds[2] = {{p.fd(), POLLIN, 0}, {p.peer_fd(), POLLIN, 0}};
-                  ::poll(fds, p.peer_fd() >= 0 ? 2 : 1, 50);
-                }
-              }
-              return false;
-            });
+          [](PyPipe& self, const PyTensorDict& td, Seconds timeout) {
+            Timeout t = Timeout::seconds(timeout);
+            nb::gil_scoped_release nogil;
+            self.pipe.send(td.td(), t);
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(
           "recv",
-          [](PyPipe& self, nb::handle into_obj, std::optional<double> timeout) -> nb::object {
-            TensorDict* into = into_of(into_obj);
-            TensorDictPipe& p = self.get();
-            TensorDict* got = nullptr;
-            blocking(timeout, [&](Millis slice) {
-              try {
-                got = &p.recv(into, slice);
-                return true;
-              } catch (const TimeoutError&) {
-                return false;
-              }
-            });
-            return self.wrap(*got, into_obj, into);
+          [](PyPipe& self, nb::handle into, Seconds timeout) {
+            Timeout t = Timeout::seconds(timeout);
+            return self.receive(into, [&](TensorDict* td) { return &self.pipe.recv(td, t); });
           },
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
       .def("start_send",
-           [](PyPipe& self, const PyTensorDict& td) {
-             const TensorDict& t = td.td();
-             nb::gil_scoped_release nogil;
-             self.get().start_send(t);
-           })
-      // The asyncio forms poll, spinning up to spin_us (GIL released) before they arm the
-      // wake-up fd and await it: a reply is often a few microseconds away, and a trip
-      // through the event loop's epoll costs tens of microseconds.
+           [](PyPipe& self, const PyTensorDict& td) { self.pipe.start_send(td.td()); })
+      // The asyncio forms spin up to spin_us (a reply may be microseconds away) before the
+      // caller arms the wake-up fd (a trip through epoll costs tens of microseconds).
       .def(
-          "poll_send",
-          [](PyPipe& self, double spin_us) {
-            nb::gil_scoped_release nogil;
-            TensorDictPipe& p = self.get();
-            return p.poll_send(micros(spin_us));
-          },
-          nb::arg("spin_us") = 0.0)
+          "poll_send", [](PyPipe& self, int64_t spin) { return self.pipe.poll_send(us(spin)); },
+          nb::arg("spin_us") = 0, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "poll_recv",
-          [](PyPipe& self, nb::handle into_obj, double spin_us) -> nb::object {
-            TensorDict* into = into_of(into_obj);
-            TensorDict* got = nullptr;
-            {
-              nb::gil_scoped_release nogil;
-              TensorDictPipe& p = self.get();
-              got = p.poll_recv(into, micros(spin_us));
-            }
-            return got ? self.wrap(*got, into_obj, into) : nb::none();
+          [](PyPipe& self, nb::handle into, int64_t spin) {
+            return self.receive(into,
+                                [&](TensorDict* td) { return self.pipe.poll_recv(td, us(spin)); });
           },
-          nb::arg("td").none() = nb::none(), nb::arg("spin_us") = 0.0)
-      .def("arm", [](PyPipe& self) { return self.get().arm(); })
-      .def_prop_ro("events", [](PyPipe& self) { return self.get().events(); })
-      .def_prop_ro("fd", [](PyPipe& self) { return self.get().fd(); })
-      .def_prop_ro("peer_fd", [](PyPipe& self) { return self.get().peer_fd(); })
-      .def_prop_ro("peer", [](PyPipe& self) { return self.get().peer(); })
-      .def_prop_ro("transports",
-                   [](PyPipe& self) { return self.pipe ? self.pipe->transports() : std::string(); })
-      .def_prop_ro("local_port", [](PyPipe& self) { return self.get().local_port(); })
-      .def_prop_ro("consolidated", [](PyPipe& self) { return self.get().options().consolidated; })
-      .def_prop_ro("closed", [](PyPipe& self) { return !self.pipe || self.pipe->closed(); })
-      .def("close", [](PyPipe& self) {
-        if (!self.pipe) return;
-        nb::gil_scoped_release nogil;
-        self.pipe->close();
-      });
+          nb::arg("td").none() = nb::none(), nb::arg("spin_us") = 0)
+      .def("arm", [](PyPipe& self) { return self.pipe.arm(); })
+      .def_prop_ro("events", [](PyPipe& self) { return self.pipe.events(); })
+      .def_prop_ro("fd", [](PyPipe& self) { return self.pipe.fd(); })
+      .def_prop_ro("peer_fd", [](PyPipe& self) { return self.pipe.peer_fd(); })
+      .def_prop_ro("peer", [](PyPipe& self) { return self.pipe.peer(); })
+      .def_prop_ro("transports", [](PyPipe& self) { return self.pipe.transports(); })
+      .def_prop_ro("consolidated", [](PyPipe& self) { return self.pipe.options().consolidated; })
+      .def_prop_ro("closed", [](PyPipe& self) { return self.pipe.closed(); })
+      .def_prop_ro("failed", [](PyPipe& self) { return self.pipe.failed(); })
+      .def_prop_ro("closed_by_peer", [](PyPipe& self) { return self.pipe.closed_by_peer(); })
+      .def(
+          "close", [](PyPipe& self) { self.pipe.close(); },
+          nb::call_guard<nb::gil_scoped_release>());
 
   m.def(
       "_connect",
       [](const std::string& host, uint16_t port, bool consolidated,
-         std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
+         std::optional<std::string> auth_key, Seconds timeout, uint64_t max_message_bytes) {
         PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
         nb::gil_scoped_release nogil;
-        auto p = std::make_unique<TensorDictPipe>(TensorDictPipe::connect(host, port, o));
-        return PyPipe{std::move(p), nb::object()};
+        return PyPipe{TensorDictPipe::connect(host, port, o), {}};
       },
       nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
-      nb::arg("timeout"), nb::arg("max_message_bytes"));
+      nb::arg("timeout").none(), nb::arg("max_message_bytes"));
 
-  nb::class_<PipeListener>(m, "_PipeListener")
-      .def(
-          "__init__",
-          [](PipeListener* self, uint16_t port, bool consolidated,
-             std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
-            new (self) PipeListener(
-                port, make_options(consolidated, auth_key, timeout, max_message_bytes));
-          },
-          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
-          nb::arg("max_message_bytes"))
-      .def_prop_ro("port", &PipeListener::port)
-      .def(
-          "accept",
-          [](PipeListener& self, std::optional<double> timeout,
-             bool throw_on_refusal) -> std::optional<PyPipe> {
-            std::optional<TensorDictPipe> got;
-            blocking(timeout, [&](Millis slice) {
-              got = self.accept(slice, throw_on_refusal);
-              return got.has_value();
-            });
-            return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
-          },
-          nb::arg("timeout").none() = nb::none(), nb::arg("throw_on_refusal") = false)
-      .def("close", &PipeListener::close)
-      .def_prop_ro("refused", &PipeListener::refused);
-
-  nb::class_<TensorDictServer>(m, "_Server")
-      .def(
-          "__init__",
-          [](TensorDictServer* self, uint16_t port, bool consolidated,
-             std::optional<std::string> auth_key, double timeout, uint64_t max_message_bytes) {
-            new (self) TensorDictServer(
-                port, make_options(consolidated, auth_key, timeout, max_message_bytes));
-          },
-          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(), nb::arg("timeout"),
-          nb::arg("max_message_bytes"))
-      .def_prop_ro("port", &TensorDictServer::port)
-      .def(
-          "accept",
-          [](TensorDictServer& self, double timeout) -> std::optional<PyPipe> {
-            std::optional<TensorDictPipe> got;
-            {
-              nb::gil_scoped_release nogil;
-              got = self.accept(Millis(static_cast<int64_t>(timeout * 1000)));
-            }
-            if (!got) return std::nullopt;
-            return PyPipe{std::make_unique<TensorDictPipe>(std::move(*got)), nb::object()};
-          },
-          nb::arg("timeout"))
-      .def("close",
-           [](TensorDictServer& self) {
-             nb::gil_scoped_release nogil;
-             self.close();
-           })
-      .def_prop_ro("closed", &TensorDictServer::closed)
-      .def_prop_ro("refused", &TensorDictServer::refused)
-      .def_prop_ro("last_refusal", &TensorDictServer::last_refusal);
+  bind_acceptor<PipeListener>(m, "_PipeListener");
+  bind_acceptor<TensorDictServer>(m, "_Server");
 }
 
 }  // namespace tensorwire::py

@@ -14,7 +14,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from . import _C
-from ._C import TensorDict
+from ._C import ClosedError, TensorDict
 
 __all__ = ["TensorDictPipe", "TensorDictServer", "PipeListener"]
 
@@ -46,11 +46,12 @@ class _Spin:
         self.misses = 0
         self.calls = 0
 
-    def budget(self) -> float:
+    def budget(self) -> int:
+        """Microseconds."""
         if self.misses < self.OFF_AFTER:
-            return ASYNC_SPIN_US
+            return int(ASYNC_SPIN_US)
         self.calls += 1
-        return ASYNC_SPIN_US if self.calls % self.PROBE_EVERY == 0 else 0.0
+        return int(ASYNC_SPIN_US) if self.calls % self.PROBE_EVERY == 0 else 0
 
     def outcome(self, spun: bool, caught: bool) -> None:
         if caught:
@@ -76,6 +77,15 @@ class _FdWaiter:
         self._fds = [fd for fd in fds if fd >= 0]
         self._waiters: set = set()
         self._loop = None
+
+    def detach(self) -> None:
+        """Unregisters the fds now (before their owner closes them) and wakes every waiter."""
+        if self._loop is not None:
+            for fd in self._fds:
+                self._loop.remove_reader(fd)
+            self._loop = None
+        self._fds = []
+        self.wake()
 
     async def wait(self) -> None:
         loop = asyncio.get_running_loop()
@@ -114,13 +124,21 @@ class TensorDictPipe:
         self._waiter = _FdWaiter([impl.fd, impl.peer_fd])
         self._send_spin = _Spin()
         self._recv_spin = _Spin()
-        self._sending: Optional[TensorDict] = None  # the TensorDict of a send in flight
+        self._sending: Optional[TensorDict] = None  # the TensorDict of an asend in flight
+        self._send_keep: list = []                  # TensorDicts of a timed-out send, in flight
         self._recv_targets: list = []               # targets of receives in flight
+        self._receiving = False                     # an arecv is running
 
     # -- connecting ---------------------------------------------------------------
     @classmethod
     def connect(cls, host: str, port: int, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+                timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+        """Connects to a PipeListener or TensorDictServer on ``host:port``, handshake included.
+
+        ``consolidated`` and ``auth_key`` must match the other side's (else RuntimeError
+        naming the mismatch). ``timeout``: seconds for the whole connection (None: no
+        limit; TimeoutError when it passes). ``max_message_bytes`` bounds what the peer may
+        send. ConnectionRefusedError when nothing listens on ``host:port``."""
         return cls(_C._connect(host, port, consolidated, auth_key, timeout, max_message_bytes))
 
     @classmethod
@@ -146,11 +164,31 @@ class TensorDictPipe:
 
     # -- data ---------------------------------------------------------------------
     def send(self, td: TensorDict, *, timeout: Optional[float] = None) -> None:
+        """Sends ``td`` (a tensorwire.TensorDict, or a tensordict.TensorDict, converted).
+
+        Returns once the message is handed over: ``td`` may then be changed. Up to 64 KiB
+        of data, UCX copies the message and ``send`` returns without waiting for the peer;
+        a larger one goes straight from ``td``'s memory to the receiver, and ``send``
+        returns when the peer has received it. ``timeout``: seconds (None: no limit, 0:
+        try once); TimeoutError when it passes. A send that timed out (or was interrupted
+        by Ctrl-C) is still in flight: call ``send`` again with the same TensorDict to
+        finish it (it arrives once); a different TensorDict is sent after it."""
         _check_sync("send")
         self._check_open("send")
-        self._impl.send(_as_tensorwire(td), timeout)
+        td = _as_tensorwire(td)
+        if not self._send_keep or self._send_keep[-1] is not td:
+            self._send_keep.append(td)  # read until the send completes, even after a timeout
+        self._impl.send(td, timeout)
+        self._send_keep.clear()
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
+        """The next TensorDict from the peer.
+
+        Consolidated pipes return the same object while the structure is unchanged, its
+        storage overwritten in place (copy what you keep); ``td``: receive into this
+        consolidated TensorDict when its layout matches. ``timeout``: seconds (None: no
+        limit, 0: try once); TimeoutError when it passes, and the receive stays in flight
+        for the next call. ClosedError once the pipe or its peer closed."""
         _check_sync("recv")
         self._check_open("recv")
         _check_device(device)
@@ -178,22 +216,30 @@ class TensorDictPipe:
         while True:
             await self._wait(seen)
             seen = self._impl.events
-            if self._impl.poll_send(0.0):
+            if self._impl.poll_send(0):
                 self._sending = None
                 return
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:
         self._check_open("recv")
         _check_device(device)
-        self._keep_recv_target(td)
-        budget = self._recv_spin.budget()
-        seen = self._impl.events
-        got = self._impl.poll_recv(td, budget)
-        self._recv_spin.outcome(budget > 0, got is not None)
-        while got is None:
-            await self._wait(seen)
+        if self._receiving:
+            # Both would get the second message in one object, and the first would be lost.
+            raise RuntimeError("arecv(): another arecv() on this pipe is still waiting; a pipe "
+                               "delivers messages in order to one receiver: await it first")
+        self._receiving = True
+        try:
+            self._keep_recv_target(td)
+            budget = self._recv_spin.budget()
             seen = self._impl.events
-            got = self._impl.poll_recv(td, 0.0)
+            got = self._impl.poll_recv(td, budget)
+            self._recv_spin.outcome(budget > 0, got is not None)
+            while got is None:
+                await self._wait(seen)
+                seen = self._impl.events
+                got = self._impl.poll_recv(td, 0)
+        finally:
+            self._receiving = False
         self._recv_targets.clear()
         return got
 
@@ -218,17 +264,23 @@ class TensorDictPipe:
     # -- lifetime -----------------------------------------------------------------
     def _check_open(self, op: str) -> None:
         if self._impl.closed:
-            raise RuntimeError(f"Cannot {op} on a closed pipe.")
+            raise ClosedError(f"Cannot {op} on a closed pipe.")
 
     def close(self) -> None:
+        self._waiter.detach()
         self._impl.close()
 
     async def aclose(self) -> None:
-        self._impl.close()
+        self.close()
 
     @property
     def closed(self) -> bool:
         return self._impl.closed
+
+    @property
+    def closed_by_peer(self) -> bool:
+        """True once the peer closed the pipe normally (the end of its stream)."""
+        return self._impl.closed_by_peer
 
     @property
     def consolidated(self) -> bool:
@@ -264,8 +316,8 @@ class TensorDictPipe:
             raise StopAsyncIteration
         try:
             return await self.arecv()
-        except RuntimeError as e:
-            if ends_iteration(e):
+        except ClosedError:
+            if self.closed_by_peer:  # the end of the peer's stream; anything else is an error
                 raise StopAsyncIteration from None
             raise
 
@@ -275,7 +327,12 @@ class TensorDictPipe:
             impl.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"connected to {self.peer}"
+        if self.closed:
+            state = "closed"
+        elif self._impl.failed:
+            state = f"closed by its peer {self.peer}" if self.closed_by_peer else f"broken (peer {self.peer})"
+        else:
+            state = f"connected to {self.peer}"
         return f"TensorDictPipe({state}, consolidated={self.consolidated})"
 
 
@@ -283,18 +340,40 @@ class PipeListener:
     """Listens on a port (0: a free one, see ``.port``); each accepted client is a pipe."""
 
     def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                 timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
+                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
         self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes)
 
     @property
     def port(self) -> int:
         return self._impl.port
 
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    @property
+    def refused(self) -> int:
+        """Clients refused at the handshake (wrong key, mode mismatch, gave up) so far."""
+        return self._impl.refused
+
     def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
-        return TensorDictPipe(self._impl.accept(timeout, _single))
+        """Waits for the next client and returns its connected pipe.
+
+        ``timeout``: seconds (None: no limit, 0: try once); TimeoutError when it passes.
+        A client that fails or abandons the handshake (wrong ``auth_key`` or mode) is
+        refused, counted in ``refused`` and skipped. ClosedError once closed."""
+        _check_sync("accept")
+        impl = self._impl.accept(timeout, _single)
+        if impl is None:
+            raise TimeoutError(f"PipeListener.accept() timed out after {timeout} s")
+        return TensorDictPipe(impl)
 
     def close(self) -> None:
         self._impl.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "listening"
+        return f"PipeListener(port={self.port}, {state}, refused={self.refused})"
 
     def __enter__(self) -> "PipeListener":
         return self
@@ -308,13 +387,15 @@ class TensorDictServer:
 
     ``await server.serve(handler)`` runs ``handler(pipe)`` as a task per client and logs
     (and keeps, in ``handler_errors``) any exception a handler raises; ``async for pipe in
-    server`` yields the pipes instead. ``close()`` stops accepting and closes every pipe
-    the server handed out.
+    server`` yields the pipes instead. A client that fails or abandons its handshake is
+    counted in ``refused`` (and logged at debug level); the server goes on. ``close()``
+    stops accepting and closes every pipe the server handed out.
     """
 
     def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                 timeout: float = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
+                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
         self._impl = _C._Server(port, consolidated, auth_key, timeout, max_message_bytes)
+        self._waiter = _FdWaiter([self._impl.fd])
         self._tasks: set = set()
         self.handler_errors: list = []
 
@@ -328,30 +409,40 @@ class TensorDictServer:
 
     @property
     def refused(self) -> int:
-        """Clients refused at the handshake (wrong key, mode mismatch)."""
+        """Clients refused at the handshake (wrong key, mode mismatch, gave up)."""
         return self._impl.refused
 
     def accept(self, timeout: Optional[float] = None) -> Optional[TensorDictPipe]:
+        """The next client's pipe; None when ``timeout`` (seconds; None: no limit) passes."""
         _check_sync("accept")
-        impl = self._impl.accept(-1.0 if timeout is None else timeout)
+        return self._accepted(self._impl.refused, self._impl.accept(timeout))
+
+    def _accepted(self, refused_before: int, impl) -> Optional[TensorDictPipe]:
+        if self._impl.refused != refused_before:
+            _log.debug("TensorDictServer on port %d refused a client: %s", self.port, self._impl.last_refusal)
         return TensorDictPipe(impl) if impl is not None else None
 
     async def aaccept(self) -> TensorDictPipe:
-        """The next client; RuntimeError once the server is closed."""
+        """The next client; ClosedError once the server is closed.
+
+        Waits on the listener's wake-up fd in the event loop; only a client's handshake
+        (its round trips) runs in an executor thread, so the loop keeps serving pipes."""
         loop = asyncio.get_running_loop()
         while True:
-            # accept() includes the handshake round trips: run it off the loop, in slices so
-            # close() is noticed.
-            impl = await loop.run_in_executor(None, self._impl.accept, 0.2)
-            if impl is not None:
-                return TensorDictPipe(impl)
+            if self._impl.arm():  # nothing pending: sleep until the listener's fd wakes us
+                await self._waiter.wait()
+            refused = self._impl.refused
+            impl = await loop.run_in_executor(None, self._impl.accept, 0)
+            pipe = self._accepted(refused, impl)
+            if pipe is not None:
+                return pipe
 
     async def serve(self, handler: Callable[[TensorDictPipe], Awaitable[None]]) -> None:
         try:
-            while not self.closed:
+            while True:
                 try:
                     pipe = await self.aaccept()
-                except RuntimeError:
+                except ClosedError:
                     if self.closed:
                         return
                     raise
@@ -372,15 +463,16 @@ class TensorDictServer:
             _log.error("TensorDictServer handler failed", exc_info=exc)
 
     async def __aiter__(self) -> AsyncIterator[TensorDictPipe]:
-        while not self.closed:
+        while True:
             try:
                 yield await self.aaccept()
-            except RuntimeError:
+            except ClosedError:
                 if self.closed:
                     return
                 raise
 
     def close(self) -> None:
+        self._waiter.detach()
         self._impl.close()
 
     async def aclose(self) -> None:
@@ -398,25 +490,24 @@ class TensorDictServer:
     async def __aexit__(self, *exc) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "listening"
+        return (f"TensorDictServer(port={self.port}, {state}, handlers={len(self._tasks)}, "
+                f"refused={self.refused})")
 
-def ends_iteration(exc: BaseException) -> bool:
-    """True when ``exc`` says the peer closed the pipe normally: that ends ``async for``;
-    any other error (a peer that closed after an error included) is reported."""
-    text = str(exc)
-    return "peer closed the pipe" in text and "after an error" not in text
+
+_ACCEPTED = ("send() takes a tensorwire.TensorDict or a tensordict.TensorDict, got {}; wrap arrays "
+             "and dicts as tensorwire.TensorDict({{'key': value}}, batch_size=[...])")
 
 
 def _as_tensorwire(td) -> TensorDict:
     if isinstance(td, TensorDict):
         return td
-    if isinstance(td, dict):
-        raise TypeError("send() takes a TensorDict; wrap a dict with tensorwire.TensorDict(d, batch_size=...)")
-    try:
-        from ._interop import from_tensordict
-        return from_tensordict(td)
-    except ImportError:
-        pass
-    raise TypeError(f"send() takes a TensorDict, got {type(td).__name__}")
+    # Only an object of tensordict's own classes is converted (importing tensordict is slow).
+    if type(td).__module__.split(".")[0] != "tensordict":
+        raise TypeError(_ACCEPTED.format(type(td).__name__))
+    from ._interop import from_tensordict
+    return from_tensordict(td)
 
 
 def _check_device(device) -> None:

@@ -117,8 +117,8 @@ class TensorDictPipe(_ReferencePipe):
             raise StopAsyncIteration
         try:
             return await self.arecv()
-        except RuntimeError as e:
-            if _pipe.ends_iteration(e):
+        except _C.ClosedError:
+            if self._tw.closed_by_peer:  # the end of the peer's stream
                 raise StopAsyncIteration from None
             raise
 

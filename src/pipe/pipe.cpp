@@ -2,8 +2,13 @@
 #include "tensorwire/pipe/pipe.h"
 
 #include <poll.h>
+#include <unistd.h>
 
+#include <cerrno>
+
+#include "os/fork.h"
 #include "pipe_impl.h"
+#include "runtime/wait.h"
 
 namespace tensorwire {
 
@@ -13,79 +18,112 @@ class ListenerImpl {
  public:
   ListenerImpl(uint16_t port, const PipeOptions& options)
       : options_(options),
-        listener_(std::make_unique<ucx::Listener>(port)),
+        generation_(os::fork_generation()),
+        owner_pid_(::getpid()),
+        listener_(open(port)),
         port_(listener_->port()) {}
 
   std::optional<TensorDictPipe> accept(
-      TensorDictPipe::Millis timeout, bool throw_on_refusal,
+      Timeout timeout, bool throw_on_refusal,
       const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
-    const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
-    while (true) {
+    std::optional<TensorDictPipe> accepted;
+    runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
       std::optional<ucx::ConnRequest> req;
+      int efd = -1;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!listener_) throw ClosedError("the listener is closed");
+        check_usable();
         req = listener_->poll();
+        if (!req) {
+          if (listener_->worker().progress() || !listener_->worker().arm()) return false;
+          efd = listener_->worker().efd();
+        }
       }
       if (req) {
-        auto impl = std::make_shared<PipeImpl>(*req, options_, port_);
-        try {
-          impl->handshake(/*as_server=*/true);
-          return wrap(std::move(impl));
-        } catch (const wire::HandshakeError& e) {
-          std::lock_guard<std::mutex> lock(mu_);
-          ++refused_;
-          last_refusal_ = e.what();
-          if (throw_on_refusal) throw;
-        } catch (const Error& e) {
-          // A client that vanished mid-handshake is not the listener's failure.
-          std::lock_guard<std::mutex> lock(mu_);
-          ++refused_;
-          last_refusal_ = e.what();
-          if (throw_on_refusal) throw;
-        }
-        continue;
+        accepted = handshake(*req, throw_on_refusal, wrap);
+        return accepted.has_value();
       }
-      if (Clock::now() >= deadline) return std::nullopt;
-      int efd;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!listener_) throw ClosedError("the listener is closed");
-        if (listener_->worker().progress() || !listener_->worker().arm()) continue;
-        efd = listener_->worker().efd();
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       struct pollfd p {
         efd, POLLIN, 0
       };
-      ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100)));
-    }
+      ::poll(&p, 1, slice.poll_ms());
+      return false;
+    });
+    return accepted;
   }
 
   uint16_t port() const { return port_; }
   int fd() {
     std::lock_guard<std::mutex> lock(mu_);
-    return listener_ ? listener_->worker().efd() : -1;
+    check_usable();
+    return listener_->worker().efd();
   }
   bool arm() {
     std::lock_guard<std::mutex> lock(mu_);
-    return listener_ && !listener_->worker().progress() && listener_->worker().arm();
+    check_usable();
+    return !listener_->worker().progress() && !listener_->has_pending() &&
+           listener_->worker().arm();
   }
-  // Releases the port at once: later clients are refused by the operating system.
+  // Releases the port at once: later clients are refused by the operating system. In a
+  // forked child, the parent's listener is left alone (ucx::Listener leaks it there).
   void close() {
     std::lock_guard<std::mutex> lock(mu_);
     listener_.reset();
+  }
+  bool closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !listener_ || ucx::inherited(generation_);
   }
   size_t refused() const { return refused_; }
   const std::string& last_refusal() const { return last_refusal_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
+  static std::unique_ptr<ucx::Listener> open(uint16_t port) {
+    try {
+      return std::make_unique<ucx::Listener>(port);
+    } catch (const SystemError& e) {
+      if (e.code() == EADDRINUSE) throw PortInUse(port);
+      throw;
+    }
+  }
+
+  void check_usable() const {  // under mu_
+    if (!listener_)
+      throw ClosedError("the listener on port " + std::to_string(port_) + " is closed");
+    if (ucx::inherited(generation_))
+      throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
+                        std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
+                        std::to_string(::getpid()) +
+                        "), where it cannot be used: its UCX state belongs to the parent");
+  }
+
+  // A client that fails the handshake, or gives up or vanishes during it, is that
+  // client's failure, not the listener's: it is counted and accept() goes on.
+  std::optional<TensorDictPipe> handshake(
+      ucx::ConnRequest& req, bool throw_on_refusal,
+      const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
+    try {
+      auto impl = std::make_shared<PipeImpl>(req, options_, port_);
+      impl->handshake(/*as_server=*/true);
+      return wrap(std::move(impl));
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++refused_;
+      last_refusal_ = "client " + req.peer + ": " + e.what();
+      if (throw_on_refusal) throw;
+      return std::nullopt;
+    }
+  }
+
   PipeOptions options_;
+  uint64_t generation_;
+  pid_t owner_pid_;
   std::mutex mu_;
   std::unique_ptr<ucx::Listener> listener_;  // null once closed
   uint16_t port_;
-  size_t refused_ = 0;
+  std::atomic<size_t> refused_{0};
   std::string last_refusal_;
 };
 
@@ -101,7 +139,13 @@ TensorDictPipe::~TensorDictPipe() {
 TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
                                        const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
-  impl->handshake(/*as_server=*/false);
+  try {
+    impl->handshake(/*as_server=*/false);
+  } catch (const ClosedError&) {
+    // The connection failed before UCX could reach any listener there.
+    if (!impl->reached_peer()) throw ConnectionRefused(host, port);
+    throw;
+  }
   return TensorDictPipe(std::move(impl));
 }
 
@@ -111,13 +155,13 @@ TensorDictPipe TensorDictPipe::listen(uint16_t port, const PipeOptions& options,
   if (on_listening) on_listening(listener.port());
   // One client only: a refused handshake is this call's failure. The listener closes on
   // return, so later clients are refused by the operating system.
-  return std::move(*listener.accept(kForever, /*throw_on_refusal=*/true));
+  return std::move(*listener.accept(Timeout::forever(), /*throw_on_refusal=*/true));
 }
 
-void TensorDictPipe::send(const TensorDict& td, Millis timeout) {
+void TensorDictPipe::send(const TensorDict& td, Timeout timeout) {
   impl_->send(td, timeout);
 }
-TensorDict& TensorDictPipe::recv(TensorDict* into, Millis timeout) {
+TensorDict& TensorDictPipe::recv(TensorDict* into, Timeout timeout) {
   return impl_->recv(into, timeout);
 }
 bool TensorDictPipe::last_recv_was_new_schema() const {
@@ -126,14 +170,15 @@ bool TensorDictPipe::last_recv_was_new_schema() const {
 
 std::future<void> TensorDictPipe::send_async(TensorDict td) {
   auto impl = impl_;
-  return std::async(std::launch::async, [impl, td = std::move(td)] { impl->send(td, kForever); });
+  return std::async(std::launch::async,
+                    [impl, td = std::move(td)] { impl->send(td, Timeout::forever()); });
 }
 
 std::future<TensorDict> TensorDictPipe::recv_async() {
   auto impl = impl_;
   // A copy of the structure: the caller owns it, its tensors share the received storage.
   return std::async(std::launch::async,
-                    [impl] { return TensorDict(impl->recv(nullptr, kForever)); });
+                    [impl] { return TensorDict(impl->recv(nullptr, Timeout::forever())); });
 }
 
 void TensorDictPipe::start_send(const TensorDict& td) {
@@ -160,6 +205,12 @@ void TensorDictPipe::close() {
 bool TensorDictPipe::closed() const {
   return impl_->closed();
 }
+bool TensorDictPipe::failed() const {
+  return impl_->failed();
+}
+bool TensorDictPipe::closed_by_peer() const {
+  return impl_->closed_by_peer();
+}
 uint16_t TensorDictPipe::local_port() const {
   return impl_->local_port();
 }
@@ -182,8 +233,7 @@ PipeListener::~PipeListener() = default;
 uint16_t PipeListener::port() const {
   return impl_->port();
 }
-std::optional<TensorDictPipe> PipeListener::accept(TensorDictPipe::Millis timeout,
-                                                   bool throw_on_refusal) {
+std::optional<TensorDictPipe> PipeListener::accept(Timeout timeout, bool throw_on_refusal) {
   return impl_->accept(timeout, throw_on_refusal,
                        [](auto impl) { return TensorDictPipe(std::move(impl)); });
 }
@@ -195,6 +245,9 @@ bool PipeListener::arm() {
 }
 void PipeListener::close() {
   impl_->close();
+}
+bool PipeListener::closed() const {
+  return impl_->closed();
 }
 size_t PipeListener::refused() const {
   return impl_->refused();

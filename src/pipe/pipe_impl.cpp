@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "os/fork.h"
+#include "runtime/wait.h"
 #include "wire/hex.h"
 
 namespace tensorwire::detail {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -23,10 +23,6 @@ wire::Mode mode_of(const PipeOptions& o) {
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
   return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key};
-}
-
-Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  return timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
 }
 
 // Runs `batch` (a few polls; true once one succeeded) until it succeeds or `budget` has
@@ -66,6 +62,9 @@ void PipeImpl::flush(ucx::Request& req, std::chrono::milliseconds budget) {
 
 PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options)
     : options_(options),
+      generation_(os::fork_generation()),
+      owner_pid_(::getpid()),
+      is_client_(true),
       worker_(std::make_unique<ucx::Worker>()),
       encoder_(mode_of(options)),
       decoder_(options.limits) {
@@ -75,6 +74,9 @@ PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& op
 
 PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16_t local_port)
     : options_(options),
+      generation_(os::fork_generation()),
+      owner_pid_(::getpid()),
+      is_client_(false),
       local_port_(local_port),
       worker_(std::make_unique<ucx::Worker>()),
       encoder_(mode_of(options)),
@@ -94,8 +96,16 @@ PipeImpl::~PipeImpl() {
 
 // ---- handshake & control ---------------------------------------------------
 
+void PipeImpl::check_process() const {
+  if (os::fork_generation() == generation_) return;
+  throw ClosedError("this TensorDictPipe (to " + ep_->peer() + ") was made by process " +
+                    std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
+                    std::to_string(::getpid()) +
+                    "), where it cannot be used: its UCX state belongs to the parent");
+}
+
 void PipeImpl::handshake(bool as_server) {
-  const auto deadline = deadline_after(options_.connect_timeout);
+  const Deadline deadline = Deadline::after(options_.connect_timeout);
   auto send = [&](const Json& j) { send_control(j, deadline); };
   auto recv = [&]() { return recv_control(deadline); };
   wire::PeerIdentity peer;
@@ -148,7 +158,7 @@ constexpr size_t kMaxWorkerAddress = 16 * 1024;
 // their UCX_TLS excludes shared memory: then both stay on the first endpoint), switch,
 // confirm over the new endpoint, and only then close the first one, so nothing in flight
 // on it is lost.
-void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
+void PipeImpl::use_direct_endpoint(Deadline deadline) {
   Json mine = nullptr;
   if (ucx::shared_memory_enabled()) mine = wire::to_hex(worker_->address());
   send_control({{"worker_address", mine}}, deadline);
@@ -161,7 +171,8 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!reply.is_object() || !reply.contains("worker_address"))
-    fail("expected the peer's worker address after the handshake, got " + reply.dump(), true, true);
+    fail("expected the peer's worker address after the handshake, got " + reply.dump(),
+         Fault::PeerBrokeProtocol);
   const Json& theirs = reply["worker_address"];
   if (theirs.is_null()) return;
   std::optional<std::vector<std::byte>> address;
@@ -170,7 +181,7 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   if (!address || address->empty())
     fail("the peer's worker address is not a hex string of at most " +
              std::to_string(kMaxWorkerAddress) + " bytes",
-         true, true);
+         Fault::PeerBrokeProtocol);
   if (mine.is_null()) return;
   // UCX reads an address until its end marker: zeros after it keep a truncated one from
   // running past the buffer.
@@ -182,14 +193,15 @@ void PipeImpl::use_direct_endpoint(Clock::time_point deadline) {
   } catch (const Error& e) {
     ep_ = std::move(first);
     wired_up_ = true;
-    fail(std::string("cannot connect to the peer's worker address: ") + e.what(), true, false);
+    fail(std::string("cannot connect to the peer's worker address: ") + e.what(),
+         Fault::LocalFailure);
   }
   first_ep_ = std::move(first);
 }
 
 // After use_direct_endpoint switched: both sides confirm over the new endpoint, then the
 // first one is closed.
-void PipeImpl::retire_first_endpoint(Clock::time_point deadline) {
+void PipeImpl::retire_first_endpoint(Deadline deadline) {
   if (!first_ep_) return;
   wait_wireup(deadline);
   send_control({{"direct", true}}, deadline);
@@ -197,7 +209,8 @@ void PipeImpl::retire_first_endpoint(Clock::time_point deadline) {
     Json ok = recv_control(deadline);
     if (!ok.is_object() || !ok.contains("direct")) {
       std::lock_guard<std::mutex> lock(mu_);
-      fail("expected the peer's confirmation of the direct endpoint, got " + ok.dump(), true, true);
+      fail("expected the peer's confirmation of the direct endpoint, got " + ok.dump(),
+           Fault::PeerBrokeProtocol);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -210,55 +223,36 @@ void PipeImpl::retire_first_endpoint(Clock::time_point deadline) {
 // lanes; a send still pending across that move is replayed with the TCP lane's protocol and
 // crashes ("Invalid am_short length", or a null call in ucp_wireup_replay_pending_requests).
 // A flush completes only once the wire-up is over, so nothing is sent before it.
-void PipeImpl::wait_wireup(Clock::time_point deadline) {
+void PipeImpl::wait_wireup(Deadline deadline) {
   ucx::Request flushed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     flushed = ep_->flush();
   }
-  while (true) {
-    const uint64_t seen = worker_->events();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      progress();
-      if (flushed.done()) {
-        wired_up_ = true;
-        return;
-      }
-      check_alive();
-    }
-    wait_event(deadline, "handshake", seen);
-  }
+  wait_until([&] { return flushed.done(); }, deadline, "handshake");
+  std::lock_guard<std::mutex> lock(mu_);
+  wired_up_ = true;
 }
 
-void PipeImpl::send_control(const Json& body, Clock::time_point deadline) {
+void PipeImpl::send_control(const Json& body, Deadline deadline) {
   ucx::Request req;
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_alive();
     req = post_control(body);
   }
-  while (true) {
-    const uint64_t seen = worker_->events();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      progress();
-      if (req.done()) return;
-      check_alive();
-    }
-    wait_event(deadline, "handshake", seen);
-  }
+  wait_until([&] { return req.done(); }, deadline, "handshake");
 }
 
-Json PipeImpl::recv_control(Clock::time_point deadline) {
-  while (true) {
-    const uint64_t seen = worker_->events();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      progress();
-      if (auto m = ep_->probe(kControlTag)) {
+Json PipeImpl::recv_control(Deadline deadline) {
+  Json body;
+  wait_until(
+      [&] {
+        auto m = ep_->probe(kControlTag);
+        if (!m) return false;
         if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
-          fail("control message of " + std::to_string(m->first) + " bytes", true, true);
+          fail("control message of " + std::to_string(m->first) + " bytes",
+               Fault::PeerBrokeProtocol);
         std::vector<std::byte> buf(m->first);
         size_t got = 0;
         ucx::Request req = ep_->recv(m->second, buf, &got);
@@ -266,15 +260,14 @@ Json PipeImpl::recv_control(Clock::time_point deadline) {
         wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
         if (h.kind != wire::MessageKind::Control ||
             wire::kHeaderBytes + h.metadata_bytes != buf.size())
-          fail("expected a control message during the handshake", true, true);
+          fail("expected a control message during the handshake", Fault::PeerBrokeProtocol);
         wire::Incoming in;
         decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
-        return in.control;
-      }
-      check_alive();
-    }
-    wait_event(deadline, "handshake", seen);
-  }
+        body = std::move(in.control);
+        return true;
+      },
+      deadline, "handshake");
+  return body;
 }
 
 // Control messages after the handshake: the peer closing, or reporting our error.
@@ -282,7 +275,7 @@ void PipeImpl::drain_control() {
   auto m = ep_->probe(kControlTag);
   if (!m) return;
   if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
-    fail("control message of " + std::to_string(m->first) + " bytes", true, true);
+    fail("control message of " + std::to_string(m->first) + " bytes", Fault::PeerBrokeProtocol);
   std::vector<std::byte> buf(m->first);
   size_t got = 0;
   ucx::Request req = ep_->recv(m->second, buf, &got);
@@ -294,11 +287,13 @@ void PipeImpl::drain_control() {
     decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
     body = std::move(in.control);
   } catch (const ProtocolError& e) {
-    fail(e.what(), true, true);
+    fail(e.what(), Fault::PeerBrokeProtocol);
   }
   if (body.is_object() && body.contains("error"))
-    fail("the peer closed the pipe after an error: " + body["error"].dump(), false, true);
-  fail("the peer closed the pipe", false, false);
+    fail("the peer closed the pipe after an error: " + body["error"].dump(),
+         Fault::PeerReportedError);
+  if (failure_.empty()) closed_by_peer_ = true;
+  fail("the peer closed the pipe", Fault::ConnectionLost);
 }
 
 void PipeImpl::check_alive() {
@@ -307,8 +302,8 @@ void PipeImpl::check_alive() {
     throw ClosedError(failure_);
   }
   if (ep_->error() != UCS_OK)
-    fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()), false,
-         false);
+    fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()),
+         Fault::ConnectionLost);
   // The pidfd check is a system call: at most every few milliseconds, so the spin phase of
   // a wait stays cheap; and this runs on every poll, so the clock is read one call in 64.
   if (peer_watch_ && (++liveness_calls_ & 63) == 0) {
@@ -316,13 +311,15 @@ void PipeImpl::check_alive() {
     if (now >= next_liveness_check_) {
       next_liveness_check_ = now + std::chrono::milliseconds(5);
       if (!peer_watch_->alive())
-        fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited", false,
-             false);
+        fail("the peer process (pid " + std::to_string(peer_watch_->pid()) + ") has exited",
+             Fault::ConnectionLost);
     }
   }
 }
 
-void PipeImpl::fail(const std::string& reason, bool tell_peer, bool protocol) {
+void PipeImpl::fail(const std::string& reason, Fault fault) {
+  const bool protocol = fault == Fault::PeerBrokeProtocol || fault == Fault::PeerReportedError;
+  const bool tell_peer = fault == Fault::PeerBrokeProtocol || fault == Fault::LocalFailure;
   if (failure_.empty()) {
     failure_ = reason;
     failure_is_protocol_ = protocol;
@@ -357,14 +354,32 @@ unsigned PipeImpl::progress() {
 }
 
 bool PipeImpl::arm() {
+  check_process();
   std::lock_guard<std::mutex> lock(mu_);
   if (progress()) return false;
   return worker_->arm();
 }
 
-// Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd and
-// the peer's pidfd in slices, so peer death and closure are noticed within ~100 ms.
-void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t seen) {
+template <class Ready>
+void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
+  const bool done = runtime::wait_until(deadline, [&](Deadline slice) {
+    const uint64_t seen = worker_->events();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) throw ClosedError(std::string(what) + ": the pipe is closed");
+      progress();
+      if (ready()) return true;
+      check_alive();
+    }
+    wait_event(slice, seen);
+    return false;
+  });
+  if (!done) throw TimeoutError(std::string(what) + " timed out");
+}
+
+// Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd, the
+// wake-up eventfd and the peer's pidfd until `slice` passes.
+void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
   // The lock is taken once per batch of progress calls too.
   if (spin_for(std::chrono::microseconds(50), [&] {
         std::lock_guard<std::mutex> lock(mu_);
@@ -373,7 +388,7 @@ void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t
         return false;
       }))
     return;
-  if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " timed out");
+  if (slice.passed()) return;
   // Counted as a sleeper from here on, and back to polling if anything progressed since
   // the caller's poll began: an event another thread takes from now on kicks us awake.
   sleepers_.fetch_add(1, std::memory_order_acq_rel);
@@ -384,14 +399,12 @@ void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t
   if (worker_->events() != seen) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) throw ClosedError("the pipe is closed");
+    if (closed_) return;
     if (progress() || !worker_->arm()) return;
   }
   struct pollfd fds[3] = {
       {worker_->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {peer_fd(), POLLIN, 0}};
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  int slice = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 100));
-  ::poll(fds, peer_fd() >= 0 ? 3 : 2, slice);
+  ::poll(fds, peer_fd() >= 0 ? 3 : 2, slice.poll_ms());
   if (fds[1].revents & POLLIN) {
     uint64_t drained;
     [[maybe_unused]] ssize_t r = ::read(kick_.get(), &drained, sizeof drained);
@@ -401,6 +414,7 @@ void PipeImpl::wait_event(Clock::time_point deadline, const char* what, uint64_t
 // ---- sending ---------------------------------------------------------------
 
 void PipeImpl::start_send(const TensorDict& td) {
+  check_process();
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw ClosedError("Cannot send on a closed pipe.");
   // The peer's own explanation (a control message) comes before the connection error
@@ -420,6 +434,7 @@ void PipeImpl::start_send(const TensorDict& td) {
     for (auto piece : m.payload)
       if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
   sending_ = true;
+  sending_td_ = &td;
 }
 
 bool PipeImpl::step_send() {
@@ -434,12 +449,15 @@ bool PipeImpl::step_send() {
   }
   send_reqs_.clear();
   sending_ = false;
+  sending_td_ = nullptr;
   return true;
 }
 
 bool PipeImpl::poll_send(std::chrono::microseconds spin) {
+  check_process();
   auto once = [&] {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw ClosedError("Cannot send on a closed pipe.");
     return !sending_ || step_send();
   };
   if (once()) return true;
@@ -450,15 +468,21 @@ bool PipeImpl::poll_send(std::chrono::microseconds spin) {
          });
 }
 
-void PipeImpl::send(const TensorDict& td, Millis timeout) {
+void PipeImpl::send(const TensorDict& td, Timeout timeout) {
+  check_process();
   std::lock_guard<std::mutex> one_sender(send_mu_);
-  const auto deadline = deadline_after(timeout);
-  start_send(td);
-  while (true) {
-    const uint64_t seen = worker_->events();
-    if (poll_send()) return;
-    wait_event(deadline, "send", seen);
+  const Deadline deadline = Deadline::after(timeout);
+  bool resumed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resumed = sending_ && sending_td_ == &td;
   }
+  // Another TensorDict's send still in flight (an earlier call timed out): it completes
+  // first, so messages arrive in the order they were sent, each once.
+  wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  if (resumed) return;
+  start_send(td);
+  wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
 }
 
 // ---- receiving -------------------------------------------------------------
@@ -489,7 +513,7 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
                  std::to_string(wire::kHeaderBytes) + "-byte header, at most " +
                  std::to_string(options_.limits.max_metadata_bytes) + " metadata bytes and " +
                  std::to_string(kInlineMax) + " inline payload bytes)",
-             true, true);
+             Fault::PeerBrokeProtocol);
       ensure_frame_capacity(len);
       frame_len_ = len;
       frame_req_ = ep_->recv(m->second, {frame_.get(), len}, &frame_got_);
@@ -544,12 +568,13 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
     state_ = RecvState::Idle;
     return &decoder_.finish(incoming_);
   } catch (const ProtocolError& e) {
-    if (failure_.empty()) fail(e.what(), true, true);
+    if (failure_.empty()) fail(e.what(), Fault::PeerBrokeProtocol);
     throw;
   }
 }
 
 TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
+  check_process();
   auto once = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw ClosedError("Cannot recv on a closed pipe.");
@@ -565,17 +590,27 @@ TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin
   return got;
 }
 
-TensorDict& PipeImpl::recv(TensorDict* into, Millis timeout) {
+TensorDict& PipeImpl::recv(TensorDict* into, Timeout timeout) {
+  check_process();
   std::lock_guard<std::mutex> one_receiver(recv_mu_);
-  const auto deadline = deadline_after(timeout);
-  while (true) {
-    const uint64_t seen = worker_->events();
-    if (TensorDict* td = poll_recv(into)) return *td;
-    wait_event(deadline, "recv", seen);
-  }
+  TensorDict* got = nullptr;
+  wait_until([&] { return (got = step_recv(into)) != nullptr; }, Deadline::after(timeout), "recv");
+  return *got;
+}
+
+bool PipeImpl::failed() {
+  if (os::fork_generation() != generation_) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return true;
+  if (!failure_.empty() || ep_->error() != UCS_OK) return true;
+  if (peer_watch_ && !peer_watch_->alive()) return true;
+  // A close message already here (not yet read by a receive) means the same.
+  progress();
+  return ep_->has_message(kControlTag);
 }
 
 std::string PipeImpl::transports() {
+  check_process();
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return "";
   return ep_->transports();
@@ -584,6 +619,13 @@ std::string PipeImpl::transports() {
 // ---- closing ---------------------------------------------------------------
 
 void PipeImpl::close() {
+  if (os::fork_generation() != generation_) {
+    // An inherited pipe in a forked child: its UCX objects are the parent's. Touching them
+    // (even to free them) breaks the parent's connection or aborts in UCX, so they are
+    // left alone; the ucx:: destructors leak them in this process.
+    closed_ = true;
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_.exchange(true)) return;
   frame_req_.cancel(worker_->handle());
@@ -598,17 +640,29 @@ void PipeImpl::close() {
     }
   }
   if (failure_.empty()) failure_ = "the pipe is closed";
+  // A send still in flight (abandoned, or refused by the peer: a rendezvous the peer will
+  // never take) is dropped with the endpoint: a graceful close would wait for it, and UCX
+  // 1.13 aborts destroying the worker while the endpoint still holds it.
+  bool sends_in_flight = false;
+  for (auto& r : send_reqs_) {
+    try {
+      sends_in_flight = !r.done() || sends_in_flight;
+    } catch (const Error&) {
+    }
+  }
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
+  sending_ = false;
+  sending_td_ = nullptr;
   if (first_ep_) {  // closed during the switch to a direct endpoint
     first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
     first_ep_.reset();
   }
-  // Graceful once the endpoint's wire-up is over, so a refusal or error just sent reaches
-  // the peer before the disconnect (a forced close can reset the connection under it);
-  // by force before that: UCX 1.13 aborts when it flushes an endpoint still in wire-up.
-  ep_->close(/*force=*/!wired_up_, std::chrono::milliseconds(1000));
+  // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
+  // reaches the peer before the disconnect (a forced close can reset the connection under
+  // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
+  ep_->close(/*force=*/!wired_up_ || sends_in_flight, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
 }
 

@@ -17,9 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "tensorwire/pipe/pipe.h"
 #include "os/process.h"
 #include "os/unix_socket.h"
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "tensorwire/wire/handshake.h"
@@ -32,10 +33,16 @@ inline constexpr uint64_t kPayloadTag = 2;
 inline constexpr uint64_t kControlTag = 3;
 inline constexpr size_t kInlineMax = 64 * 1024;
 
+// Why a pipe became unusable, which decides who is told and what is thrown.
+enum class Fault {
+  PeerBrokeProtocol,  // the peer sent something invalid: tell it why; ProtocolError
+  PeerReportedError,  // the peer closed after telling us our error: ProtocolError
+  ConnectionLost,     // the peer closed or vanished: nobody to tell; ClosedError
+  LocalFailure,       // this side cannot go on: tell the peer; ClosedError
+};
+
 class PipeImpl {
  public:
-  using Millis = std::chrono::milliseconds;
-
   // Client side.
   PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options);
   // Server side, from an accepted connection request.
@@ -44,8 +51,8 @@ class PipeImpl {
 
   void handshake(bool as_server);
 
-  void send(const TensorDict& td, Millis timeout);
-  TensorDict& recv(TensorDict* into, Millis timeout);
+  void send(const TensorDict& td, Timeout timeout);
+  TensorDict& recv(TensorDict* into, Timeout timeout);
   void start_send(const TensorDict& td);
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
   TensorDict* poll_recv(TensorDict* into,
@@ -59,39 +66,56 @@ class PipeImpl {
 
   void close();
   bool closed() const { return closed_.load(); }
+  // True once the pipe's peer closed it, went away, or broke the protocol.
+  bool failed();
+  // True when the peer closed the pipe normally (not after an error, not by dying).
+  bool closed_by_peer() const { return closed_by_peer_; }
+  // Whether the connection ever reached the peer (UCX's wire-up completed).
+  bool reached_peer() const { return wired_up_; }
   uint16_t local_port() const { return local_port_; }
   const std::string& peer() const { return ep_->peer(); }
   std::string transports();
   const PipeOptions& options() const { return options_; }
 
  private:
-  TensorDict* step_recv(TensorDict* into);  // under mu_
-  bool step_send();                         // under mu_
-  void check_alive();                       // under mu_: throws ClosedError
-  void drain_control();                     // under mu_
-  [[noreturn]] void fail(const std::string& reason, bool tell_peer, bool protocol);  // under mu_
-  // Waits for progress to be possible; `seen` is worker_->events() from before the caller's
-  // last poll (returns at once if anything progressed since).
-  void wait_event(std::chrono::steady_clock::time_point deadline, const char* what, uint64_t seen);
+  TensorDict* step_recv(TensorDict* into);                         // under mu_
+  bool step_send();                                                // under mu_
+  void check_alive();                                              // under mu_: throws ClosedError
+  void drain_control();                                            // under mu_
+  [[noreturn]] void fail(const std::string& reason, Fault fault);  // under mu_
+  // Throws ClosedError when this process is a fork of the one that made the pipe.
+  void check_process() const;
+  // The one wait of the pipe: progresses the worker and calls `ready()` (under mu_) until it
+  // returns true, checking that the pipe is alive, sleeping on the wake-up fds between
+  // polls and checking for an interrupt at least every kInterruptSlice. TimeoutError
+  // ("<what> timed out after ...") once `deadline` passes.
+  template <class Ready>
+  void wait_until(Ready&& ready, Deadline deadline, const char* what);
+  // Sleeps until progress may be possible or `slice` passes; `seen` is worker_->events()
+  // from before the caller's last poll (returns at once if anything progressed since).
+  void wait_event(Deadline slice, uint64_t seen);
   unsigned progress();  // under mu_
   bool peer_is_local() const;
   void make_kick();
-  void wait_wireup(std::chrono::steady_clock::time_point deadline);
-  void use_direct_endpoint(std::chrono::steady_clock::time_point deadline);
-  void retire_first_endpoint(std::chrono::steady_clock::time_point deadline);
-  void send_control(const Json& body, std::chrono::steady_clock::time_point deadline);
-  Json recv_control(std::chrono::steady_clock::time_point deadline);
+  void wait_wireup(Deadline deadline);
+  void use_direct_endpoint(Deadline deadline);
+  void retire_first_endpoint(Deadline deadline);
+  void send_control(const Json& body, Deadline deadline);
+  Json recv_control(Deadline deadline);
   void ensure_frame_capacity(size_t n);
   ucx::Request post_control(const Json& body);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
 
   PipeOptions options_;
+  uint64_t generation_;  // os::fork_generation() of the process that made the pipe
+  pid_t owner_pid_;
+  bool is_client_;
   uint16_t local_port_ = 0;
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
   std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
   bool early_direct_ = false;                // the peer's "direct" came before its address
-  os::Fd kick_;                             // eventfd: wakes a waiter whose event was taken
+  os::Fd kick_;                              // eventfd: wakes a waiter whose event was taken
   std::atomic<int> sleepers_{0};             // threads in wait_event
   std::optional<os::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
@@ -104,6 +128,7 @@ class PipeImpl {
   bool wired_up_ = false;   // ep_'s UCX wire-up is over (a graceful close is safe)
   std::string failure_;     // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
+  std::atomic<bool> closed_by_peer_{false};
 
   wire::Encoder encoder_;
   wire::Decoder decoder_;
@@ -113,6 +138,7 @@ class PipeImpl {
 
   // send state
   bool sending_ = false;
+  const TensorDict* sending_td_ = nullptr;  // what the send in flight reads (identity only)
   std::vector<std::span<const std::byte>> pieces_;
   std::vector<ucp_dt_iov_t> frame_iov_;
   std::vector<ucx::Request> send_reqs_;

@@ -11,8 +11,12 @@ TensorDictServer::~TensorDictServer() {
   close();
 }
 
-std::optional<TensorDictPipe> TensorDictServer::accept(TensorDictPipe::Millis timeout) {
-  if (closed()) throw ClosedError("the server is closed");
+std::optional<TensorDictPipe> TensorDictServer::accept(Timeout timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_)
+      throw ClosedError("the TensorDictServer on port " + std::to_string(port()) + " is closed");
+  }
   auto pipe = listener_.accept(timeout);
   if (pipe) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -38,7 +42,7 @@ void TensorDictServer::close() {
 
 bool TensorDictServer::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return closed_;
+  return closed_ || listener_.closed();
 }
 
 }  // namespace tensorwire

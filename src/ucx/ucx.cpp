@@ -4,6 +4,11 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <poll.h>
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/debug.h>
+#include <ucs/debug/log_def.h>
+
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -14,7 +19,13 @@
 #include <thread>
 #include <utility>
 
+#include "os/fork.h"
+
 namespace tensorwire::ucx {
+
+bool inherited(uint64_t generation) noexcept {
+  return os::fork_generation() != generation;
+}
 
 void throw_status(const std::string& what, ucs_status_t status) {
   std::string msg = what + ": " + ucs_status_string(status);
@@ -74,11 +85,43 @@ bool shared_memory_enabled() {
   return exclude ? !named : named;
 }
 
+namespace {
+
+ucs_log_func_rc_t drop_log(const char*, unsigned, const char*, ucs_log_level_t level,
+                           const ucs_log_component_config_t*, const char*, va_list) {
+  return level <= UCS_LOG_LEVEL_FATAL ? UCS_LOG_FUNC_RC_CONTINUE : UCS_LOG_FUNC_RC_STOP;
+}
+
+// Once per process (a forked child inherits the parent's settings).
+void quiet_ucx() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_log_push_handler(&drop_log);
+    if (std::getenv("UCX_ERROR_SIGNALS") == nullptr)
+      for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
+        ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
+  });
+}
+
+}  // namespace
+
 std::shared_ptr<Context> Context::get() {
   static std::mutex mu;
   static std::weak_ptr<Context> cached;
+  quiet_ucx();
   std::lock_guard<std::mutex> lock(mu);
   auto c = cached.lock();
+  if (c && inherited(c->generation_)) {
+    // fork() while the parent's context was alive. UCX 1.13 keeps one async thread per
+    // process (it drives connection set-up) and does not reset it in a forked child: a
+    // context made here would hand its sockets to the parent's thread, which does not exist
+    // in this process, and connecting would hang. With no context alive at the fork, the
+    // child starts UCX afresh.
+    throw Error("UCX cannot start in this process (pid " + std::to_string(::getpid()) +
+                "): it was forked while its parent used UCX (a TensorDictPipe, PipeListener or "
+                "TensorDictServer was open), and UCX's state does not survive fork(). Start child "
+                "processes with the 'spawn' or 'forkserver' method, or fork before opening pipes");
+  }
   if (!c) {
     c = std::shared_ptr<Context>(new Context());
     cached = c;
@@ -86,7 +129,7 @@ std::shared_ptr<Context> Context::get() {
   return c;
 }
 
-Context::Context() {
+Context::Context() : generation_(os::fork_generation()) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw_status("ucp_config_read", st);
@@ -110,12 +153,12 @@ Context::Context() {
 }
 
 Context::~Context() {
-  if (ctx_) ucp_cleanup(ctx_);
+  if (ctx_ && !inherited(generation_)) ucp_cleanup(ctx_);
 }
 
 // ---- Worker ----------------------------------------------------------------
 
-Worker::Worker() : context_(Context::get()) {
+Worker::Worker() : context_(Context::get()), generation_(os::fork_generation()) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
@@ -129,6 +172,10 @@ Worker::Worker() : context_(Context::get()) {
 }
 
 Worker::~Worker() {
+  if (inherited(generation_)) {
+    new std::shared_ptr<Context>(std::move(context_));  // the parent's: never cleaned up here
+    return;
+  }
   if (worker_) ucp_worker_destroy(worker_);
 }
 
@@ -161,7 +208,8 @@ std::vector<std::byte> Worker::address() const {
 
 // ---- Request ---------------------------------------------------------------
 
-Request::Request(ucs_status_ptr_t p, bool is_recv) : is_recv_(is_recv) {
+Request::Request(ucs_status_ptr_t p, bool is_recv)
+    : generation_(os::fork_generation()), is_recv_(is_recv) {
   if (UCS_PTR_IS_ERR(p)) throw_status(is_recv ? "receive" : "send", UCS_PTR_STATUS(p));
   if (p != nullptr) {
     req_ = p;
@@ -171,13 +219,15 @@ Request::Request(ucs_status_ptr_t p, bool is_recv) : is_recv_(is_recv) {
 
 Request::Request(Request&& o) noexcept
     : req_(std::exchange(o.req_, nullptr)),
+      generation_(o.generation_),
       is_recv_(o.is_recv_),
       done_(std::exchange(o.done_, true)) {}
 
 Request& Request::operator=(Request&& o) noexcept {
   if (this != &o) {
-    if (req_) ucp_request_free(req_);
+    if (req_ && !inherited(generation_)) ucp_request_free(req_);
     req_ = std::exchange(o.req_, nullptr);
+    generation_ = o.generation_;
     is_recv_ = o.is_recv_;
     done_ = std::exchange(o.done_, true);
   }
@@ -186,7 +236,7 @@ Request& Request::operator=(Request&& o) noexcept {
 
 Request::~Request() {
   // A request still in flight is released to UCX, which completes (or cancels) it.
-  if (req_) ucp_request_free(req_);
+  if (req_ && !inherited(generation_)) ucp_request_free(req_);
 }
 
 bool Request::done() {
@@ -223,7 +273,7 @@ std::string addr_str(const sockaddr_storage& ss) {
 }
 }  // namespace
 
-Listener::Listener(uint16_t port) {
+Listener::Listener(uint16_t port) : generation_(os::fork_generation()) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = INADDR_ANY;
@@ -235,6 +285,8 @@ Listener::Listener(uint16_t port) {
   params.conn_handler.cb = &Listener::on_conn;
   params.conn_handler.arg = this;
   ucs_status_t st = ucp_listener_create(worker_.handle(), &params, &listener_);
+  // UCX 1.13 reports a taken port as "Device is busy".
+  if (st == UCS_ERR_BUSY) throw SystemError("listen on port " + std::to_string(port), EADDRINUSE);
   if (st != UCS_OK) throw_status("listen on port " + std::to_string(port), st);
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
@@ -247,6 +299,7 @@ Listener::Listener(uint16_t port) {
 }
 
 Listener::~Listener() {
+  if (inherited(generation_)) return;
   for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
   if (listener_) ucp_listener_destroy(listener_);
 }
@@ -280,7 +333,8 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   if (self->error_ == UCS_OK) self->error_ = status;
 }
 
-Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port) : worker_(worker) {
+Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port)
+    : worker_(worker), generation_(os::fork_generation()) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -305,7 +359,8 @@ Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port) : wor
   if (st != UCS_OK) throw_status("connect to " + peer_, st);
 }
 
-Endpoint::Endpoint(Worker& worker, ConnRequest& request) : worker_(worker), peer_(request.peer) {
+Endpoint::Endpoint(Worker& worker, ConnRequest& request)
+    : worker_(worker), generation_(os::fork_generation()), peer_(request.peer) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -319,7 +374,7 @@ Endpoint::Endpoint(Worker& worker, ConnRequest& request) : worker_(worker), peer
 }
 
 Endpoint::Endpoint(Worker& worker, std::span<const std::byte> address, std::string peer)
-    : worker_(worker), peer_(std::move(peer)) {
+    : worker_(worker), generation_(os::fork_generation()), peer_(std::move(peer)) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -332,6 +387,7 @@ Endpoint::Endpoint(Worker& worker, std::span<const std::byte> address, std::stri
 }
 
 Endpoint::~Endpoint() {
+  if (inherited(generation_)) return;
   close(true, std::chrono::milliseconds(1000));
 }
 
@@ -356,6 +412,11 @@ std::optional<std::pair<size_t, ucp_tag_message_h>> Endpoint::probe(uint64_t tag
   ucp_tag_message_h msg = ucp_tag_probe_nb(worker_.handle(), tag, ~uint64_t{0}, 1, &info);
   if (!msg) return std::nullopt;
   return std::make_pair(info.length, msg);
+}
+
+bool Endpoint::has_message(uint64_t tag) {
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(worker_.handle(), tag, ~uint64_t{0}, 0, &info) != nullptr;
 }
 
 namespace {

@@ -6,6 +6,16 @@
 // Threading model: every object here is used under its owner's mutex (the pipe's or the
 // listener's); UCX workers are created UCS_THREAD_MODE_SINGLE and never progressed by two
 // threads at once. Waits release that mutex and sleep on the worker's wake-up fd.
+//
+// Fork: every object remembers the process generation (os/fork.h) it was made in. In a
+// forked child the inherited ones are the parent's UCX state (its shared memory, its
+// sockets, its async thread that does not exist here): their destructors leave them alone
+// (a deliberate leak), and Context::get() gives the child a context of its own.
+//
+// Quiet by default: unless the user set UCX_LOG_LEVEL, UCX's own messages (warnings about
+// a peer that vanished, "bind: Address already in use") are dropped, since every failure
+// reaches the caller as an exception; unless the user set UCX_ERROR_SIGNALS, UCX's crash
+// handlers are taken off the host program's signals.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -40,6 +50,7 @@ bool is_local_address(const std::string& ip);
 
 class Context {
  public:
+  // This process's context (a new one in a forked child).
   static std::shared_ptr<Context> get();
   ucp_context_h handle() const noexcept { return ctx_; }
   ~Context();
@@ -47,7 +58,11 @@ class Context {
  private:
   Context();
   ucp_context_h ctx_ = nullptr;
+  uint64_t generation_;
 };
+
+// True when an object made in process generation `generation` now lives in a forked child.
+bool inherited(uint64_t generation) noexcept;
 
 class Worker {
  public:
@@ -77,6 +92,7 @@ class Worker {
 
  private:
   std::shared_ptr<Context> context_;
+  uint64_t generation_;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::atomic<uint64_t> events_{0};
@@ -97,6 +113,7 @@ class Request {
 
  private:
   void* req_ = nullptr;
+  uint64_t generation_ = 0;
   bool is_recv_ = false;
   bool done_ = true;
 };
@@ -115,11 +132,14 @@ class Listener {
   Worker& worker() noexcept { return worker_; }
   // Pops a pending connection request, progressing the worker; std::nullopt when none.
   std::optional<ConnRequest> poll();
+  // Whether a connection request is already queued (poll() would return it at once).
+  bool has_pending() const noexcept { return !pending_.empty(); }
   void reject(ConnRequest& r) noexcept;
 
  private:
   static void on_conn(ucp_conn_request_h req, void* arg);
   Worker worker_;
+  uint64_t generation_;
   ucp_listener_h listener_ = nullptr;
   uint16_t port_ = 0;
   std::deque<ConnRequest> pending_;
@@ -149,6 +169,8 @@ class Endpoint {
   Request send(uint64_t tag, std::span<const std::byte> bytes);
   // Pops the next message with this tag, if one has arrived: its length and handle.
   std::optional<std::pair<size_t, ucp_tag_message_h>> probe(uint64_t tag);
+  // Whether a message with this tag has arrived (it stays queued).
+  bool has_message(uint64_t tag);
   // Receives; the received length is stored in *length (which must outlive the request)
   // on completion, however it completes.
   Request recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length);
@@ -169,6 +191,7 @@ class Endpoint {
  private:
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   Worker& worker_;
+  uint64_t generation_;
   ucp_ep_h ep_ = nullptr;
   ucs_status_t error_ = UCS_OK;
   std::string peer_;

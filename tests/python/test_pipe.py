@@ -301,7 +301,7 @@ def test_recv_timeout_raises_timeouterror_and_the_pipe_stays_usable(tls):
 def test_connect_to_a_closed_port_raises_and_bad_arguments_are_named(tls):
     with tw.PipeListener(0) as listener:
         port = listener.port
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConnectionRefusedError, match=f"connection refused by 127.0.0.1:{port}"):
         tw.TensorDictPipe.connect("127.0.0.1", port, timeout=3)
     with pytest.raises(ValueError, match="no-such-host"):
         tw.TensorDictPipe.connect("no-such-host.invalid", port, timeout=3)

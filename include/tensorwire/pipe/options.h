@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/limits.h"
 
 namespace tensorwire {
@@ -17,7 +18,8 @@ struct PipeOptions {
   std::string auth_key;
   // Limits on what a peer may send (max_message_bytes, metadata size, nesting, ...).
   wire::Limits limits;
-  std::chrono::milliseconds connect_timeout{10000};
+  // How long connect() (and, on the accepting side, each client's handshake) may take.
+  Timeout connect_timeout = std::chrono::seconds(10);
 };
 
 }  // namespace tensorwire

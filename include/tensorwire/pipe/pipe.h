@@ -12,6 +12,16 @@
 //
 // Thread-safety: one send and one receive may run at the same time from two threads; two
 // concurrent sends (or receives) are serialised. close() may be called from any thread.
+//
+// Blocking calls (send, recv, accept, connect) take a Timeout (default: for ever) and check
+// for an interrupt (tensorwire/runtime/interrupt.h) at least every kInterruptSlice, so a
+// program's interrupt check (Ctrl-C in Python) ends them. A call that timed out or was
+// interrupted leaves the pipe usable; what stays in flight is documented per call.
+//
+// Fork: a pipe, listener or server belongs to the process that made it. In a forked child
+// every use of an inherited one throws ClosedError naming the object and the fork, and
+// destroying it there leaves the parent's UCX state alone (the child leaks it on purpose);
+// pipes and listeners made in the child get UCX state of their own.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +32,7 @@
 #include <string>
 
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/pipe/errors.h"
 #include "tensorwire/pipe/options.h"
 
 namespace tensorwire {
@@ -33,10 +44,9 @@ class ListenerImpl;
 
 class TensorDictPipe {
  public:
-  using Millis = std::chrono::milliseconds;
-  static constexpr Millis kForever{-1};
-
-  // Connects to a listener or server on host:port (handshake included).
+  // Connects to a listener or server on host:port (handshake included), within
+  // options.connect_timeout. ConnectionRefused when nothing listens there, TimeoutError
+  // when the handshake does not complete in time.
   static TensorDictPipe connect(const std::string& host, uint16_t port,
                                 const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first
@@ -44,13 +54,24 @@ class TensorDictPipe {
   static TensorDictPipe listen(uint16_t port, const PipeOptions& options = {},
                                const std::function<void(uint16_t)>& on_listening = {});
 
-  // Blocks until the data has left `td`'s memory (it may be modified afterwards).
-  void send(const TensorDict& td, Millis timeout = kForever);
+  // Returns once UCX has taken the message: `td` may be modified afterwards. A message of
+  // at most 64 KiB (header, metadata and inline payload, in consolidated and
+  // non-consolidated mode alike) is copied by UCX and send() returns without waiting for
+  // the peer, so a send followed by a recv in one thread works on both sides. A larger
+  // payload travels by rendezvous, straight from `td`'s memory into the receiver's: send()
+  // returns when the peer has received it.
+  //
+  // Resuming: a send that timed out or was interrupted stays in flight (`td`'s memory is
+  // still read: keep it alive and unchanged). Calling send() again with the same TensorDict
+  // object continues it (the message arrives exactly once); with another TensorDict, the
+  // one in flight completes first (within this call's timeout), then the new one is sent.
+  void send(const TensorDict& td, Timeout timeout = Timeout::forever());
   // Returns the received TensorDict. Consolidated mode: the same object as the previous
   // receive while the structure is unchanged (its storage overwritten in place), or
   // `*into` when `into` is consolidated with the received layout. The reference stays
-  // valid until the next receive on this pipe.
-  TensorDict& recv(TensorDict* into = nullptr, Millis timeout = kForever);
+  // valid until the next receive on this pipe. A receive that timed out or was interrupted
+  // stays in flight (it may still write into `into`); the next recv() continues it.
+  TensorDict& recv(TensorDict* into = nullptr, Timeout timeout = Timeout::forever());
   // True when the last recv() started a new structure (a new TensorDict object).
   bool last_recv_was_new_schema() const;
 
@@ -82,6 +103,12 @@ class TensorDictPipe {
 
   void close();
   bool closed() const;
+  // Whether the pipe can no longer carry data: closed here, closed by the peer, the peer
+  // gone or in breach of the protocol, or inherited through fork(). Does not block.
+  bool failed() const;
+  // True once the peer closed the pipe normally (a receive then throws ClosedError): the
+  // end of a stream, as opposed to a peer that died or reported an error.
+  bool closed_by_peer() const;
   uint16_t local_port() const;  // listener side: the port that was bound
   const std::string& peer() const;
   const PipeOptions& options() const;
@@ -110,11 +137,14 @@ class PipeListener {
   // Waits up to `timeout` for a client; std::nullopt on timeout. A client that fails the
   // handshake (wrong key, mode mismatch) is refused (it gets the reason) and counted, and
   // accept() goes on, unless throw_on_refusal.
-  std::optional<TensorDictPipe> accept(TensorDictPipe::Millis timeout = TensorDictPipe::kForever,
+  // The handshake of each client has its own budget, options.connect_timeout. ClosedError
+  // once closed.
+  std::optional<TensorDictPipe> accept(Timeout timeout = Timeout::forever(),
                                        bool throw_on_refusal = false);
   int fd() const;  // readable when a connection request may be pending
   bool arm();
   void close();
+  bool closed() const;
   size_t refused() const;  // clients refused at handshake so far
   const std::string& last_refusal() const;
 

@@ -19,7 +19,7 @@ class TensorDictServer {
 
   uint16_t port() const { return listener_.port(); }
   // The next client (after its handshake); std::nullopt on timeout; ClosedError once closed.
-  std::optional<TensorDictPipe> accept(TensorDictPipe::Millis timeout = TensorDictPipe::kForever);
+  std::optional<TensorDictPipe> accept(Timeout timeout = Timeout::forever());
   int fd() const { return listener_.fd(); }
   bool arm() { return listener_.arm(); }
   void close();

@@ -1,0 +1,32 @@
+// The pipe's own kinds of failure, beyond those of tensorwire/core/error.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire {
+
+// Nothing accepts connections at the address connect() was given (Python:
+// ConnectionRefusedError).
+class ConnectionRefused : public ClosedError {
+ public:
+  ConnectionRefused(const std::string& host, uint16_t port)
+      : ClosedError("connection refused by " + host + ":" + std::to_string(port) +
+                    " (is a PipeListener or TensorDictServer listening there?)") {}
+};
+
+// A listener's port is taken by another socket (Python: OSError with errno EADDRINUSE).
+class PortInUse : public Error {
+ public:
+  explicit PortInUse(uint16_t port)
+      : Error("port " + std::to_string(port) + " is in use (pass port 0 for a free one)"),
+        port_(port) {}
+  uint16_t port() const noexcept { return port_; }
+
+ private:
+  uint16_t port_;
+};
+
+}  // namespace tensorwire
