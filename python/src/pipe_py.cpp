@@ -59,8 +59,7 @@ struct PyPipe {
   }
 };
 
-// PipeListener and TensorDictServer: the same constructor and properties; accept() gives
-// None on timeout.
+// PipeListener and TensorDictServer alike; accept() gives None on timeout.
 template <class T>
 void bind_acceptor(nb::module_& m, const char* name) {
   auto accept = [](T& self, Seconds timeout, bool throw_on_refusal) {

@@ -604,9 +604,15 @@ bool PipeImpl::failed() {
   if (closed_) return true;
   if (!failure_.empty() || ep_->error() != UCS_OK) return true;
   if (peer_watch_ && !peer_watch_->alive()) return true;
-  // A close message already here (not yet read by a receive) means the same.
+  // A close or error message already here: read it now (the pipe fails as the next call
+  // would make it; data sent before it is still delivered), so closed_by_peer() knows.
   progress();
-  return ep_->has_message(kControlTag);
+  if (!ep_->has_message(kControlTag)) return false;
+  try {
+    drain_control();
+  } catch (const Error&) {
+  }
+  return true;
 }
 
 std::string PipeImpl::transports() {

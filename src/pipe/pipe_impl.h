@@ -32,6 +32,9 @@ inline constexpr uint64_t kFrameTag = 1;
 inline constexpr uint64_t kPayloadTag = 2;
 inline constexpr uint64_t kControlTag = 3;
 inline constexpr size_t kInlineMax = 64 * 1024;
+// A frame (header, metadata, inline payload) is sent eagerly when it fits: send() then
+// returns without waiting for the peer (docs/pipe.md).
+static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
 
 // Why a pipe became unusable, which decides who is told and what is thrown.
 enum class Fault {

@@ -54,12 +54,11 @@ class TensorDictPipe {
   static TensorDictPipe listen(uint16_t port, const PipeOptions& options = {},
                                const std::function<void(uint16_t)>& on_listening = {});
 
-  // Returns once UCX has taken the message: `td` may be modified afterwards. A message of
-  // at most 64 KiB (header, metadata and inline payload, in consolidated and
-  // non-consolidated mode alike) is copied by UCX and send() returns without waiting for
-  // the peer, so a send followed by a recv in one thread works on both sides. A larger
-  // payload travels by rendezvous, straight from `td`'s memory into the receiver's: send()
-  // returns when the peer has received it.
+  // Returns once UCX has taken the message: `td` may be modified afterwards. A message
+  // with at most 64 KiB of tensor data and 16 KiB of metadata is copied by UCX and send()
+  // returns without waiting for the peer, so a send followed by a recv works on both
+  // sides. A larger payload travels by rendezvous, straight from `td`'s memory into the
+  // receiver's: send() returns when the peer has received it (docs/pipe.md).
   //
   // Resuming: a send that timed out or was interrupted stays in flight (`td`'s memory is
   // still read: keep it alive and unchanged). Calling send() again with the same TensorDict
