@@ -122,9 +122,9 @@ Key to_key(nb::handle key) {
 }
 
 nb::object from_key(const Key& key) {
-  if (key.size() == 1) return nb::str(key.back().c_str());
+  if (key.size() == 1) return str_of(key.back());
   nb::list parts;
-  for (const auto& p : key.parts()) parts.append(nb::str(p.c_str()));
+  for (const auto& p : key.parts()) parts.append(str_of(p));
   return nb::tuple(parts);
 }
 
@@ -172,7 +172,7 @@ nb::object from_json(const Json& v) {
     case Json::value_t::number_float:
       return nb::float_(v.get<double>());
     case Json::value_t::string:
-      return nb::str(v.get_ref<const std::string&>().c_str());
+      return str_of(v.get_ref<const std::string&>());
     case Json::value_t::array: {
       nb::list l;
       for (const auto& x : v) l.append(from_json(x));
@@ -180,8 +180,7 @@ nb::object from_json(const Json& v) {
     }
     case Json::value_t::object: {
       nb::dict d;
-      for (auto it = v.begin(); it != v.end(); ++it)
-        d[nb::str(it.key().c_str())] = from_json(it.value());
+      for (auto it = v.begin(); it != v.end(); ++it) d[str_of(it.key())] = from_json(it.value());
       return d;
     }
     default:

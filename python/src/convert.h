@@ -11,6 +11,11 @@ namespace tensorwire::py {
 
 namespace nb = nanobind;
 
+// A Python str of exactly these bytes (NUL included: nb::str(const char*) would stop there).
+inline nb::str str_of(std::string_view s) {
+  return nb::str(s.data(), s.size());
+}
+
 // str -> Key("a"); tuple of str -> Key({"a", "b"}). TypeError otherwise.
 Key to_key(nb::handle key);
 nb::object from_key(const Key& key);

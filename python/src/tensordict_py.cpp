@@ -60,7 +60,7 @@ nb::object key_list(const std::vector<Key>& keys) {
 nb::object to_torch_tree(const TensorDict& td) {
   nb::dict out;
   for (const auto& [name, e] : td.items()) {
-    nb::str k(name.c_str());
+    nb::str k = str_of(name);
     if (e.is_tensor())
       out[k] = to_torch(e.tensor());
     else if (e.is_tensordict())

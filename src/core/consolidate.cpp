@@ -58,8 +58,29 @@ Json& append_member(Json& object, const std::string& name, Json value) {
   return members.back().second;
 }
 
+// "'a' > 'b' > ... > 'z'": the path to a too-deep dict, shortened (it can be thousands of
+// levels long).
+std::string path_str(const std::vector<std::string>& path) {
+  std::string out;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (i == 3 && path.size() > 5) {
+      out += " > ...";
+      i = path.size() - 2;
+      continue;
+    }
+    out += (i ? " > '" : "'") + path[i] + "'";
+  }
+  return out;
+}
+
 void plan_node(const TensorDict& td, const ConsolidateOptions& opt, ConsolidatedPlan& plan,
-               Json& node) {
+               Json& node, std::vector<std::string>& path) {
+  if (path.size() > opt.max_depth)
+    throw ValueError("consolidate: the TensorDict at " + path_str(path) + " is nested " +
+                     std::to_string(path.size()) + " levels deep, more than the limit of " +
+                     std::to_string(opt.max_depth) +
+                     " (ConsolidateOptions::max_depth; a receiver accepts "
+                     "wire::Limits::max_depth, both default to kMaxDepth)");
   node["cls"] = "TensorDict";
   node["non_tensors"] = Json::object();
   node["leaves"] = Json::object();
@@ -92,14 +113,25 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
                                  plan.total_bytes, pad}));
     } else if (e.is_tensordict()) {
       check_child_name(name);
-      plan_node(e.tensordict(), opt, plan, append_member(node, name, Json()));
+      path.push_back(name);
+      plan_node(e.tensordict(), opt, plan, append_member(node, name, Json()), path);
+      path.pop_back();
     } else if (e.is_non_tensor()) {
+      check_value_depth(e.non_tensor().value, opt.max_depth, "consolidate: key '" + name + "'");
       append_member(non_tensors, name,
                     Json::array({e.non_tensor().value, shape_json(td.batch_size()),
                                  device_json(td.device())}));
     } else {
       const NonTensorStack& st = e.non_tensor_stack();
       check_child_name(name);
+      // Each dim of a stack is one more level of nested stacks in the metadata.
+      if (path.size() + st.batch_size.size() > opt.max_depth)
+        throw ValueError("consolidate: the non-tensor stack '" + name + "' with " +
+                         std::to_string(st.batch_size.size()) + " dims at depth " +
+                         std::to_string(path.size()) + " nests deeper than the limit of " +
+                         std::to_string(opt.max_depth) + " (ConsolidateOptions::max_depth)");
+      for (const Json& v : st.values)
+        check_value_depth(v, opt.max_depth, "consolidate: key '" + name + "'");
       append_member(node, name, stack_metadata(st, 0, 0, st.stack_dim));
     }
   }
@@ -161,7 +193,8 @@ ConsolidatedPlan plan_consolidation(const TensorDict& td, const ConsolidateOptio
     throw ValueError("consolidate: alignment " + std::to_string(options.alignment) +
                      " is not a power of two");
   ConsolidatedPlan plan;
-  plan_node(td, options, plan, plan.metadata);
+  std::vector<std::string> path;
+  plan_node(td, options, plan, plan.metadata, path);
   return plan;
 }
 

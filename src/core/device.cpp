@@ -10,6 +10,10 @@ std::string Device::str() const {
 
 std::optional<Device> parse_device(std::string_view s) noexcept {
   auto parse_index = [](std::string_view digits) -> std::optional<int32_t> {
+    // Decimal digits only, no sign and no leading zero: one spelling per device.
+    if (digits.empty() || digits[0] < '0' || digits[0] > '9' ||
+        (digits.size() > 1 && digits[0] == '0'))
+      return std::nullopt;
     int32_t v = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (ec != std::errc() || p != digits.data() + digits.size() || v < 0) return std::nullopt;

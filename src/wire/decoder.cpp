@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace tensorwire::wire {
@@ -132,10 +133,15 @@ class JsonBuilder : public nlohmann::json_sax<Json> {
 Json parse_untrusted_json(std::span<const std::byte> bytes, const Limits& limits,
                           const char* what) {
   const char* begin = reinterpret_cast<const char*>(bytes.data());
+  // The parser takes a NUL byte for the end of the input and would ignore what follows
+  // ({...}\0garbage). JSON text never holds a raw NUL (in a string it is \u0000).
+  if (const void* nul = std::memchr(begin, 0, bytes.size()))
+    throw ProtocolError(std::string("invalid ") + what + ": NUL byte at offset " +
+                        std::to_string(static_cast<const char*>(nul) - begin) + " of " +
+                        std::to_string(bytes.size()) + " (JSON text holds no NUL byte)");
   // JSON nesting is bounded too: deeply nested input must not exhaust the stack of a
-  // recursive consumer. Two JSON levels per TensorDict level, plus room for values.
-  const int max_json_depth = static_cast<int>(limits.max_depth) * 2 + 16;
-  JsonBuilder builder(what, max_json_depth);
+  // recursive consumer.
+  JsonBuilder builder(what, max_json_depth(limits));
   try {
     Json::sax_parse(begin, begin + bytes.size(), &builder);
   } catch (const nlohmann::json::exception& e) {
@@ -245,7 +251,9 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
     for (const Json& d : v) {
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
         throw bad(what + " must hold non-negative integers");
-      if (d.get<uint64_t>() > (1ull << 62)) throw bad(what + " dim too large");
+      // The same bound as consolidated metadata (layout.cpp): a dim fits an int64.
+      if (d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw bad(what + " dim too large");
       s.push_back(d.get<int64_t>());
     }
     try {
@@ -278,8 +286,9 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
     std::string where = "entry " + std::to_string(i);
     if (!e.is_object()) throw bad(where + " must be an object");
     auto key = e.find("key");
-    if (key == e.end() || !key->is_array() || key->empty() || key->size() > limits_.max_depth)
-      throw bad(where + ": \"key\" must be a non-empty list of at most max_depth strings");
+    if (key == e.end() || !key->is_array() || key->empty() || key->size() > limits_.max_depth + 1)
+      throw bad(where + ": \"key\" must be a non-empty list of at most max_depth + 1 = " +
+                std::to_string(limits_.max_depth + 1) + " strings");
     for (const Json& part : *key)
       if (!part.is_string() || part.get_ref<const std::string&>().empty())
         throw bad(where + ": key parts must be non-empty strings");

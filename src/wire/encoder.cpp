@@ -8,7 +8,14 @@ Json shape_json(const Shape& s) {
   return Json(s);
 }
 
-void header_entries(const TensorDict& td, Json& entries, std::vector<std::string>& path) {
+void header_entries(const TensorDict& td, Json& entries, std::vector<std::string>& path,
+                    uint32_t max_depth) {
+  if (path.size() > max_depth)
+    throw ValueError("send: the TensorDict at key " + Key(path).str() + " is nested " +
+                     std::to_string(path.size()) + " levels deep, more than the limit of " +
+                     std::to_string(max_depth) +
+                     " (ConsolidateOptions::max_depth; a receiver accepts "
+                     "wire::Limits::max_depth, both default to kMaxDepth)");
   for (const auto& [name, e] : td.items()) {
     path.push_back(name);
     Json entry;
@@ -26,9 +33,10 @@ void header_entries(const TensorDict& td, Json& entries, std::vector<std::string
       entry["type"] = "dict";
       entry["batch_size"] = shape_json(e.tensordict().batch_size());
       entries.push_back(std::move(entry));
-      header_entries(e.tensordict(), entries, path);
+      header_entries(e.tensordict(), entries, path, max_depth);
     } else if (e.is_non_tensor()) {
       entry["type"] = "non_tensor";
+      check_value_depth(e.non_tensor().value, max_depth, "send: key " + Key(path).str());
       entry["value"] = e.non_tensor().value;
       entries.push_back(std::move(entry));
     } else {
@@ -36,6 +44,8 @@ void header_entries(const TensorDict& td, Json& entries, std::vector<std::string
       entry["type"] = "non_tensor_stack";
       entry["batch_size"] = shape_json(st.batch_size);
       entry["stack_dim"] = st.stack_dim;
+      for (const Json& v : st.values)
+        check_value_depth(v, max_depth, "send: key " + Key(path).str());
       entry["values"] = st.values;
       entries.push_back(std::move(entry));
     }
@@ -45,7 +55,7 @@ void header_entries(const TensorDict& td, Json& entries, std::vector<std::string
 
 }  // namespace
 
-Json non_consolidated_header(const TensorDict& td) {
+Json non_consolidated_header(const TensorDict& td, uint32_t max_depth) {
   Json h;
   h["batch_size"] = shape_json(td.batch_size());
   h["device"] = td.device() ? Json(td.device()->str()) : Json(nullptr);
@@ -54,7 +64,7 @@ Json non_consolidated_header(const TensorDict& td) {
   h["names"] = std::move(names);
   h["entries"] = Json::array();
   std::vector<std::string> path;
-  header_entries(td, h["entries"], path);
+  header_entries(td, h["entries"], path, max_depth);
   return h;
 }
 
@@ -127,7 +137,7 @@ void Encoder::encode_consolidated(const TensorDict& td) {
 }
 
 void Encoder::encode_non_consolidated(const TensorDict& td) {
-  msg_.metadata = non_consolidated_header(td).dump();
+  msg_.metadata = non_consolidated_header(td, options_.max_depth).dump();
   uint64_t total = 0;
   for_each_leaf(td, [&](const Tensor& t) {
     if (t.is_contiguous()) {

@@ -42,5 +42,13 @@ TEST(Device, ParseDeviceReturnsNulloptForAnythingElse) {
   EXPECT_EQ(parse_device("mps"), std::nullopt);
 }
 
+TEST(Device, CudaIndexIsDecimalDigitsWithoutSignOrLeadingZero) {
+  EXPECT_EQ(parse_device("cuda:10"), Device::cuda(10));
+  EXPECT_EQ(parse_device("cuda:2147483647"), Device::cuda(2147483647));
+  for (const char* s : {"cuda:", "cuda:-0", "cuda:+1", "cuda:01", "cuda:00", "cuda: 1", "cuda:1 ",
+                        "cuda:2147483648", "cuda:0x1", "cpu:1", "CUDA:0"})
+    EXPECT_EQ(parse_device(s), std::nullopt) << s;
+}
+
 }  // namespace
 }  // namespace tensorwire

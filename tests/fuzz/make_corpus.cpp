@@ -3,6 +3,7 @@
 // consolidated metadata alone (for the layout parser) and a saved-file image (for load).
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   try {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);  // a missing DIR is made, parents too
+    if (ec) throw tw::SystemError("cannot create '" + dir + "'", ec.value());
     // Consolidated: the first message carries the schema, the next (same structure) only
     // the storage: schema id 1, the size the fuzzer's primed decoder expects.
     wire::Encoder cons(wire::Mode::Consolidated);

@@ -7,12 +7,17 @@
 // padding (tensordict's convention).
 #pragma once
 
+#include "tensorwire/core/nesting.h"
 #include "tensorwire/core/tensordict.h"
 
 namespace tensorwire {
 
 struct ConsolidateOptions {
   size_t alignment = 8;  // a power of two; tensordict uses 8
+  // Deepest nesting accepted (sub-dict levels, and list/dict levels of a non-tensor
+  // value); more is a ValueError. Receivers accept wire::Limits::max_depth, by default
+  // the same kMaxDepth: raise both together.
+  uint32_t max_depth = kMaxDepth;
 };
 
 // Returns a locked TensorDict whose tensors are views into one new storage.

@@ -8,13 +8,22 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace tensorwire {
 
+// Messages often quote untrusted bytes (a key, a dtype, a JSON parser's "last read"): the
+// constructor replaces bytes that are not valid UTF-8 (and NUL) by \xNN, so every message
+// can become a Python str (the binding would otherwise raise UnicodeDecodeError instead of the
+// error).
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what);
+  explicit Error(const char* what) : Error(std::string(what)) {}
 };
+
+// `bytes` with NUL and every byte that is not part of a valid UTF-8 sequence written as \xNN.
+std::string valid_utf8(std::string_view bytes);
 
 // A key that is not there (Python: KeyError).
 class KeyError : public Error {

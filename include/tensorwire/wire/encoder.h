@@ -63,6 +63,6 @@ class Encoder {
 };
 
 // JSON header of a NonConsolidated message for `td` (exposed for tests and tools).
-Json non_consolidated_header(const TensorDict& td);
+Json non_consolidated_header(const TensorDict& td, uint32_t max_depth = kMaxDepth);
 
 }  // namespace tensorwire::wire

@@ -4,14 +4,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tensorwire/core/nesting.h"
+
 namespace tensorwire::wire {
 
 struct Limits {
   uint64_t max_metadata_bytes = 64ull << 20;  // schema / header JSON
   uint64_t max_message_bytes = 16ull << 30;   // payload (storage or leaf bytes)
   uint32_t max_leaves = 1u << 20;             // tensor + non-tensor entries, all levels
-  uint32_t max_depth = 64;                    // nesting of sub-dicts
-  uint32_t max_dims = 64;                     // dims of one shape (batch or leaf)
+  // Nesting of sub-dicts (and of lists/dicts in a non-tensor value): what a sender may
+  // build (ConsolidateOptions::max_depth) and a receiver accepts share kMaxDepth.
+  uint32_t max_depth = kMaxDepth;
+  uint32_t max_dims = 64;  // dims of one shape (batch or leaf)
 };
+
+// Deepest JSON nesting a metadata text may have: two levels per sub-dict, plus room for the
+// entries' own lists and a non-tensor value, so nothing consolidate() accepts is refused.
+constexpr int max_json_depth(const Limits& limits) {
+  return static_cast<int>(limits.max_depth) * 2 + 16;
+}
 
 }  // namespace tensorwire::wire
