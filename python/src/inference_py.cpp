@@ -1,23 +1,22 @@
-// Bindings for the inference transports, clients and InferenceServer.
+// Bindings for the inference transports, clients and InferenceServer: conversion only.
 //
-// The GIL: conversions of Python objects happen under it; every wait (for a slot, for a
-// response) and every copy into or out of shared memory runs without it, in slices so
-// Ctrl-C is honoured. The server's thread takes the GIL only around the policy call,
-// which goes through a Python adapter (python/tensorwire/inference.py) that converts the
-// batch for the policy and its result back to a tensorwire TensorDict.
+// The GIL: requests are converted under it; submit, result and calls run the C++ blocking
+// API with it released (those waits check for Ctrl-C themselves, runtime/interrupt.h). The
+// server's thread takes the GIL only around the policy call, which goes through a Python
+// adapter (python/tensorwire/inference.py) that converts the batch for the policy and its
+// result back. tensordict.TensorDict requests and responses are converted there too.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <mutex>
 
 #include "bindings.h"
+#include "inference/shm_rows.h"
 #include "tensordict_py.h"
 #include "tensorwire/inference/server.h"
-#include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
 
@@ -26,115 +25,55 @@ namespace tensorwire::py {
 namespace {
 
 namespace inf = tensorwire::inference;
-using Clock = std::chrono::steady_clock;
-constexpr std::chrono::milliseconds kSlice{200};
 
-inf::Timeout to_timeout(std::optional<double> seconds) {
-  if (!seconds) return inf::kNoTimeout;
-  if (*seconds < 0)
-    throw ValueError("timeout must be None or >= 0, got " + std::to_string(*seconds));
-  return std::chrono::duration_cast<inf::Timeout>(std::chrono::duration<double>(*seconds));
+Timeout timeout_arg(std::optional<double> seconds) {
+  return Timeout::seconds(seconds, "timeout");
 }
 
-// Python helpers, looked up per use (caching Python objects in C++ statics would keep
-// them alive past the interpreter's teardown).
-nb::object interop(const char* name) {
-  return nb::module_::import_("tensorwire._interop").attr(name);
-}
-// A tensordict.TensorDictBase? Only possible when tensordict is imported already.
-bool is_tensordict(nb::handle obj) {
-  if (nb::isinstance<PyTensorDict>(obj)) return false;
-  PyObject* mod = PyDict_GetItemString(PyImport_GetModuleDict(), "tensordict");  // borrowed
-  if (!mod) return false;
-  nb::object base = nb::getattr(nb::handle(mod), "TensorDictBase", nb::none());
-  if (base.is_none()) return false;
-  int r = PyObject_IsInstance(obj.ptr(), base.ptr());
-  if (r < 0) throw nb::python_error();
-  return r == 1;
+std::string kind_of(nb::handle obj) {
+  return nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
 }
 
-// Walks a (possibly nested) key into a mapping: obj[a][b]...
-nb::object get_path(nb::handle obj, const Key& key) {
+// One leaf of a mapping request read at a declared key (obj[a][b]...): KeyError when absent.
+Tensor declared_leaf(nb::handle obj, const Key& key) {
   nb::object v = nb::borrow(obj);
-  for (const std::string& part : key.parts()) v = v[nb::str(part.c_str())];
-  return v;
+  try {
+    for (const std::string& part : key.parts()) v = v[nb::str(part.c_str())];
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_KeyError) && !e.matches(PyExc_TypeError) && !e.matches(PyExc_IndexError))
+      throw;
+    throw KeyError("request has no key " + key.str() + " (declared in the request spec)");
+  }
+  if (std::optional<Tensor> t = to_tensor(v)) return std::move(*t);
+  if (nb::hasattr(v, "device")) {
+    nb::object device = v.attr("device");
+    throw ValueError("request key " + key.str() + ": tensor on " +
+                     nb::cast<std::string>(nb::str(nb::handle(device))) +
+                     "; SharedMemoryTransport only accepts CPU tensors");
+  }
+  throw ValueError("request key " + key.str() + ": expected a tensor, got a " + kind_of(v));
 }
 
-// A request as a C++ TensorDict. Only the declared keys are read from a foreign mapping
-// (a tensordict.TensorDict, a dict) when the transport has a fixed layout.
-TensorDict convert_request(nb::handle obj, const std::optional<std::vector<Key>>& keys) {
-  if (keys) {
-    TensorDict td;
-    for (const Key& k : *keys) {
-      nb::object v;
-      try {
-        v = get_path(obj, k);
-      } catch (nb::python_error& e) {
-        if (!e.matches(PyExc_KeyError) && !e.matches(PyExc_TypeError) &&
-            !e.matches(PyExc_IndexError))
-          throw;
-        throw KeyError("request has no key " + k.str() + " (declared in the request spec)");
-      }
-      if (nb::hasattr(v, "device") && nb::hasattr(v, "dtype")) {
-        nb::object dev = v.attr("device");
-        std::string type = nb::hasattr(dev, "type")
-                               ? nb::cast<std::string>(nb::str(dev.attr("type")))
-                               : nb::cast<std::string>(nb::str(dev));
-        if (type != "cpu")
-          throw ValueError("request key " + k.str() + ": tensor on " +
-                           nb::cast<std::string>(nb::str(dev)) +
-                           "; SharedMemoryTransport only accepts CPU tensors");
-      }
-      std::optional<Tensor> t = to_tensor(v);
-      if (!t)
-        throw ValueError("request key " + k.str() + ": expected a tensor, got a " +
-                         nb::cast<std::string>(nb::str(v.type().attr("__name__"))));
-      td.set(k, std::move(*t));
-    }
-    return td;
-  }
-  if (is_tensordict(obj)) {
-    return nb::cast<PyTensorDict&>(interop("from_tensordict")(obj)).td();
-  }
-  if (nb::isinstance<nb::dict>(obj)) {
-    nb::object td = nb::module_::import_("tensorwire._C").attr("TensorDict")(obj);
-    return nb::cast<PyTensorDict&>(td).td();
-  }
-  throw TypeError("a request must be a TensorDict (tensorwire or tensordict) or a dict, got a " +
-                  nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));
-}
-
-// The request as a TensorDict: a tensorwire one as it is (no copy), anything else
-// converted into `holder`.
+// A request as a C++ TensorDict: a tensorwire one as it is (no copy); a mapping (a dict,
+// or a tensordict.TensorDict for a fixed layout) read at the declared keys when the
+// transport has a fixed layout, converted whole otherwise. One rule for every transport.
 const TensorDict& request_from(nb::handle obj, const std::optional<std::vector<Key>>& keys,
                                TensorDict& holder) {
   if (nb::isinstance<PyTensorDict>(obj)) return nb::cast<PyTensorDict&>(obj).td();
-  holder = convert_request(obj, keys);
-  return holder;
-}
-
-nb::object response_to(TensorDict td, bool as_tensordict) {
-  nb::object out = nb::cast(PyTensorDict(std::move(td)));
-  if (!as_tensordict) return out;
-  return interop("to_tensordict")(out);
-}
-
-// Runs `step(deadline)` without the GIL in slices of at most kSlice, checking for signals
-// between slices, until it returns true or `deadline` passes (returns false).
-template <class Step>
-bool in_slices(Clock::time_point deadline, Step&& step) {
-  while (true) {
-    const auto now = Clock::now();
-    const auto slice = deadline - now > kSlice ? now + kSlice : deadline;
-    bool done;
-    {
-      nb::gil_scoped_release nogil;
-      done = step(slice);
-    }
-    if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    if (Clock::now() >= deadline) return false;
+  const bool mapping = nb::isinstance<nb::dict>(obj) ||
+                       (keys && nb::hasattr(obj, "keys") && nb::hasattr(obj, "__getitem__"));
+  if (!mapping)
+    throw TypeError(
+        "a request must be a tensorwire.TensorDict, a tensordict.TensorDict or a dict of "
+        "arrays, got " +
+        kind_of(obj));
+  if (keys) {
+    holder = TensorDict();
+    for (const Key& k : *keys) holder.set(k, declared_leaf(obj, k));
+  } else {
+    holder = nb::cast<PyTensorDict&>(nb::type<PyTensorDict>()(obj)).td();
   }
+  return holder;
 }
 
 struct PyClient {
@@ -145,72 +84,17 @@ struct PyClient {
   const std::optional<std::vector<Key>>& request_keys() {
     if (!keys_known) {
       nb::gil_scoped_release nogil;  // may connect (a handshake with the owner)
-      keys = client.impl()->request_keys();
+      keys = client.request_keys();
       keys_known = true;
     }
     return keys;
   }
-
-  // Submits, waiting for room in slices; returns the pending request.
-  std::unique_ptr<inf::detail::Pending> submit(const TensorDict& td, Clock::time_point deadline) {
-    std::unique_ptr<inf::detail::Pending> p;
-    in_slices(deadline, [&](Clock::time_point slice) {
-      try {
-        p = client.impl()->submit(td, slice);
-        return true;
-      } catch (const TimeoutError&) {
-        if (slice >= deadline) throw;
-        return false;
-      }
-    });
-    return p;
-  }
 };
 
+// A Future shared by Python threads: a second result() waits for the first.
 struct PyFuture {
-  std::unique_ptr<inf::detail::Pending> pending;
-  bool as_tensordict = false;
-  std::mutex mu;  // result() from two threads at once: one waits for the other
-  std::optional<TensorDict> value;
-  std::exception_ptr error;
-
-  bool done() {
-    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
-    if (!lock) return false;
-    return value || error || !pending || pending->ready();
-  }
-
-  nb::object result(std::optional<double> timeout) {
-    const auto deadline = inf::deadline_after(to_timeout(timeout));
-    TensorDict out;
-    {
-      nb::gil_scoped_release nogil;
-      std::lock_guard<std::mutex> lock(mu);
-      if (!value && !error) {
-        bool ready = false;
-        while (!ready) {
-          const auto now = Clock::now();
-          ready = pending->wait(deadline - now > kSlice ? now + kSlice : deadline);
-          if (ready) break;
-          {
-            nb::gil_scoped_acquire gil;
-            if (PyErr_CheckSignals() != 0) throw nb::python_error();
-          }
-          if (Clock::now() >= deadline)
-            throw TimeoutError("no response within the timeout; the request is still in flight");
-        }
-        try {
-          value = pending->take();
-        } catch (...) {
-          error = std::current_exception();
-        }
-        pending.reset();
-      }
-      if (error) std::rethrow_exception(error);
-      out = *value;
-    }
-    return response_to(std::move(out), as_tensordict);
-  }
+  inf::Future future;
+  std::mutex mu;
 };
 
 // The policy adapter, held weakly: the Python InferenceServer owns it. A strong reference
@@ -249,11 +133,10 @@ bool interpreter_finalizing() {
 #endif
 }
 
-// One Python thread state for the whole life of the serving thread. Without it every
-// policy call would create and destroy a thread state (PyGILState_Ensure/Release from a
-// thread Python does not know), and with it a fresh frame stack, mapped and faulted in
-// per batch. The state is kept by holding one PyGILState_Ensure open (the GIL itself is
-// released at once) and given back when the thread exits.
+// One Python thread state for the whole life of the serving thread, instead of one per
+// policy call (PyGILState_Ensure/Release from a thread Python does not know creates and
+// destroys one each time, with a fresh frame stack). Kept by holding one PyGILState_Ensure
+// open (the GIL itself is released at once), given back when the thread exits.
 struct ServingThreadState {
   PyGILState_STATE gil_state{};
   PyThreadState* saved = nullptr;
@@ -284,8 +167,7 @@ inf::Policy make_policy(nb::object adapter) {
       if (fn.is_none()) throw ClosedError("the InferenceServer's Python object is gone");
       nb::object out = fn(PyTensorDict(batch));
       if (!nb::isinstance<PyTensorDict>(out))
-        throw TypeError("the policy adapter returned a " +
-                        nb::cast<std::string>(nb::str(out.type().attr("__name__"))) +
+        throw TypeError("the policy adapter returned a " + kind_of(out) +
                         ", not a tensorwire.TensorDict");
       return nb::cast<PyTensorDict&>(out).td();
     } catch (nb::python_error& e) {
@@ -298,14 +180,12 @@ inf::Policy make_policy(nb::object adapter) {
 // GIL (the thread may be waiting for it to call the policy).
 struct PyServer {
   std::unique_ptr<inf::InferenceServer> server;
+  void close() {
+    nb::gil_scoped_release nogil;
+    server.reset();
+  }
   ~PyServer() {
-    if (!server) return;
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      nb::gil_scoped_release nogil;
-      server.reset();
-    } else {
-      server.reset();
-    }
+    if (server && Py_IsInitialized() && PyGILState_Check()) close();
   }
   inf::InferenceServer& get() {
     if (!server) throw ClosedError("the InferenceServer was closed");
@@ -313,9 +193,9 @@ struct PyServer {
   }
 };
 
-inf::Client client_for(const std::string& kind, const std::string& address) {
-  if (kind == "shared_memory") return inf::SharedMemoryTransport::client_for(address);
-  if (kind == "socket") return inf::SocketTransport::client_for(address);
+PyClient client_for(const std::string& kind, const std::string& address) {
+  if (kind == "shared_memory") return {inf::SharedMemoryTransport::client_for(address)};
+  if (kind == "socket") return {inf::SocketTransport::client_for(address)};
   throw ValueError("no client can attach to a transport of kind '" + kind + "' by name");
 }
 
@@ -328,69 +208,49 @@ nb::list key_list(const std::vector<Key>& keys) {
 }  // namespace
 
 void bind_inference(nb::module_& m) {
-  nb::class_<PyFuture>(m, "InferenceFuture", "One in-flight inference request.")
-      .def("done", &PyFuture::done, "True when result() would not block.")
-      .def("result", &PyFuture::result, nb::arg("timeout").none() = nb::none(),
-           "The response (TimeoutError after `timeout` seconds: the request stays in flight).");
+  using Shm = inf::SharedMemoryTransport;
+  using Access = inf::detail::ShmAccess;
+  nb::class_<PyFuture>(m, "_InferenceFuture")
+      .def("done", [](PyFuture& f) { return f.future.done(); })
+      .def_prop_ro("state", [](PyFuture& f) { return std::string(f.future.state()); })
+      .def(
+          "result",
+          [](PyFuture& f, std::optional<double> timeout) {
+            const Timeout t = timeout_arg(timeout);
+            nb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(f.mu);
+            return PyTensorDict(f.future.result(t));
+          },
+          nb::arg("timeout").none() = nb::none());
 
-  nb::class_<PyClient>(
-      m, "InferenceClient",
-      "Submits single requests to an inference server; picklable by transport name.")
+  nb::class_<PyClient>(m, "_InferenceClient")
       .def(
           "submit",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
+            const Timeout t = timeout_arg(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
             auto f = std::make_unique<PyFuture>();
-            f->as_tensordict = is_tensordict(td);
-            f->pending = self.submit(request, inf::deadline_after(to_timeout(timeout)));
+            nb::gil_scoped_release nogil;
+            f->future = self.client.submit(request, t);
             return f.release();
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
+            const Timeout t = timeout_arg(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
-            const bool as_td = is_tensordict(td);
-            const auto deadline = inf::deadline_after(to_timeout(timeout));
-            TensorDict out;
-            bool answered = false;
-            {
-              // The common case in one GIL release: submit, the answer within a slice.
-              nb::gil_scoped_release nogil;
-              const auto now = Clock::now();
-              const auto slice = deadline - now > kSlice ? now + kSlice : deadline;
-              std::unique_ptr<inf::detail::Pending> p;
-              try {
-                p = self.client.impl()->submit(request, slice);
-              } catch (const TimeoutError&) {
-                if (slice >= deadline) throw;
-              }
-              if (p && p->wait(slice)) {
-                out = p->take();
-                answered = true;
-              } else if (p) {
-                nb::gil_scoped_acquire gil;
-                if (!in_slices(deadline, [&](Clock::time_point s) { return p->wait(s); }))
-                  throw TimeoutError("no response within the timeout");
-                nb::gil_scoped_release again;
-                out = p->take();
-                answered = true;
-              }
-            }
-            if (!answered) {  // no room within the first slice: the slow path
-              std::unique_ptr<inf::detail::Pending> p = self.submit(request, deadline);
-              if (!in_slices(deadline, [&](Clock::time_point s) { return p->wait(s); }))
-                throw TimeoutError("no response within the timeout");
-              nb::gil_scoped_release nogil;
-              out = p->take();
-            }
-            return response_to(std::move(out), as_td);
+            nb::gil_scoped_release nogil;
+            return PyTensorDict(self.client(request, t));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def_prop_ro("kind", [](const PyClient& self) { return std::string(self.client.kind()); })
       .def_prop_ro("address", [](const PyClient& self) { return self.client.address(); })
+      .def_prop_ro("has_fixed_layout",
+                   [](PyClient& self) { return self.request_keys().has_value(); })
+      .def("close", [](PyClient& self) { self.client.close(); })
       .def("__getstate__",
            [](const PyClient& self) {
              std::string address = self.client.address();
@@ -401,73 +261,58 @@ void bind_inference(nb::module_& m) {
              return std::make_tuple(std::string(self.client.kind()), address);
            })
       .def("__setstate__", [](PyClient& self, const std::tuple<std::string, std::string>& state) {
-        new (&self)
-            PyClient{client_for(std::get<0>(state), std::get<1>(state)), std::nullopt, false};
+        new (&self) PyClient(client_for(std::get<0>(state), std::get<1>(state)));
       });
 
-  m.def(
-      "_inference_client_for",
-      [](const std::string& kind, const std::string& address) {
-        return PyClient{client_for(kind, address), std::nullopt, false};
-      },
-      nb::arg("kind"), nb::arg("address"));
+  m.def("_inference_client_for", &client_for, nb::arg("kind"), nb::arg("address"));
 
   nb::class_<inf::Transport>(m, "_Transport")
       .def_prop_ro("kind", [](const inf::Transport& t) { return std::string(t.kind()); })
-      .def("client", [](inf::Transport& t) {
-        return PyClient{t.client(), std::nullopt, false};
-      });
+      .def("client", [](inf::Transport& t) { return PyClient{t.client()}; })
+      .def("close", &inf::Transport::close)
+      .def_prop_ro("closed", &inf::Transport::closed);
 
-  nb::class_<inf::SharedMemoryTransport, inf::Transport>(m, "_SharedMemoryTransport")
+  nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport")
       .def_static(
           "create",
           [](const PyTensorDict& request_spec, const PyTensorDict& response_spec,
              uint32_t num_slots, bool copy_result, std::optional<std::string> name,
              std::optional<uint32_t> spin) {
-            inf::SharedMemoryOptions o;
-            o.num_slots = num_slots;
-            o.copy_result = copy_result;
+            inf::SharedMemoryOptions o{.num_slots = num_slots, .copy_result = copy_result};
             if (name) o.name = *name;
             if (spin) o.spin = *spin;
-            const TensorDict& req = request_spec.td();
-            const TensorDict& resp = response_spec.td();
             nb::gil_scoped_release nogil;
-            return inf::SharedMemoryTransport::create(req, resp, o);
+            return Shm::create(request_spec.td(), response_spec.td(), o);
           },
           nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
           nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
           nb::arg("spin").none() = nb::none())
       .def_static(
           "attach",
-          [](const std::string& name, double timeout) {
+          [](const std::string& name, std::optional<double> timeout) {
+            const Timeout t = timeout_arg(timeout);
             nb::gil_scoped_release nogil;
-            return inf::SharedMemoryTransport::attach(
-                name, std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+            return Shm::attach(name, t);
           },
-          nb::arg("name"), nb::arg("timeout") = 5.0)
-      .def_prop_ro("name", &inf::SharedMemoryTransport::name)
-      .def_prop_ro("num_slots", &inf::SharedMemoryTransport::num_slots)
-      .def_prop_ro("copy_result", &inf::SharedMemoryTransport::copy_result)
-      .def_prop_ro("is_owner", &inf::SharedMemoryTransport::is_owner)
-      .def_prop_ro("slots_in_use", &inf::SharedMemoryTransport::slots_in_use)
-      .def_prop_ro("request_keys",
-                   [](const inf::SharedMemoryTransport& t) { return key_list(t.request_keys()); })
-      .def_prop_ro("response_keys",
-                   [](const inf::SharedMemoryTransport& t) { return key_list(t.response_keys()); })
-      .def_prop_ro(
-          "request_spec",
-          [](const inf::SharedMemoryTransport& t) { return PyTensorDict(t.request_spec()); })
-      .def_prop_ro(
-          "response_spec",
-          [](const inf::SharedMemoryTransport& t) { return PyTensorDict(t.response_spec()); })
+          nb::arg("name"), nb::arg("timeout").none() = 5.0)
+      .def_prop_ro("name", &Shm::name)
+      .def_prop_ro("num_slots", &Shm::num_slots)
+      .def_prop_ro("copy_result", &Shm::copy_result)
+      .def_prop_ro("is_owner", &Shm::is_owner)
+      .def_prop_ro("slots_in_use", &Shm::slots_in_use)
+      .def_prop_ro("request_keys", [](const Shm& t) { return key_list(t.request_keys()); })
+      .def_prop_ro("response_keys", [](const Shm& t) { return key_list(t.response_keys()); })
+      .def_prop_ro("request_spec", [](const Shm& t) { return PyTensorDict(t.request_spec()); })
+      .def_prop_ro("response_spec", [](const Shm& t) { return PyTensorDict(t.response_spec()); })
       // The per-request server side, for tensorwire.torchrl (torchrl's server batches).
       .def("_wait_for_work",
-           [](inf::SharedMemoryTransport& t, double timeout) {
+           [](Shm& t, std::optional<double> timeout) {
+             const Deadline d = Deadline::after(timeout_arg(timeout));
              nb::gil_scoped_release nogil;
-             t.wait_for_work(inf::deadline_after(to_timeout(timeout)));
+             t.wait_for_work(d);
            })
       .def("_drain",
-           [](inf::SharedMemoryTransport& t, size_t max_items) {
+           [](Shm& t, size_t max_items) {
              inf::Drained d;
              {
                nb::gil_scoped_release nogil;
@@ -478,18 +323,18 @@ void bind_inference(nb::module_& m) {
                out.append(nb::make_tuple(d.ids[k], static_cast<double>(d.submitted_ns[k]) / 1e9));
              return out;
            })
-      .def("_request_row", [](const inf::SharedMemoryTransport& t,
-                              uint32_t slot) { return PyTensorDict(t.request_row(slot)); })
+      .def("_request_row",
+           [](const Shm& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
       .def("_resolve_one",
-           [](inf::SharedMemoryTransport& t, uint32_t slot, const PyTensorDict& response) {
-             const TensorDict& td = response.td();
+           [](Shm& t, uint32_t slot, const PyTensorDict& response) {
              nb::gil_scoped_release nogil;
-             t.resolve_one(slot, td);
+             Access::resolve_one(t, slot, response.td());
            })
       .def("_reject_one",
-           [](inf::SharedMemoryTransport& t, uint32_t slot, const std::string& type,
-              const std::string& message) { t.reject_one(slot, RemoteError(type, message)); })
-      .def_prop_ro("sizes", [](const inf::SharedMemoryTransport& t) {
+           [](Shm& t, uint32_t slot, const std::string& type, const std::string& message) {
+             Access::reject_one(t, slot, RemoteError(type, message));
+           })
+      .def_prop_ro("sizes", [](const Shm& t) {
         auto s = t.sizes();
         nb::dict d;
         d["control"] = s.control;
@@ -499,18 +344,15 @@ void bind_inference(nb::module_& m) {
         return d;
       });
 
-  nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport").def_static("create", [] {
-    return inf::ThreadTransport::create();
-  });
+  nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport")
+      .def_static("create", &inf::ThreadTransport::create);
 
   nb::class_<inf::SocketTransport, inf::Transport>(m, "_SocketTransport")
       .def_static(
           "create",
           [](std::optional<std::string> name) {
-            inf::SocketOptions o;
-            if (name) o.name = *name;
             nb::gil_scoped_release nogil;
-            return inf::SocketTransport::create(o);
+            return inf::SocketTransport::create({.name = name.value_or("")});
           },
           nb::arg("name").none() = nb::none())
       .def_prop_ro("name", &inf::SocketTransport::name);
@@ -521,18 +363,13 @@ void bind_inference(nb::module_& m) {
           [](PyServer* self, nb::object adapter, std::shared_ptr<inf::Transport> transport,
              size_t max_batch_size, size_t min_batch_size, double timeout, size_t stats_window,
              nb::handle policy_version_key, int64_t policy_version) {
-            inf::ServerOptions o;
-            o.max_batch_size = max_batch_size;
-            o.min_batch_size = min_batch_size;
-            if (timeout < 0) throw ValueError("timeout must be >= 0");
-            o.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::duration<double>(timeout));
-            o.stats_window = stats_window;
-            if (policy_version_key.is_none())
-              o.policy_version_key.reset();
-            else
-              o.policy_version_key = to_key(policy_version_key);
-            o.policy_version = policy_version;
+            inf::ServerOptions o{.max_batch_size = max_batch_size,
+                                 .min_batch_size = min_batch_size,
+                                 .timeout = Timeout::seconds(timeout, "timeout").duration(),
+                                 .stats_window = stats_window,
+                                 .policy_version_key = std::nullopt,
+                                 .policy_version = policy_version};
+            if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
             new (self) PyServer{std::make_unique<inf::InferenceServer>(
                 make_policy(std::move(adapter)), std::move(transport), o)};
           },
@@ -543,12 +380,14 @@ void bind_inference(nb::module_& m) {
       .def(
           "shutdown",
           [](PyServer& s, std::optional<double> timeout) {
+            const Timeout t = timeout_arg(timeout);
             inf::InferenceServer& server = s.get();
             nb::gil_scoped_release nogil;
-            return server.shutdown(to_timeout(timeout));
+            return server.shutdown(t);
           },
           nb::arg("timeout").none() = 5.0)
       .def_prop_ro("is_alive", [](PyServer& s) { return s.server && s.server->running(); })
+      .def_prop_ro("is_closed", [](PyServer& s) { return !s.server; })
       .def_prop_ro("policy_version", [](PyServer& s) { return s.get().policy_version(); })
       .def(
           "update_model",
@@ -586,10 +425,7 @@ void bind_inference(nb::module_& m) {
             return d;
           },
           nb::arg("reset") = false)
-      .def("close", [](PyServer& s) {
-        nb::gil_scoped_release nogil;
-        s.server.reset();
-      });
+      .def("close", &PyServer::close);
 }
 
 }  // namespace tensorwire::py

@@ -21,7 +21,8 @@ import sys
 import weakref
 
 from . import _C
-from ._C import TensorDict
+from ._C import ClosedError, TensorDict
+from ._interop import from_tensordict, to_tensordict
 
 __all__ = [
     "InferenceServer",
@@ -32,14 +33,79 @@ __all__ = [
     "InferenceFuture",
 ]
 
-InferenceClient = _C.InferenceClient
-InferenceFuture = _C.InferenceFuture
-
 
 def _is_tensordict(obj) -> bool:
     """True for a tensordict.TensorDictBase (without importing tensordict needlessly)."""
     td = sys.modules.get("tensordict")
     return td is not None and isinstance(obj, td.TensorDictBase)
+
+
+class InferenceFuture:
+    """One in-flight inference request (from ``client.submit``)."""
+
+    __slots__ = ("_f", "_as_tensordict")
+
+    def __init__(self, future, as_tensordict: bool):
+        self._f = future
+        self._as_tensordict = as_tensordict
+
+    def done(self) -> bool:
+        """True when result() would not block."""
+        return self._f.done()
+
+    def result(self, timeout: float | None = None):
+        """The response. ``timeout`` in seconds (None: no limit, 0: poll). On TimeoutError
+        or KeyboardInterrupt the request stays in flight: call result() again."""
+        r = self._f.result(timeout)
+        return to_tensordict(r) if self._as_tensordict else r
+
+    def __repr__(self) -> str:
+        return f"<InferenceFuture {self._f.state}>"
+
+
+class InferenceClient:
+    """Submits single requests to an inference server; picklable by transport name.
+
+    A request is a tensorwire.TensorDict, a tensordict.TensorDict (the response is one
+    too) or a dict of arrays; anything else is a TypeError. ``timeout`` (seconds) means
+    the same everywhere: None waits for ever, 0 polls once, negative or NaN is a
+    ValueError. ``close()`` disconnects the client: later calls raise ClosedError.
+    """
+
+    __slots__ = ("_c", "__weakref__")
+
+    def __init__(self, client):
+        self._c = client
+
+    def _request(self, td):
+        # A fixed layout reads the declared keys straight from the tensordict (C++ side).
+        return td if self._c.has_fixed_layout else from_tensordict(td)
+
+    def __call__(self, td, timeout: float | None = None):
+        """Submits ``td`` and waits for its response (interruptible by Ctrl-C)."""
+        if type(td) is TensorDict or not _is_tensordict(td):
+            return self._c(td, timeout)
+        return to_tensordict(self._c(self._request(td), timeout))
+
+    def submit(self, td, timeout: float | None = None) -> InferenceFuture:
+        """Submits ``td`` and returns its future; ``timeout`` bounds the wait for a free slot."""
+        if type(td) is TensorDict or not _is_tensordict(td):
+            return InferenceFuture(self._c.submit(td, timeout), False)
+        return InferenceFuture(self._c.submit(self._request(td), timeout), True)
+
+    def close(self) -> None:
+        self._c.close()
+
+    kind = property(lambda self: self._c.kind, doc="The transport's kind.")
+    address = property(lambda self: self._c.address,
+                       doc="The name other processes attach to ('' for a thread transport).")
+
+    def __reduce__(self):
+        return (InferenceClient, (self._c,))
+
+    def __repr__(self) -> str:
+        where = f" {self.address!r}" if self.address else ""
+        return f"<InferenceClient {self.kind}{where}>"
 
 
 def _is_torch_module(obj) -> bool:
@@ -67,7 +133,21 @@ class _Transport:
 
     def client(self) -> InferenceClient:
         """A new client. Clients are independent; each may be shared by threads."""
-        return self._impl.client()
+        return InferenceClient(self._impl.client())
+
+    def close(self) -> None:
+        """Closes the transport: requests not yet served fail with ClosedError, and every
+        later submit, ``client()`` and server start raise ClosedError."""
+        self._impl.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        name = getattr(self._impl, "name", None)
+        return f"<{type(self).__name__}{f' {name!r}' if name else ''} {state}>"
 
     def clients(self, num_clients: int) -> list:
         if isinstance(num_clients, bool) or not isinstance(num_clients, int):
@@ -125,7 +205,7 @@ class SharedMemoryTransport(_Transport):
     @staticmethod
     def client_for(name: str) -> InferenceClient:
         """A client of the transport named ``name``, connecting on first use."""
-        return _C._inference_client_for("shared_memory", name)
+        return InferenceClient(_C._inference_client_for("shared_memory", name))
 
     def __reduce__(self):
         return (SharedMemoryTransport.attach, (self.name,))
@@ -151,7 +231,7 @@ class SocketTransport(_Transport):
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
-        return _C._inference_client_for("socket", name)
+        return InferenceClient(_C._inference_client_for("socket", name))
 
     name = property(lambda self: self._impl.name)
 
@@ -242,6 +322,9 @@ class InferenceServer:
                  min_batch_size: int = 1, timeout: float = 0.01, stats_window_size: int = 1024,
                  policy_version: int = 0, policy_version_key="policy_version",
                  input_type: str | None = None):
+        if not callable(policy):
+            raise TypeError(f"policy must be callable (a function, a torch.nn.Module, ...) taking and "
+                            f"returning a TensorDict, got {type(policy).__name__}")
         if not isinstance(transport, _Transport):
             raise TypeError(f"transport must be a tensorwire transport, got {type(transport).__name__}")
         if min_batch_size < 1 or max_batch_size < 1:
@@ -293,6 +376,14 @@ class InferenceServer:
 
     def clients(self, num_clients: int) -> list:
         return self.transport.clients(num_clients)
+
+    def close(self) -> None:
+        """Shuts down (if running) and releases the server: every later use raises ClosedError."""
+        self._server.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._server.is_closed else "running" if self.is_alive else "stopped"
+        return f"<InferenceServer {state} on {self.transport!r} max_batch_size={self.max_batch_size}>"
 
     def __enter__(self) -> "InferenceServer":
         return self.start()

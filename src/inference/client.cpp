@@ -1,25 +1,57 @@
 #include "tensorwire/inference/client.h"
 
+#include "client_impl.h"
+#include "runtime/wait.h"
+
 namespace tensorwire::inference {
 
-Clock::time_point deadline_after(Timeout timeout) noexcept {
-  if (timeout.count() < 0) return Clock::time_point::max();
-  const auto now = Clock::now();
-  if (timeout > Clock::time_point::max() - now) return Clock::time_point::max();
-  return now + std::chrono::duration_cast<Clock::duration>(timeout);
+namespace {
+
+// Runs the pending request's wait steps until it is ready or `deadline` passes, checking
+// for interrupts between steps.
+bool wait_for(detail::Pending& p, Deadline deadline) {
+  return runtime::wait_until(deadline, [&](Deadline slice) { return p.wait(slice); });
 }
+
+detail::ClientImpl& checked(const std::shared_ptr<detail::ClientImpl>& impl, const char* what) {
+  if (!impl) throw Error(std::string(what) + " of an empty Client");
+  return *impl;
+}
+
+}  // namespace
+
+std::string detail::leaf_str(DType dtype, const Shape& shape) {
+  std::string s(dtype_name(dtype));
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  return s + shape_str(shape);
+}
+
+Future::Future() noexcept = default;
+Future::Future(std::unique_ptr<detail::Pending> pending) noexcept : pending_(std::move(pending)) {}
+Future::Future(Future&&) noexcept = default;
+Future& Future::operator=(Future&&) noexcept = default;
+Future::~Future() = default;
 
 bool Future::done() {
   if (!pending_) return valid();
   return pending_->ready();
 }
 
+const char* Future::state() {
+  if (value_) return "done";
+  if (error_) return "failed";
+  if (!pending_) return "empty";
+  return pending_->ready() ? "done" : "pending";
+}
+
 TensorDict Future::result(Timeout timeout) {
   if (value_) return *value_;
   if (error_) std::rethrow_exception(error_);
   if (!pending_) throw Error("result() of an empty Future");
-  if (!pending_->wait(deadline_after(timeout)))
-    throw TimeoutError("no response within the timeout; the request is still in flight");
+  // An interrupt (or the timeout) leaves pending_ in place: the request stays in flight.
+  if (!wait_for(*pending_, Deadline::after(timeout)))
+    throw TimeoutError("no response within " + timeout.str() +
+                       "; the request is still in flight: call result() again");
   try {
     value_ = pending_->take();
   } catch (...) {
@@ -32,16 +64,15 @@ TensorDict Future::result(Timeout timeout) {
 }
 
 Future Client::submit(const TensorDict& request, Timeout timeout) {
-  if (!impl_) throw Error("submit() on an empty Client");
-  return Future(impl_->submit(request, deadline_after(timeout)));
+  return Future(checked(impl_, "submit()").submit(request, Deadline::after(timeout)));
 }
 
 TensorDict Client::operator()(const TensorDict& request, Timeout timeout) {
-  if (!impl_) throw Error("call of an empty Client");
-  const auto deadline = deadline_after(timeout);
-  std::unique_ptr<detail::Pending> p = impl_->submit(request, deadline);
-  if (!p->wait(deadline))
-    throw TimeoutError("no response within the timeout");  // the request is dropped: slot released
+  detail::ClientImpl& impl = checked(impl_, "call");
+  const Deadline deadline = Deadline::after(timeout);
+  std::unique_ptr<detail::Pending> p = impl.submit(request, deadline);
+  if (!wait_for(*p, deadline))  // dropping p abandons the request: its slot is released
+    throw TimeoutError("no response within " + timeout.str());
   return p->take();
 }
 
@@ -50,6 +81,12 @@ const char* Client::kind() const {
 }
 std::string Client::address() const {
   return impl_ ? impl_->address() : std::string();
+}
+std::optional<std::vector<Key>> Client::request_keys() const {
+  return checked(impl_, "request_keys()").request_keys();
+}
+void Client::close() noexcept {
+  if (impl_) impl_->close();
 }
 
 }  // namespace tensorwire::inference

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "os/fork.h"
+#include "runtime/wait.h"
 
 namespace tensorwire::inference {
 
@@ -87,14 +88,14 @@ void InferenceServer::State::run() {
   std::vector<Group> groups;
   while (!stop.load(std::memory_order_acquire)) {
     try {
-      transport->wait_for_work(Clock::now() + options.timeout);
+      transport->wait_for_work(Deadline::after(options.timeout));
       if (stop.load(std::memory_order_acquire)) break;
       d.clear();
       transport->drain(options.max_batch_size, d);
       if (d.empty()) continue;
       if (d.size() < options.min_batch_size) {
-        const auto deadline = Clock::now() + options.timeout;
-        while (d.size() < options.min_batch_size && Clock::now() < deadline &&
+        const Deadline deadline = Deadline::after(options.timeout);
+        while (d.size() < options.min_batch_size && !deadline.passed() &&
                !stop.load(std::memory_order_acquire)) {
           transport->wait_for_work(deadline);
           transport->drain(options.max_batch_size - d.size(), d);
@@ -210,13 +211,20 @@ InferenceServer::~InferenceServer() {
     new std::thread(std::move(s_->worker));  // a forked copy: the thread is the parent's
     return;
   }
-  shutdown(kNoTimeout);
+  try {
+    shutdown(Timeout::forever());
+  } catch (...) {
+    // Interrupted: the serving thread stops anyway (stop is set); the join below waits.
+  }
   if (s_->worker.joinable()) s_->worker.join();
 }
 
 void InferenceServer::start() {
   if (running()) throw Error("the InferenceServer is already running");
   if (s_->worker.joinable()) s_->worker.join();  // finished earlier
+  if (s_->transport->closed())
+    throw ClosedError(std::string("cannot start an InferenceServer on a closed ") +
+                      s_->transport->kind() + " transport");
   s_->transport->open_server();
   s_->stop = false;
   {
@@ -233,13 +241,13 @@ bool InferenceServer::shutdown(Timeout timeout) {
   s_->stop = true;
   s_->transport->close_server("InferenceServer is shutting down.", false);
   s_->transport->interrupt();
-  std::unique_lock<std::mutex> lock(s_->done_mu);
-  auto finished = [&] { return s_->finished; };
-  if (timeout.count() < 0)
-    s_->done_cv.wait(lock, finished);
-  else if (!s_->done_cv.wait_for(lock, timeout, finished))
-    return false;
-  lock.unlock();
+  // Interruptible: a policy call in progress may take long. An interrupted shutdown
+  // leaves the server stopping; calling shutdown() again waits for it.
+  const bool stopped = runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+    std::unique_lock<std::mutex> lock(s_->done_mu);
+    return s_->done_cv.wait_until(lock, slice.when(), [&] { return s_->finished; });
+  });
+  if (!stopped) return false;
   s_->worker.join();
   return true;
 }

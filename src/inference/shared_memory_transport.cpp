@@ -5,21 +5,17 @@
 #include <algorithm>
 #include <cstring>
 
+#include "attach.h"
 #include "os/fork.h"
 #include "shm_client.h"
 #include "shm_owner.h"
+#include "shm_rows.h"
 
 namespace tensorwire::inference {
 
 using namespace detail;
 
 namespace {
-
-std::string leaf_str(DType dtype, const Shape& shape) {
-  std::string s(dtype_name(dtype));
-  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-  return s + shape_str(shape);
-}
 
 // Writes `value` converted to `dtype` into `count` consecutive elements at dst.
 void fill_scalar(std::byte* dst, DType dtype, int64_t value, size_t count) {
@@ -69,9 +65,9 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
   return t;
 }
 
-std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::attach(
-    const std::string& name, std::chrono::milliseconds timeout) {
-  std::shared_ptr<ShmConnection> c = connect_by_name(name, timeout);
+std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::attach(const std::string& name,
+                                                                     Timeout timeout) {
+  std::shared_ptr<ShmConnection> c = attach_by_name(name, Deadline::after(timeout));
   std::shared_ptr<SharedMemoryTransport> t(new SharedMemoryTransport());
   t->name_ = name;
   t->region_ = c->region;
@@ -124,6 +120,7 @@ SharedMemoryTransport::Sizes SharedMemoryTransport::sizes() const noexcept {
 }
 
 Client SharedMemoryTransport::client() {
+  check_open();
   return Client(std::make_shared<ShmClient>(name_, is_owner() ? region_ : nullptr));
 }
 
@@ -142,6 +139,7 @@ void SharedMemoryTransport::open_server() {
 }
 
 void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pending) {
+  if (!is_owner()) return;  // attached (or a forked copy): the owner's server is not ours
   ShmRegion& r = *region_;
   r.header->server_state.store(kStopped, std::memory_order_seq_cst);
   r.header->freed.notify_all();  // clients waiting for a slot re-check the state
@@ -171,12 +169,12 @@ void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pe
   }
 }
 
-void SharedMemoryTransport::wait_for_work(Clock::time_point deadline) {
+void SharedMemoryTransport::wait_for_work(Deadline deadline) {
   ShmRegion& r = *region_;
   if (!r.ready.empty()) return;
   const uint32_t seen = r.header->doorbell.seq.load(std::memory_order_acquire);
   if (!r.ready.empty()) return;
-  owner_->doorbell_wait.wait(r.header->doorbell, seen, deadline, [] { return true; });
+  owner_->doorbell_wait.wait(r.header->doorbell, seen, deadline.when(), [] { return true; });
 }
 
 void SharedMemoryTransport::interrupt() {
@@ -323,14 +321,14 @@ void SharedMemoryTransport::resolve(const Drained& d, const Group& g, const Tens
   }
 }
 
-TensorDict SharedMemoryTransport::request_row(uint32_t slot) const {
-  if (slot >= region_->num_slots)
-    throw ValueError("slot " + std::to_string(slot) + " out of range");
-  return region_->request.row(region_->request_bank, slot);
+TensorDict ShmAccess::request_row(const SharedMemoryTransport& t, uint32_t slot) {
+  const ShmRegion& r = *t.region_;
+  if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
+  return r.request.row(r.request_bank, slot);
 }
 
-void SharedMemoryTransport::resolve_one(uint32_t slot, const TensorDict& response) {
-  ShmRegion& r = *region_;
+void ShmAccess::resolve_one(SharedMemoryTransport& t, uint32_t slot, const TensorDict& response) {
+  ShmRegion& r = *t.region_;
   if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
   const auto& leaves = r.response.leaves();
   std::vector<const Tensor*> src(leaves.size(), nullptr);
@@ -359,13 +357,13 @@ void SharedMemoryTransport::resolve_one(uint32_t slot, const TensorDict& respons
     r.free_slot(slot, w);
 }
 
-void SharedMemoryTransport::reject_one(uint32_t slot, const RemoteError& error) {
-  if (slot >= region_->num_slots)
+void ShmAccess::reject_one(SharedMemoryTransport& t, uint32_t slot, const RemoteError& error) {
+  if (slot >= t.region_->num_slots)
     throw ValueError("slot " + std::to_string(slot) + " out of range");
   Drained d;
   d.ids.push_back(slot);
   const size_t row = 0;
-  reject(d, std::span<const size_t>(&row, 1), error);
+  t.reject(d, std::span<const size_t>(&row, 1), error);
 }
 
 void SharedMemoryTransport::reject(const Drained& d, std::span<const size_t> rows,

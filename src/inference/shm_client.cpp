@@ -1,17 +1,13 @@
 #include "shm_client.h"
 
+#include "attach.h"
 #include "os/fork.h"
+#include "runtime/wait.h"
 #include "shm_handshake.h"
 
 namespace tensorwire::inference::detail {
 
 namespace {
-
-std::string leaf_str(DType dtype, const Shape& shape) {
-  std::string s(dtype_name(dtype));
-  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-  return s + shape_str(shape);
-}
 
 // Checks `td` against the request layout (before any slot is taken) and collects the
 // declared leaves; extra keys are ignored.
@@ -53,10 +49,12 @@ class ShmPending final : public Pending {
     return s == kDone || s == kFailed;
   }
 
-  bool wait(Clock::time_point deadline) override {
+  bool wait(Deadline slice) override {
     if (!closed_.empty() || released_) return true;
     if (conn_->stale())
-      throw Error("a Future cannot be used in a process forked after it was made");
+      throw ClosedError(
+          "this inference Future was made before a fork: its slot belongs to the parent "
+          "process (submit again from a client in the child)");
     ShmRegion& r = *conn_->region;
     SlotControl& sc = r.slot(slot_);
     for (bool first = true;; first = false) {
@@ -82,8 +80,8 @@ class ShmPending final : public Pending {
           continue;
         }
       }
-      if (Clock::now() >= deadline) return false;
-      conn_->reply_wait.wait(sc.wake, seen, deadline, [&] {
+      if (!first && slice.passed()) return false;
+      conn_->reply_wait.wait(sc.wake, seen, slice.when(), [&] {
         if (!conn_->owner_alive()) return false;
         return !(state_of(sc.state.load(std::memory_order_acquire)) == kReady &&
                  r.header->server_state.load(std::memory_order_acquire) == kStopped);
@@ -147,10 +145,10 @@ std::string ShmConnection::gone_message() const {
   return "the inference server process (pid " + std::to_string(owner_pid) + ") exited";
 }
 
-std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, os::Millis timeout) {
+std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline deadline) {
   auto c = std::make_shared<ShmConnection>();
-  c->socket = os::UnixSocket::connect(name, timeout);
-  Welcome w = receive_welcome(c->socket, timeout);
+  c->socket = connect_by_name(name, deadline);
+  Welcome w = receive_welcome(c->socket, deadline);
   c->region = std::move(w.region);
   c->id = w.client_id;
   c->owner_pid = c->socket.peer_pid();
@@ -175,6 +173,7 @@ ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
 
 std::shared_ptr<ShmConnection> ShmClient::connection() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw ClosedError("the inference client was closed");
   if (conn_ && !conn_->stale()) return conn_;
   conn_.reset();
   std::shared_ptr<ShmConnection> c;
@@ -187,7 +186,7 @@ std::shared_ptr<ShmConnection> ShmClient::connection() {
     c->reply_wait = os::AdaptiveSpin(local_->max_spin);
     c->slot_wait = os::AdaptiveSpin(local_->max_spin);
   } else {
-    c = connect_by_name(name_, os::Millis{3000});
+    c = attach_by_name(name_, Deadline::after(kConnectTimeout));
   }
   hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
   conn_ = c;
@@ -198,14 +197,21 @@ std::optional<std::vector<Key>> ShmClient::request_keys() {
   return connection()->region->request.keys();
 }
 
-uint32_t ShmClient::claim(ShmConnection& c, Clock::time_point deadline) {
+void ShmClient::close() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  conn_.reset();  // pending requests keep the connection until they are read or dropped
+}
+
+uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
   ShmRegion& r = *c.region;
   const uint32_t n = r.num_slots;
   const uint32_t start = hint_.load(std::memory_order_relaxed) % n;
   auto alive = [&] {
     return c.owner_alive() && r.header->server_state.load(std::memory_order_acquire) != kStopped;
   };
-  while (true) {
+  uint32_t slot = 0;
+  const bool claimed = runtime::wait_until(deadline, [&](Deadline slice) {
     const uint32_t seen = r.header->freed.seq.load(std::memory_order_acquire);
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t i = start + k < n ? start + k : start + k - n;
@@ -213,20 +219,23 @@ uint32_t ShmClient::claim(ShmConnection& c, Clock::time_point deadline) {
       if (state_of(w) == kFree && r.slot(i).state.compare_exchange_strong(
                                       w, pack_state(kWriting, c.id), std::memory_order_acquire)) {
         hint_.store(i, std::memory_order_relaxed);
-        return i;
+        slot = i;
+        return true;
       }
     }
     if (!c.owner_alive()) throw ClosedError(c.gone_message());
     if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
       throw ClosedError("the inference server was shut down");
-    if (Clock::now() >= deadline)
-      throw TimeoutError("no free slot in time: all " + std::to_string(n) +
-                         " slots of the shared-memory transport hold requests in flight");
-    c.slot_wait.wait(r.header->freed, seen, deadline, alive);
-  }
+    c.slot_wait.wait(r.header->freed, seen, slice.when(), alive);
+    return false;
+  });
+  if (!claimed)
+    throw TimeoutError("no free slot in time: all " + std::to_string(n) +
+                       " slots of the shared-memory transport hold requests in flight");
+  return slot;
 }
 
-std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Clock::time_point deadline) {
+std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Deadline deadline) {
   std::shared_ptr<ShmConnection> c = connection();
   ShmRegion& r = *c->region;
   thread_local std::vector<const Tensor*> leaves;

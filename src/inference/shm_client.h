@@ -8,10 +8,10 @@
 #include <optional>
 #include <string>
 
-#include "shm_region.h"
-#include "tensorwire/inference/client.h"
+#include "client_impl.h"
 #include "os/process.h"
 #include "os/unix_socket.h"
+#include "shm_region.h"
 
 namespace tensorwire::inference::detail {
 
@@ -30,8 +30,8 @@ struct ShmConnection {
   std::string gone_message() const;
 };
 
-// Connects to the transport listening on `name` (the attach handshake).
-std::shared_ptr<ShmConnection> connect_by_name(const std::string& name, os::Millis timeout);
+// Connects to the transport listening on `name` (the attach handshake), interruptibly.
+std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline deadline);
 
 class ShmClient final : public ClientImpl {
  public:
@@ -39,20 +39,22 @@ class ShmClient final : public ClientImpl {
   // needs no socket); null to attach by name on first use.
   ShmClient(std::string name, std::shared_ptr<ShmRegion> local);
 
-  std::unique_ptr<Pending> submit(const TensorDict& td, Clock::time_point deadline) override;
+  std::unique_ptr<Pending> submit(const TensorDict& td, Deadline deadline) override;
   const char* kind() const noexcept override { return "shared_memory"; }
   std::string address() const override { return name_; }
   std::optional<std::vector<Key>> request_keys() override;
+  void close() noexcept override;
 
  private:
   std::shared_ptr<ShmConnection> connection();
-  uint32_t claim(ShmConnection& c, Clock::time_point deadline);
+  uint32_t claim(ShmConnection& c, Deadline deadline);
 
   std::string name_;
   std::shared_ptr<ShmRegion> local_;
   uint64_t local_generation_ = 0;
   std::mutex mu_;
   std::shared_ptr<ShmConnection> conn_;
+  bool closed_ = false;
   std::atomic<uint32_t> hint_{0};
 };
 

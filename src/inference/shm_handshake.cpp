@@ -1,5 +1,6 @@
 #include "shm_handshake.h"
 
+#include "attach.h"
 #include "tensorwire/core/json.h"
 #include "wire_message.h"
 
@@ -14,11 +15,11 @@ std::string encode_spec(const TensorDict& spec) {
   return out;
 }
 
-os::Message expect(os::UnixSocket& socket, os::Millis timeout, const char* what) {
-  auto m = socket.recv(timeout);
+os::Message expect(os::UnixSocket& socket, Deadline deadline, const char* what) {
+  auto m = recv_until(socket, deadline);
   if (!m)
     throw TimeoutError(std::string("shared-memory transport: no ") + what +
-                       " from the owner within " + std::to_string(timeout.count()) + " ms");
+                       " from the owner in time (attach timeout)");
   return std::move(*m);
 }
 
@@ -35,8 +36,8 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
   socket.send(encode_spec(region.response.spec()));
 }
 
-Welcome receive_welcome(os::UnixSocket& socket, os::Millis timeout) {
-  os::Message hello = expect(socket, timeout, "welcome");
+Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
+  os::Message hello = expect(socket, deadline, "welcome");
   wire::Limits limits;
   Json j = wire::parse_untrusted_json(
       std::as_bytes(std::span<const char>(hello.bytes.data(), hello.bytes.size())), limits,
@@ -59,9 +60,9 @@ Welcome receive_welcome(os::UnixSocket& socket, os::Millis timeout) {
     throw ProtocolError("shared-memory welcome carries " + std::to_string(hello.fds.size()) +
                         " fds, expected 3");
   wire::Decoder dec(limits);
-  os::Message req = expect(socket, timeout, "request spec");
+  os::Message req = expect(socket, deadline, "request spec");
   TensorDict request_spec = decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
-  os::Message resp = expect(socket, timeout, "response spec");
+  os::Message resp = expect(socket, deadline, "response spec");
   TensorDict response_spec = decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
   Welcome w;
   w.region = ShmRegion::map(request_spec, response_spec, static_cast<uint32_t>(num_slots),

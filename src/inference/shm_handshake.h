@@ -11,8 +11,9 @@
 
 #include <memory>
 
-#include "shm_region.h"
 #include "os/unix_socket.h"
+#include "shm_region.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::inference::detail {
 
@@ -23,6 +24,7 @@ struct Welcome {
   uint32_t client_id = 0;
   int owner_pid = 0;
 };
-Welcome receive_welcome(os::UnixSocket& socket, os::Millis timeout);
+// Waits for the welcome until `deadline` (TimeoutError), interruptibly.
+Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline);
 
 }  // namespace tensorwire::inference::detail

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "shm_region.h"
 #include "os/unix_socket.h"
+#include "shm_region.h"
 
 namespace tensorwire::inference::detail {
 

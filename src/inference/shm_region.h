@@ -17,11 +17,11 @@
 #include <memory>
 #include <string>
 
-#include "slot_layout.h"
 #include "os/adaptive_spin.h"
 #include "os/futex.h"
 #include "shm/index_set.h"
 #include "shm/segment.h"
+#include "slot_layout.h"
 
 namespace tensorwire::inference::detail {
 
@@ -65,8 +65,8 @@ struct alignas(64) ControlHeader {
   uint64_t response_bank_bytes;
   alignas(64) std::atomic<uint32_t> server_state;
   std::atomic<uint32_t> next_client_id;  // ids of clients made in the owner process
-  alignas(64) os::WaitWord doorbell;    // bumped when a slot becomes ready
-  alignas(64) os::WaitWord freed;       // bumped when a slot becomes free (or on shutdown)
+  alignas(64) os::WaitWord doorbell;     // bumped when a slot becomes ready
+  alignas(64) os::WaitWord freed;        // bumped when a slot becomes free (or on shutdown)
 };
 
 struct alignas(64) SlotControl {

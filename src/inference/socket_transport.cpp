@@ -3,6 +3,9 @@
 //   kind 0, client -> owner: a request, body = one wire-codec message
 //   kind 1, owner -> client: its response, body = one wire-codec message
 //   kind 2, owner -> client: its failure, body = JSON {"type", "message", "closed"}
+// A frame is at most kMaxMessageBytes (64 MiB, the Unix-socket layer's limit): a larger
+// request is refused at submit, a larger response fails its request, both with a
+// ValueError naming the limit.
 #include "tensorwire/inference/socket_transport.h"
 
 #include <poll.h>
@@ -13,17 +16,18 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "attach.h"
+#include "client_impl.h"
 #include "os/fork.h"
 #include "os/process.h"
 #include "os/unix_socket.h"
+#include "request_queue.h"
 #include "shm_region.h"
-#include "stacking.h"
 #include "tensorwire/core/json.h"
 #include "wire_message.h"
 
@@ -33,6 +37,17 @@ namespace {
 
 enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2 };
 constexpr size_t kPrefix = 9;
+// The largest message os::UnixSocket carries (src/os/unix_socket.cpp).
+constexpr size_t kMaxMessageBytes = size_t{64} << 20;
+
+// ValueError when a frame of `bytes` cannot travel.
+void check_size(const std::string& bytes, const char* what) {
+  if (bytes.size() <= kMaxMessageBytes) return;
+  throw ValueError(std::string(what) + " of " + std::to_string(bytes.size()) +
+                   " bytes (encoded) is over the socket transport's message limit of 64 MiB; "
+                   "use a SharedMemoryTransport for large fixed-layout requests, or send "
+                   "smaller ones");
+}
 
 std::string frame(Kind kind, uint64_t id) {
   std::string s(kPrefix, '\0');
@@ -86,11 +101,35 @@ struct Conn {
   }
 };
 
-struct Item {
-  std::shared_ptr<Conn> conn;
-  uint64_t id = 0;
-  TensorDict td;
-  int64_t submitted_ns = 0;
+// A decoded request and the connection its answer goes back on.
+class SocketRequest final : public detail::QueuedRequest {
+ public:
+  SocketRequest(std::shared_ptr<Conn> conn, uint64_t id) : conn_(std::move(conn)), id_(id) {}
+  bool gone() const noexcept override { return conn_->dead.load(std::memory_order_acquire); }
+  void answer(TensorDict response) override {
+    if (gone()) return;
+    std::string bytes = frame(kResponse, id_);
+    {
+      std::lock_guard<std::mutex> lock(conn_->send_mu);
+      detail::append_encoded(conn_->encoder.encode(response), bytes);
+    }
+    try {
+      check_size(bytes, "the response");
+    } catch (const ValueError& e) {
+      return conn_->send(failure_frame(id_, "ValueError", e.what(), false));
+    }
+    conn_->send(bytes);
+  }
+  void fail(const RemoteError& error) override {
+    conn_->send(failure_frame(id_, error.type_name(), error.message(), false));
+  }
+  void fail_closed(const std::string& reason) override {
+    conn_->send(failure_frame(id_, "RuntimeError", reason, true));
+  }
+
+ private:
+  std::shared_ptr<Conn> conn_;
+  uint64_t id_;
 };
 
 }  // namespace
@@ -102,13 +141,7 @@ struct SocketTransport::Owner {
   os::Fd stop;
   std::thread io;
 
-  std::mutex mu;
-  std::condition_variable work;
-  std::deque<Item> queue;
-  bool serving = false, stopped = false;
-  std::string stop_reason = "the inference server was shut down";
-  uint64_t wakeups = 0;
-  std::vector<Item> inflight;  // serving thread only
+  detail::RequestQueue queue;
 
   explicit Owner(std::string n) : name(std::move(n)), listener(name) {
     int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -134,25 +167,15 @@ struct SocketTransport::Owner {
       c->kill();
       return;
     }
-    Item item;
+    auto r = std::make_shared<SocketRequest>(c, id);
     try {
-      item.td = detail::decode_owned(c->decoder, body_of(m));
+      r->td = detail::decode_owned(c->decoder, body_of(m));
     } catch (const Error& e) {
       c->send(failure_frame(id, "RuntimeError", std::string("bad request: ") + e.what(), false));
       return;
     }
-    item.conn = c;
-    item.id = id;
-    item.submitted_ns = detail::now_ns();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!stopped) {
-        queue.push_back(std::move(item));
-        work.notify_one();
-        return;
-      }
-    }
-    c->send(failure_frame(id, "RuntimeError", stop_reason, true));
+    r->submitted_ns = detail::now_ns();
+    if (auto refused = queue.push(r)) r->fail_closed(*refused);
   }
 
   void run() noexcept {
@@ -231,11 +254,11 @@ struct SockConn {
 
   // Reads at most one message (waiting up to `slice`) and files it. Called with
   // reading = true and mu unlocked.
-  void read_one(os::Millis slice) {
+  void read_one(Deadline slice) {
     std::optional<os::Message> m;
     std::string gone;
     try {
-      m = socket.recv(slice);
+      m = socket.recv(os::Millis{slice.poll_ms()});
       if (!m && owner && !owner->alive())
         gone = "the inference server process (pid " + std::to_string(owner_pid) + ") exited";
     } catch (const Error&) {
@@ -276,7 +299,7 @@ struct SockConn {
 
 std::shared_ptr<SockConn> connect_socket(const std::string& name) {
   auto c = std::make_shared<SockConn>();
-  c->socket = os::UnixSocket::connect(name, os::Millis{3000});
+  c->socket = detail::connect_by_name(name, Deadline::after(detail::kConnectTimeout));
   c->owner_pid = c->socket.peer_pid();
   try {
     c->owner.emplace(c->owner_pid);
@@ -300,26 +323,34 @@ class SocketPending final : public detail::Pending {
     std::lock_guard<std::mutex> lock(c_->mu);
     return c_->arrived.count(id_) || !c_->closed.empty();
   }
-  bool wait(Clock::time_point deadline) override {
+  // One thread at a time reads the connection and files what arrives for whoever waits
+  // for it; the others wait for the reader's notification.
+  bool wait(Deadline slice) override {
     if (c_->generation != os::fork_generation())
-      throw Error("a Future cannot be used in a process forked after it was made");
+      throw ClosedError(
+          "this inference Future was made before a fork: it belongs to the parent process "
+          "(submit again from a client in the child)");
     std::unique_lock<std::mutex> lock(c_->mu);
-    while (true) {
-      if (c_->arrived.count(id_) || !c_->closed.empty()) return true;
-      const auto now = Clock::now();
-      if (now >= deadline) return false;
-      const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
-      if (!c_->reading) {
-        c_->reading = true;
-        lock.unlock();
-        c_->read_one(std::chrono::duration_cast<os::Millis>(slice) + os::Millis{1});
+    auto ready = [&] { return c_->arrived.count(id_) || !c_->closed.empty(); };
+    if (ready()) return true;
+    if (!c_->reading) {
+      c_->reading = true;
+      lock.unlock();
+      try {
+        c_->read_one(slice);
+      } catch (...) {
         lock.lock();
         c_->reading = false;
         c_->cv.notify_all();
-      } else {
-        c_->cv.wait_for(lock, slice);
+        throw;
       }
+      lock.lock();
+      c_->reading = false;
+      c_->cv.notify_all();
+    } else {
+      c_->cv.wait_until(lock, slice.when());
     }
+    return ready();
   }
   TensorDict take() override {
     std::unique_lock<std::mutex> lock(c_->mu);
@@ -342,14 +373,16 @@ class SocketPending final : public detail::Pending {
 class SocketClient final : public detail::ClientImpl {
  public:
   explicit SocketClient(std::string name) : name_(std::move(name)) {}
-  std::unique_ptr<detail::Pending> submit(const TensorDict& td, Clock::time_point) override {
+  std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline) override {
     std::shared_ptr<SockConn> c = connection();
     uint64_t id;
     {
       std::lock_guard<std::mutex> lock(c->send_mu);
-      id = c->next_id++;
-      std::string bytes = frame(kRequest, id);
+      std::string bytes = frame(kRequest, 0);
       detail::append_encoded(c->encoder.encode(td), bytes);
+      check_size(bytes, "the request");
+      id = c->next_id++;
+      bytes.replace(0, kPrefix, frame(kRequest, id));
       try {
         c->socket.send(bytes);
       } catch (const ClosedError&) {
@@ -360,16 +393,23 @@ class SocketClient final : public detail::ClientImpl {
   }
   const char* kind() const noexcept override { return "socket"; }
   std::string address() const override { return name_; }
+  void close() noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    conn_.reset();  // pending requests keep the connection until they are read
+  }
 
  private:
   std::shared_ptr<SockConn> connection() {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw ClosedError("the inference client was closed");
     if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_);
     return conn_;
   }
   std::string name_;
   std::mutex mu_;
   std::shared_ptr<SockConn> conn_;
+  bool closed_ = false;
 };
 
 }  // namespace
@@ -394,92 +434,40 @@ const std::string& SocketTransport::name() const noexcept {
   return o_->name;
 }
 Client SocketTransport::client() {
+  check_open();
   return client_for(o_->name);
 }
 
 void SocketTransport::open_server() {
   if (o_->generation != os::fork_generation())
-    throw Error("a SocketTransport can only be served by the process that created it");
-  std::lock_guard<std::mutex> lock(o_->mu);
-  if (o_->serving) throw Error("another InferenceServer already serves this transport");
-  o_->serving = true;
-  o_->stopped = false;
+    throw ClosedError(
+        "this SocketTransport was made before a fork: only the process that "
+        "created it can serve it");
+  o_->queue.open_server();
 }
-
 void SocketTransport::close_server(const std::string& reason, bool fail_pending) {
-  std::deque<Item> pending;
-  {
-    std::lock_guard<std::mutex> lock(o_->mu);
-    o_->stopped = true;
-    o_->stop_reason = reason;
-    if (fail_pending) {
-      o_->serving = false;
-      pending.swap(o_->queue);
-    }
-  }
-  for (Item& it : pending) it.conn->send(failure_frame(it.id, "RuntimeError", reason, true));
+  if (o_->generation != os::fork_generation()) return;  // a forked copy: the queue is the parent's
+  o_->queue.close_server(reason, fail_pending);
 }
-
-void SocketTransport::wait_for_work(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(o_->mu);
-  const uint64_t seen = o_->wakeups;
-  auto ready = [&] { return !o_->queue.empty() || o_->wakeups != seen; };
-  if (deadline == Clock::time_point::max())
-    o_->work.wait(lock, ready);
-  else
-    o_->work.wait_until(lock, deadline, ready);
+void SocketTransport::wait_for_work(Deadline deadline) {
+  o_->queue.wait_for_work(deadline);
 }
-
 void SocketTransport::interrupt() {
-  {
-    std::lock_guard<std::mutex> lock(o_->mu);
-    ++o_->wakeups;
-  }
-  o_->work.notify_all();
+  o_->queue.interrupt();
 }
-
 void SocketTransport::drain(size_t max_items, Drained& out) {
-  if (out.empty()) o_->inflight.clear();
-  std::lock_guard<std::mutex> lock(o_->mu);
-  while (max_items > 0 && !o_->queue.empty()) {
-    Item it = std::move(o_->queue.front());
-    o_->queue.pop_front();
-    if (it.conn->dead) continue;  // its client is gone: nobody to answer
-    out.ids.push_back(o_->inflight.size());
-    out.submitted_ns.push_back(it.submitted_ns);
-    o_->inflight.push_back(std::move(it));
-    --max_items;
-  }
+  o_->queue.drain(max_items, out);
 }
-
 void SocketTransport::collate(const Drained& d, std::vector<Group>& groups) {
-  std::vector<const TensorDict*> requests;
-  requests.reserve(d.size());
-  for (uint64_t id : d.ids) requests.push_back(&o_->inflight[id].td);
-  detail::group_and_stack(requests, groups);
+  o_->queue.collate(d, groups);
 }
-
 void SocketTransport::resolve(const Drained& d, const Group& g, const TensorDict& output,
                               const VersionStamp& stamp) {
-  std::vector<TensorDict> rows = detail::split_output(output, g.rows.size(), stamp);
-  for (size_t j = 0; j < rows.size(); ++j) {
-    Item& it = o_->inflight[d.ids[g.rows[j]]];
-    if (it.conn->dead) continue;
-    std::string bytes = frame(kResponse, it.id);
-    {
-      std::lock_guard<std::mutex> lock(it.conn->send_mu);
-      detail::append_encoded(it.conn->encoder.encode(rows[j]), bytes);
-    }
-    it.conn->send(bytes);
-  }
+  o_->queue.resolve(d, g, output, stamp);
 }
-
 void SocketTransport::reject(const Drained& d, std::span<const size_t> rows,
                              const RemoteError& error) {
-  for (size_t row : rows) {
-    Item& it = o_->inflight[d.ids[row]];
-    it.conn->send(failure_frame(it.id, error.type_name(), error.message(), false));
-  }
+  o_->queue.reject(d, rows, error);
 }
 
 }  // namespace tensorwire::inference

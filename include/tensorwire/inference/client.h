@@ -8,15 +8,16 @@
 //
 // Errors a result can raise: RemoteError (the policy failed: every request of its batch
 // gets the original type name and message), ClosedError (the server was shut down, or
-// its process died: raised within seconds, never a hang), TimeoutError (the request stays
-// in flight and result() may be called again).
+// its process died: raised within seconds, never a hang; also every use of a closed
+// client), TimeoutError (the request stays in flight and result() may be called again),
+// Interrupted (the process's interrupt check fired: Ctrl-C in Python; the request stays in
+// flight too). Every wait is interruptible (runtime/interrupt.h).
 //
 // Thread-safety: a Client may be shared by threads and copies share one connection. A
 // Future is used by one thread at a time. Clients are fork-aware: a copy that finds
 // itself in a forked child reconnects as a new client instead of acting as its parent.
 #pragma once
 
-#include <chrono>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -25,65 +26,35 @@
 
 #include "tensorwire/core/tensordict.h"
 #include "tensorwire/runtime/remote_error.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::inference {
 
-using Clock = std::chrono::steady_clock;
-// A timeout; a negative one means "no limit".
-using Timeout = std::chrono::nanoseconds;
-inline constexpr Timeout kNoTimeout{-1};
-
-// The deadline `timeout` from now (time_point::max() for no limit).
-Clock::time_point deadline_after(Timeout timeout) noexcept;
-
 namespace detail {
-
-// One in-flight request, as a transport sees it.
-class Pending {
- public:
-  virtual ~Pending() = default;  // a request dropped unread gives back what it holds
-  // True once take() would not block.
-  virtual bool ready() = 0;
-  // Blocks until ready() or `deadline`; false on timeout. A server that is gone makes it
-  // return true (take() then throws ClosedError).
-  virtual bool wait(Clock::time_point deadline) = 0;
-  // The outcome, once ready (called at most once): the response, or throws.
-  virtual TensorDict take() = 0;
-};
-
-// A transport's client side.
-class ClientImpl {
- public:
-  virtual ~ClientImpl() = default;
-  // Validates `td`, then enqueues it; blocks until it can be enqueued (a free slot), at
-  // most until `deadline` (TimeoutError).
-  virtual std::unique_ptr<Pending> submit(const TensorDict& td, Clock::time_point deadline) = 0;
-  virtual const char* kind() const noexcept = 0;
-  // The name another process attaches to (empty when clients cannot leave the process).
-  virtual std::string address() const = 0;
-  // The leaf keys a request must carry (depth-first, insertion order), when the
-  // transport has a fixed request layout; std::nullopt when any structure goes.
-  virtual std::optional<std::vector<Key>> request_keys() { return std::nullopt; }
-};
-
+class Pending;
+class ClientImpl;
 }  // namespace detail
 
 class Future {
  public:
-  Future() = default;
-  explicit Future(std::unique_ptr<detail::Pending> pending) : pending_(std::move(pending)) {}
-  Future(Future&&) noexcept = default;
-  Future& operator=(Future&&) noexcept = default;
+  Future() noexcept;
+  explicit Future(std::unique_ptr<detail::Pending> pending) noexcept;
+  Future(Future&&) noexcept;
+  Future& operator=(Future&&) noexcept;
   Future(const Future&) = delete;
   Future& operator=(const Future&) = delete;
+  ~Future();  // a request dropped unread gives back its slot
 
   bool valid() const noexcept { return pending_ || value_ || error_; }
   // True when result() would not block.
   bool done();
-  // The response. Waits at most `timeout` (TimeoutError: still in flight, call again).
-  // Reading the outcome releases what the request held (its shared-memory slot); later
-  // calls return the same response (or throw the same error) again.
-  TensorDict result(Timeout timeout = kNoTimeout);
+  // The response. Waits at most `timeout`; on TimeoutError or Interrupted the request
+  // stays in flight and result() may be called again. Reading the outcome releases what
+  // the request held (its shared-memory slot); later calls return the same response (or
+  // throw the same error) again.
+  TensorDict result(Timeout timeout = Timeout::forever());
+  // "pending", "done", "failed" or "empty" (for reprs and logs).
+  const char* state();
 
  private:
   std::unique_ptr<detail::Pending> pending_;
@@ -94,17 +65,26 @@ class Future {
 class Client {
  public:
   Client() = default;
-  explicit Client(std::shared_ptr<detail::ClientImpl> impl) : impl_(std::move(impl)) {}
+  // Made by transports (transport.h); a user never makes a ClientImpl.
+  explicit Client(std::shared_ptr<detail::ClientImpl> impl) noexcept : impl_(std::move(impl)) {}
 
   // `timeout` bounds the wait for room to submit (all slots in flight).
-  Future submit(const TensorDict& request, Timeout timeout = kNoTimeout);
-  // submit + result under one deadline.
-  TensorDict operator()(const TensorDict& request, Timeout timeout = kNoTimeout);
+  Future submit(const TensorDict& request, Timeout timeout = Timeout::forever());
+  // submit + result under one deadline. On TimeoutError or Interrupted the request is
+  // abandoned (its slot is given back once the server is done with it).
+  TensorDict operator()(const TensorDict& request, Timeout timeout = Timeout::forever());
 
   bool valid() const noexcept { return impl_ != nullptr; }
   const char* kind() const;
+  // The name another process attaches to; empty for a ThreadTransport's clients.
   std::string address() const;
-  const std::shared_ptr<detail::ClientImpl>& impl() const noexcept { return impl_; }
+  // The leaf keys a request must carry (depth-first, insertion order) when the transport
+  // has a fixed request layout (SharedMemoryTransport; connects on first use);
+  // std::nullopt when any structure goes.
+  std::optional<std::vector<Key>> request_keys() const;
+  // Disconnects this client and every copy of it; later calls throw ClosedError. Futures
+  // already made keep their requests.
+  void close() noexcept;
 
  private:
   std::shared_ptr<detail::ClientImpl> impl_;

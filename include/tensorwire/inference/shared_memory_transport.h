@@ -18,7 +18,6 @@
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +29,7 @@ namespace tensorwire::inference {
 namespace detail {
 struct ShmRegion;
 class ShmOwner;
+struct ShmAccess;
 }  // namespace detail
 
 struct SharedMemoryOptions {
@@ -52,10 +52,11 @@ class SharedMemoryTransport : public Transport {
   static std::shared_ptr<SharedMemoryTransport> create(const TensorDict& request_spec,
                                                        const TensorDict& response_spec,
                                                        SharedMemoryOptions options);
-  // Connects to a transport created by another process (ClosedError / SystemError when
-  // nothing listens on the name). The result makes clients; it cannot serve.
-  static std::shared_ptr<SharedMemoryTransport> attach(
-      const std::string& name, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  // Connects to a transport created by another process, waiting (interruptibly) up to
+  // `timeout` for it to listen and answer (SystemError when nothing listens on the name,
+  // ClosedError when its process is gone). The result makes clients; it cannot serve.
+  static std::shared_ptr<SharedMemoryTransport> attach(const std::string& name,
+                                                       Timeout timeout = std::chrono::seconds(5));
   // A client of the transport with that name, connecting on first use (so it can be
   // made before the transport exists, or sent to another process by name).
   static Client client_for(const std::string& name);
@@ -87,7 +88,7 @@ class SharedMemoryTransport : public Transport {
 
   void open_server() override;
   void close_server(const std::string& reason, bool fail_pending) override;
-  void wait_for_work(Clock::time_point deadline) override;
+  void wait_for_work(Deadline deadline) override;
   void interrupt() override;
   void drain(size_t max_items, Drained& out) override;
   void collate(const Drained& drained, std::vector<Group>& groups) override;
@@ -96,15 +97,8 @@ class SharedMemoryTransport : public Transport {
   void reject(const Drained& drained, std::span<const size_t> rows,
               const RemoteError& error) override;
 
-  // --- one request at a time, for adapters that batch themselves (tensorwire.torchrl) --
-  // After drain(): the request in `slot` as a view of the bank (no batch dimension).
-  TensorDict request_row(uint32_t slot) const;
-  // Answers the drained request in `slot` from one unbatched response (the declared keys
-  // with the spec's shapes and dtypes: KeyError / ValueError otherwise, nothing written).
-  void resolve_one(uint32_t slot, const TensorDict& response);
-  void reject_one(uint32_t slot, const RemoteError& error);
-
  private:
+  friend struct detail::ShmAccess;
   SharedMemoryTransport() = default;
   std::string name_;
   std::shared_ptr<detail::ShmRegion> region_;

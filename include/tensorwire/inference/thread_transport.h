@@ -24,7 +24,7 @@ class ThreadTransport : public Transport {
 
   void open_server() override;
   void close_server(const std::string& reason, bool fail_pending) override;
-  void wait_for_work(Clock::time_point deadline) override;
+  void wait_for_work(Deadline deadline) override;
   void interrupt() override;
   void drain(size_t max_items, Drained& out) override;
   void collate(const Drained& drained, std::vector<Group>& groups) override;

@@ -13,6 +13,7 @@
 // A transport never calls the policy and never holds a lock while the policy runs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -54,8 +55,13 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* kind() const noexcept = 0;  // "shared_memory", "socket", "thread"
-  // A new client; see client.h.
+  // A new client; see client.h. ClosedError once the transport is closed.
   virtual Client client() = 0;
+  // Closes the transport: requests not yet served fail with ClosedError, and every later
+  // submit (from any client, in any process), client() and InferenceServer::start() throw
+  // ClosedError. A server still running idles until it is shut down. Idempotent.
+  void close();
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
 
   // --- server side: called by InferenceServer only ---------------------------------
   // open_server/close_server run on the thread that starts/stops the server; the rest
@@ -69,7 +75,7 @@ class Transport {
   // thread does this once it has stopped).
   virtual void close_server(const std::string& reason, bool fail_pending) = 0;
   // Returns when a drain may find work, at `deadline`, or after interrupt().
-  virtual void wait_for_work(Clock::time_point deadline) = 0;
+  virtual void wait_for_work(Deadline deadline) = 0;
   virtual void interrupt() = 0;
   // Appends up to `max_items` requests to `out` without blocking.
   virtual void drain(size_t max_items, Drained& out) = 0;
@@ -84,6 +90,13 @@ class Transport {
   // Fails the given positions of `drained` with `error`.
   virtual void reject(const Drained& drained, std::span<const size_t> rows,
                       const RemoteError& error) = 0;
+
+ protected:
+  // ClosedError naming the transport when it was closed.
+  void check_open() const;
+
+ private:
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace tensorwire::inference
