@@ -65,7 +65,7 @@ def get_worker_info():
 
 
 def _seed_worker(seed):
-    """Runs in each worker right after the fork (called from the C++ fork hook)."""
+    """Runs in each worker right after the fork (given to the runners' C++ fork hook)."""
     random.seed(seed)
     np = sys.modules.get("numpy")
     if np is not None:
@@ -129,6 +129,26 @@ class _Forking(DataFlow):
         except Exception:
             pass
 
+    def __iter__(self):
+        # The iterator holds this object, so a runner made and returned by a function
+        # (`for dp in make_loader()`) lives as long as its iteration.
+        return self._core.epoch(self)
+
+    def __len__(self):
+        return self.ds.__len__()
+
+    def __repr__(self):
+        core = getattr(self, "_core", None)
+        if core is None:
+            state = "not constructed"
+        elif core.closed:
+            state = "closed"
+        elif core.pids:
+            state = f"running, workers {list(core.pids)}"
+        else:
+            state = "not started (call reset_state())"
+        return f"<{type(self).__name__} num_proc={self.num_proc} {state}>"
+
     @property
     def pids(self):
         """Process ids of the workers (empty before ``reset_state()``)."""
@@ -159,12 +179,10 @@ class MultiProcessRunnerZMQ(_Forking):
     """
 
     def __init__(self, ds, num_proc=1, hwm=50, *, seed=None):
-        if num_proc < 1:
-            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self._core = _C._Runner(ds, num_proc, hwm, seed, _seed_worker)
         self.ds = ds
         self.num_proc = num_proc
         self._hwm = hwm
-        self._core = _C._Runner(ds, num_proc, hwm, seed)
         if num_proc > 1:
             logger.info("[MultiProcessRunnerZMQ] Will fork a dataflow more than one times. "
                         "This assumes the datapoints are i.i.d.")
@@ -172,12 +190,6 @@ class MultiProcessRunnerZMQ(_Forking):
     def reset_state(self):
         self._core.reset_state()
         self._register()
-
-    def __iter__(self):
-        return self._core.epoch()
-
-    def __len__(self):
-        return self.ds.__len__()
 
     @property
     def shared_memory_bytes(self):
@@ -199,24 +211,16 @@ class MultiProcessMapDataZMQ(_Forking):
     """
 
     def __init__(self, ds, num_proc, map_func, *, buffer_size=200, strict=False, seed=None):
-        if num_proc < 1:
-            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed, _seed_worker)
         self.ds = ds
         self.num_proc = num_proc
         self.map_func = map_func
         self._strict = strict
-        self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed)
         self._buffer_size = self._core.buffer_size
 
     def reset_state(self):
         self._core.reset_state()
         self._register()
-
-    def __iter__(self):
-        return self._core.epoch()
-
-    def __len__(self):
-        return self.ds.__len__()
 
 
 MultiProcessMapData = MultiProcessMapDataZMQ
@@ -225,9 +229,11 @@ MultiProcessMapData = MultiProcessMapDataZMQ
 def send_dataflow_zmq(df, addr, hwm=50, format=None, bind=False, *, max_datapoints=None, progress=None):
     """Resets ``df`` and sends its datapoints to ``addr`` (a PUSH socket) pass after pass.
 
-    Runs for ever (as tensorpack's), or until ``max_datapoints`` were sent. Datapoints go
-    in tensorwire's wire format; tensors are never pickled. ``progress(sent)`` is called
-    after each datapoint. Returns the number sent.
+    Runs for ever (as tensorpack's), or until ``max_datapoints`` were sent. Datapoints are
+    queued only for a connected receiver: with none (or ``hwm`` datapoints waiting for
+    it) this blocks, and Ctrl-C interrupts it. Datapoints go in tensorwire's wire format;
+    tensors are never pickled. ``progress(sent)`` is called after each datapoint. Returns
+    the number sent, once handed to the receiver.
     """
     if format not in (None, "tensorwire"):
         warnings.warn(f"send_dataflow_zmq: format={format!r} is ignored; datapoints go in "
@@ -251,9 +257,10 @@ class RemoteDataZMQ(DataFlow):
 
     def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn"):
         if errors not in ("warn", "raise"):
-            raise ValueError("errors must be 'warn' or 'raise'")
+            raise ValueError(f"errors must be 'warn' or 'raise', got {errors!r}")
         self._errors = errors
-        self._core = _C._RemoteData(addr1, addr2 or "", hwm, bind, allow_pickle)
+        self._core = _C._RemoteData(addr1, addr2 or "", hwm, bind, allow_pickle,
+                                    _warn_rejected if errors == "warn" else None)
         self._guard = threading.Lock()
 
     def reset_state(self):
@@ -277,7 +284,9 @@ class RemoteDataZMQ(DataFlow):
         return self._core.rejected
 
     def recv(self, timeout=None):
-        """The next datapoint, or ``None`` after ``timeout`` seconds."""
+        """The next datapoint, or ``None`` after ``timeout`` seconds (``None``: wait for
+        ever; ``0``: only what has arrived). Malformed messages are handled as ``errors``
+        says."""
         return self._core.next(timeout)
 
     def __iter__(self):
@@ -285,14 +294,20 @@ class RemoteDataZMQ(DataFlow):
             raise RuntimeError("This DataFlow is not reentrant!")
         try:
             while True:
-                try:
-                    yield self._core.next(None)
-                except _C.ProtocolError as e:
-                    if self._errors == "raise":
-                        raise
-                    warnings.warn(str(e), MalformedMessageWarning, stacklevel=2)
+                yield self._core.next(None)
         finally:
             self._guard.release()
 
     def close(self):
         self._core.close()
+
+    def __repr__(self):
+        core = self._core
+        state = "closed" if core.closed else (
+            f"receiving on {self.endpoint(0)}" if self.endpoint(0) else "not started (call reset_state())")
+        return (f"<{type(self).__name__} {state}, received {self.cnt1}+{self.cnt2}, "
+                f"rejected {self.rejected}>")
+
+
+def _warn_rejected(message):
+    warnings.warn(message, MalformedMessageWarning, stacklevel=3)

@@ -1,5 +1,7 @@
 #include "dataflow/links.h"
 
+#include "runtime/wait.h"
+
 #include <unistd.h>
 
 #include <thread>
@@ -66,53 +68,55 @@ shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
   }
 }
 
-std::optional<ShmReceiver::Received> MainLink::receive(Millis timeout) {
+std::optional<ShmReceiver::Received> MainLink::receive(Deadline deadline) {
   if (!pull) throw ClosedError(owner + " is closed");
   using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
+  std::optional<ShmReceiver::Received> out;
   std::vector<zmqio::PollItem> items;
-  while (true) {
-    const auto now = clock::now();
-    // Checked on a clock, not per message: a pidfd poll per datapoint would cost a syscall.
-    if (now >= next_check) {
-      workers.check();
-      next_check = now + liveness;
-    }
-    if (rest_.empty()) {
-      bool more = false;
-      if (pull->try_recv_frame(msg_, more)) {
-        if (more) {
-          std::vector<zmq::message_t> extra;
-          pull->try_recv(extra);
-          throw ProtocolError(owner + ": a descriptor message of several frames");
+  runtime::wait_until(deadline, [&](Deadline slice) {
+    while (true) {
+      const auto now = clock::now();
+      // Checked on a clock, not per message: a pidfd poll per datapoint would cost a syscall.
+      if (now >= next_check) {
+        workers.check();
+        next_check = now + liveness;
+      }
+      if (rest_.empty()) {
+        bool more = false;
+        if (pull->try_recv_frame(msg_, more)) {
+          if (more) {
+            std::vector<zmq::message_t> extra;
+            pull->try_recv(extra);
+            throw ProtocolError(owner + ": a descriptor message of several frames");
+          }
+          rest_ = std::span(static_cast<const std::byte*>(msg_.data()), msg_.size());
         }
-        rest_ = std::span(static_cast<const std::byte*>(msg_.data()), msg_.size());
       }
-    }
-    if (!rest_.empty()) {
-      DescriptorBatch batch(rest_);
-      std::span<const std::byte> d;
-      try {
-        d = batch.next();
-      } catch (...) {
-        rest_ = {};
-        throw;
+      if (!rest_.empty()) {
+        DescriptorBatch batch(rest_);
+        std::span<const std::byte> d;
+        try {
+          d = batch.next();
+        } catch (...) {
+          rest_ = {};
+          throw;
+        }
+        rest_ = rest_.subspan(4 + d.size());
+        out = receiver->decode(d);
+        return true;
       }
-      rest_ = rest_.subspan(4 + d.size());
-      return receiver->decode(d);
+      if (slice.passed()) return false;
+      const int left = slice.poll_ms();
+      const Millis wait = left < 0 ? liveness : std::min(liveness, Millis(left));
+      items.clear();
+      items.push_back({pull.get(), -1, false});
+      for (int fd : workers.pidfds()) items.push_back({nullptr, fd, false});
+      zmqio::poll(items, wait);
+      for (size_t i = 1; i < items.size(); ++i)
+        if (items[i].ready) next_check = clock::time_point{};  // a worker ended: report it now
     }
-    if (now >= deadline) return std::nullopt;
-    auto wait = liveness;
-    if (deadline != clock::time_point::max())
-      wait = std::min(wait, std::chrono::duration_cast<Millis>(deadline - now) + Millis(1));
-    items.clear();
-    items.push_back({pull.get(), -1, false});
-    for (int fd : workers.pidfds()) items.push_back({nullptr, fd, false});
-    zmqio::poll(items, wait);
-    for (size_t i = 1; i < items.size(); ++i)
-      if (items[i].ready) next_check = clock::time_point{};  // a worker ended: report it now
-  }
+  });
+  return out;
 }
 
 void MainLink::close() noexcept {

@@ -24,6 +24,7 @@
 
 #include "dataflow/shm_channel.h"
 #include "dataflow/workers.h"
+#include "tensorwire/runtime/timeout.h"
 #include "zmq/zmq.h"
 
 namespace tensorwire::dataflow::detail {
@@ -45,7 +46,7 @@ struct MainLink {
 
   // The next descriptor (decoded), std::nullopt after `timeout` (negative: no limit).
   // WorkerDiedError when a worker has ended; ProtocolError for a bad descriptor.
-  std::optional<ShmReceiver::Received> receive(Millis timeout);
+  std::optional<ShmReceiver::Received> receive(Deadline deadline);
   // Checks the workers now (throws WorkerDiedError).
   void check_workers() { workers.check(); }
 

@@ -1,5 +1,7 @@
 #include "tensorwire/dataflow/map.h"
 
+#include "tensorwire/runtime/interrupt.h"
+
 #include <unistd.h>
 
 #include <deque>
@@ -46,12 +48,21 @@ struct MultiProcessMapDataZMQ::Impl : detail::RunnerCore {
   // Results (or a map function's error) of passes later than the one being yielded.
   std::map<uint32_t, std::deque<std::variant<RawDatapoint, std::exception_ptr>>> stash;
   std::string scratch;
+  // Non-strict: per pass, tasks sent and results back (kept or dropped). A pass whose
+  // every result was dropped means an endless epoch with nothing in it: an error instead.
+  struct PassCount {
+    size_t sent = 0, back = 0, kept = 0;
+    bool ended = false;
+  };
+  std::map<uint32_t, PassCount> counts;
 
   [[noreturn]] void worker_main(int index);
+  void count_result(uint32_t pass, bool kept);
+  void check_pass(uint32_t pass);
   void send_task(const TensorDict& td);
   void fill();
   // The next result; a worker's own failure (not one datapoint's) throws WorkerError.
-  std::optional<detail::ShmReceiver::Received> receive(Millis timeout);
+  std::optional<detail::ShmReceiver::Received> receive(Deadline deadline);
   WorkerError worker_error(detail::ShmReceiver::Received& r);
 };
 
@@ -136,7 +147,10 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   while (!tasks[w]->send(m, Millis(100))) link.check_workers();
   ++worker_in_flight[w];
   ++in_flight;
-  if (opt.strict) ++outstanding[send_pass];
+  if (opt.strict)
+    ++outstanding[send_pass];
+  else
+    ++counts[send_pass].sent;
   pass_had_items = true;
 }
 
@@ -151,6 +165,10 @@ void MultiProcessMapDataZMQ::Impl::fill() {
     // The pass is over.
     if (opt.strict) complete[send_pass] = true;
     const bool empty = !pass_had_items;
+    if (!opt.strict && !empty) {
+      counts[send_pass].ended = true;
+      check_pass(send_pass);
+    }
     ++send_pass;
     pass_had_items = false;
     ds->start();
@@ -158,8 +176,9 @@ void MultiProcessMapDataZMQ::Impl::fill() {
   }
 }
 
-std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::receive(Millis timeout) {
-  auto r = link.receive(timeout);
+std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::receive(
+    Deadline deadline) {
+  auto r = link.receive(deadline);
   if (!r) return r;
   if (r->header.sender >= opt.num_proc)
     throw ProtocolError(std::string(kName) + ": result from sender " +
@@ -175,6 +194,24 @@ std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::recei
   auto it = outstanding.find(r->header.pass);
   if (it != outstanding.end() && it->second > 0) --it->second;
   return r;
+}
+
+void MultiProcessMapDataZMQ::Impl::count_result(uint32_t pass, bool kept) {
+  PassCount& c = counts[pass];
+  ++c.back;
+  if (kept) ++c.kept;
+  check_pass(pass);
+}
+
+void MultiProcessMapDataZMQ::Impl::check_pass(uint32_t pass) {
+  auto it = counts.find(pass);
+  if (it == counts.end() || !it->second.ended || it->second.back < it->second.sent) return;
+  const PassCount c = it->second;
+  counts.erase(it);
+  if (c.kept == 0)
+    throw ValueError(std::string(kName) + ": the map function returned None for all " +
+                     std::to_string(c.sent) +
+                     " datapoints of a pass of the dataflow, so there is nothing to yield");
 }
 
 WorkerError MultiProcessMapDataZMQ::Impl::worker_error(detail::ShmReceiver::Received& r) {
@@ -200,6 +237,7 @@ MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
 
 void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
+  m.check_open();
   const int n = m.opt.num_proc;
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";
@@ -242,7 +280,7 @@ void MultiProcessMapDataZMQ::epoch_end() noexcept {
   impl_->end_epoch();
 }
 
-EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
+EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Deadline deadline) {
   Impl& m = *impl_;
   if (m.failed) std::rethrow_exception(m.failed);
   try {
@@ -250,10 +288,12 @@ EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
       while (true) {
         m.fill();
         if (m.in_flight == 0) return {std::nullopt, true};  // an empty dataflow
-        auto r = m.receive(timeout);
+        auto r = m.receive(deadline);
         if (!r) return {};
+        const bool filtered = r->header.kind == detail::DescriptorKind::Filtered;
+        m.count_result(r->header.pass, !filtered);
         if (r->header.kind == detail::DescriptorKind::Error) throw m.worker_error(*r);
-        if (r->header.kind == detail::DescriptorKind::Filtered) continue;
+        if (filtered) continue;
         return {std::move(r->datapoint), false};
       }
     }
@@ -274,7 +314,7 @@ EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
         return {std::nullopt, true};
       }
       m.fill();
-      auto r = m.receive(timeout);
+      auto r = m.receive(deadline);
       if (!r) return {};
       if (r->header.kind == detail::DescriptorKind::Error) {
         // A map error belongs to the pass of its datapoint: a later pass's waits for it.
@@ -292,6 +332,8 @@ EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Millis timeout) {
     throw;  // one datapoint failed: the stream can go on
   } catch (const ValueError&) {
     throw;
+  } catch (const Interrupted&) {
+    throw;  // the wait was abandoned, nothing was lost: the map goes on
   } catch (const Error&) {
     m.failed = std::current_exception();
     throw;
@@ -316,11 +358,15 @@ std::vector<int> MultiProcessMapDataZMQ::pids() const {
 
 void MultiProcessMapDataZMQ::close() {
   Impl& m = *impl_;
-  if (m.link.owner_pid != ::getpid()) return;
+  if (m.link.owner_pid != -1 && m.link.owner_pid != ::getpid()) return;  // a forked copy
   m.tasks.clear();
   m.link.close();
   m.task_sender.reset();
   m.mark_closed();
+}
+
+bool MultiProcessMapDataZMQ::closed() const noexcept {
+  return impl_->closed;
 }
 
 }  // namespace tensorwire::dataflow

@@ -1,8 +1,11 @@
 #include "tensorwire/dataflow/remote.h"
 
+#include <array>
 #include <cstring>
 
+#include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
+#include "tensorwire/wire/datapoint.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "zmq/zmq.h"
@@ -11,18 +14,23 @@ namespace tensorwire::dataflow {
 
 namespace {
 
-using Millis = std::chrono::milliseconds;
-
 // Frames of one remote datapoint: [frame header][metadata][storage].
 constexpr size_t kFrames = 3;
 
 }  // namespace
 
 uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOptions& o) {
-  if (o.hwm < 1) throw ValueError("send_dataflow_zmq: hwm must be at least 1");
+  if (o.hwm < 1)
+    throw ValueError("send_dataflow_zmq: hwm must be at least 1, got " + std::to_string(o.hwm));
+  if (o.max_datapoints && *o.max_datapoints == 0)
+    throw ValueError("send_dataflow_zmq: max_datapoints must be at least 1");
   zmqio::Context ctx;
-  // Linger: what was sent before returning is delivered (for up to 5 s) when we close.
+  // Linger: what was queued for a connected receiver is delivered (for up to 5 s) when we
+  // return.
   zmqio::Socket push(ctx, zmq::socket_type::push, {.sndhwm = o.hwm, .linger_ms = 5000});
+  // Immediate: datapoints are queued only for a receiver that is connected, so with none a
+  // send blocks (instead of filling a queue nobody reads and returning as if delivered).
+  push.ref().set(zmq::sockopt::immediate, 1);
   if (o.bind)
     push.bind(addr);
   else
@@ -48,7 +56,10 @@ uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOpti
         frames[2] = zmqio::frame_zero_copy(m.payload[0].data(), m.payload[0].size(), keep);
       else if (!m.payload.empty())
         throw Error("send_dataflow_zmq: a consolidated message of several pieces");
-      push.send(frames, Millis(-1));
+      // Blocks while no receiver is connected, or `hwm` datapoints wait for one.
+      runtime::wait_until(Deadline::never(), [&](Deadline slice) {
+        return push.send(frames, std::chrono::milliseconds(std::max(slice.poll_ms(), 0)));
+      });
       ++sent;
       if (o.max_datapoints && sent >= *o.max_datapoints) return sent;
       if (o.progress && !o.progress(sent)) return sent;
@@ -60,10 +71,9 @@ uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOpti
 struct RemoteDataZMQ::Impl {
   std::string addr[2];
   std::string bound[2];
-  int hwm;
-  bool bind;
-  wire::Limits limits;
+  RemoteOptions opt;
   bool reset_done = false;
+  bool closed = false;
   std::unique_ptr<zmqio::Context> ctx;
   std::unique_ptr<zmqio::Socket> socks[2];
   uint64_t counts[2] = {0, 0};
@@ -71,14 +81,22 @@ struct RemoteDataZMQ::Impl {
   int next_first = 0;  // alternate which socket is read first, for fairness
   wire::Decoder decoder;
   std::vector<zmq::message_t> frames;
+  // The layout of the last schema seen (messages of one producer repeat it), whose
+  // datapoint structure was checked.
+  std::shared_ptr<const Json> last_meta;
+  std::shared_ptr<const wire::ConsolidatedLayout> layout;
 
-  Impl(std::string a1, std::string a2, int h, bool b, wire::Limits l)
-      : addr{std::move(a1), std::move(a2)}, hwm(h), bind(b), limits(l), decoder(l) {}
+  Impl(std::string a1, std::string a2, RemoteOptions o)
+      : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
   int num() const { return addr[1].empty() ? 1 : 2; }
-  TensorDict decode(int which);
+  RawDatapoint decode(int which);
+  void check_usable() const {
+    if (closed) throw ClosedError("RemoteDataZMQ is closed");
+    if (!reset_done) throw StateError("RemoteDataZMQ: call reset_state() before iterating");
+  }
 };
 
-TensorDict RemoteDataZMQ::Impl::decode(int which) {
+RawDatapoint RemoteDataZMQ::Impl::decode(int which) {
   const std::string where = "RemoteDataZMQ: message from " + bound[which] + " rejected: ";
   try {
     if (frames.size() != kFrames)
@@ -102,34 +120,47 @@ TensorDict RemoteDataZMQ::Impl::decode(int which) {
                           " bytes, the header announced " + std::to_string(h.payload_bytes));
     wire::Incoming in = decoder.prepare(h, bytes(1));
     wire::Decoder::fill(in, bytes(2));
-    TensorDict td =
-        decoder.finish(in);  // a copy sharing the storage: the next message allocates anew
+    // A copy sharing the storage: the next message allocates anew.
+    TensorDict td = decoder.finish(in);
+    if (!is_consolidated_root(td)) td = consolidate(td);  // a NonConsolidated message
+    const auto& c = td.consolidated();
+    // Each message carries its schema: compared by value, it is parsed again only when
+    // it changes.
+    if (c->metadata != last_meta && !(last_meta && *c->metadata == *last_meta)) {
+      auto l = std::make_shared<const wire::ConsolidatedLayout>(
+          wire::ConsolidatedLayout::parse(*c->metadata, opt.limits, c->storage.nbytes()));
+      (void)wire::DatapointDecoder::structure(*l, opt.allow_pickle);
+      layout = std::move(l);
+      last_meta = c->metadata;
+    }
     ++counts[which];
-    return td;
+    return RawDatapoint{c->storage, layout};
   } catch (const ProtocolError& e) {
     ++rejected;
     throw ProtocolError(where + e.what());
   }
 }
 
-RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, int hwm, bool bind,
-                             wire::Limits limits)
-    : impl_(std::make_unique<Impl>(std::move(addr1), std::move(addr2), hwm, bind, limits)) {
+RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, RemoteOptions options)
+    : impl_(std::make_unique<Impl>(std::move(addr1), std::move(addr2), std::move(options))) {
   if (impl_->addr[0].empty()) throw ValueError("RemoteDataZMQ: no address");
-  if (hwm < 1) throw ValueError("RemoteDataZMQ: hwm must be at least 1");
+  if (impl_->opt.hwm < 1)
+    throw ValueError("RemoteDataZMQ: hwm must be at least 1, got " +
+                     std::to_string(impl_->opt.hwm));
 }
 
 RemoteDataZMQ::~RemoteDataZMQ() = default;
 
 void RemoteDataZMQ::reset_state() {
   Impl& m = *impl_;
+  if (m.closed) throw ClosedError("RemoteDataZMQ is closed");
   if (m.reset_done) throw StateError("RemoteDataZMQ: reset_state() was called twice");
   m.reset_done = true;
   m.ctx = std::make_unique<zmqio::Context>();
   for (int i = 0; i < m.num(); ++i) {
     m.socks[i] = std::make_unique<zmqio::Socket>(*m.ctx, zmq::socket_type::pull,
-                                                 zmqio::SocketOptions{.rcvhwm = m.hwm});
-    if (m.bind)
+                                                 zmqio::SocketOptions{.rcvhwm = m.opt.hwm});
+    if (m.opt.bind)
       m.socks[i]->bind(m.addr[i]);
     else
       m.socks[i]->connect(m.addr[i]);
@@ -137,32 +168,41 @@ void RemoteDataZMQ::reset_state() {
   }
 }
 
-std::optional<TensorDict> RemoteDataZMQ::next(Millis timeout) {
+std::optional<RawDatapoint> RemoteDataZMQ::next_raw(Timeout timeout) {
   Impl& m = *impl_;
-  if (!m.reset_done) throw StateError("RemoteDataZMQ: call reset_state() before iterating");
-  if (!m.ctx) throw ClosedError("RemoteDataZMQ is closed");
-  using clock = std::chrono::steady_clock;
-  const auto deadline = timeout.count() < 0 ? clock::time_point::max() : clock::now() + timeout;
-  while (true) {
-    for (int k = 0; k < m.num(); ++k) {
-      const int i = (m.next_first + k) % m.num();
-      if (m.socks[i]->try_recv(m.frames)) {
+  m.check_usable();
+  std::optional<RawDatapoint> out;
+  runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+    while (true) {
+      for (int k = 0; k < m.num(); ++k) {
+        const int i = (m.next_first + k) % m.num();
+        if (!m.socks[i]->try_recv(m.frames)) continue;
         m.next_first = (i + 1) % m.num();
-        return m.decode(i);
+        try {
+          out = m.decode(i);
+          return true;
+        } catch (const ProtocolError& e) {
+          if (!m.opt.on_rejected) throw;
+          m.opt.on_rejected(e);
+        }
       }
+      if (slice.passed()) return false;
+      zmqio::PollItem items[2] = {{m.socks[0].get(), -1, false}, {m.socks[1].get(), -1, false}};
+      zmqio::poll(std::span(items, static_cast<size_t>(m.num())),
+                  std::chrono::milliseconds(slice.poll_ms()));
     }
-    const auto now = clock::now();
-    if (now >= deadline) return std::nullopt;
-    zmqio::PollItem items[2] = {{m.socks[0].get(), -1, false}, {m.socks[1].get(), -1, false}};
-    auto wait = deadline == clock::time_point::max()
-                    ? Millis(-1)
-                    : std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
-    zmqio::poll(std::span(items, static_cast<size_t>(m.num())), wait);
-  }
+  });
+  return out;
+}
+
+std::optional<TensorDict> RemoteDataZMQ::next(Timeout timeout) {
+  auto raw = next_raw(timeout);
+  if (!raw) return std::nullopt;
+  return raw->to_tensordict();
 }
 
 TensorDict RemoteDataZMQ::next() {
-  return *next(Millis(-1));
+  return *next(Timeout::forever());
 }
 
 std::string RemoteDataZMQ::endpoint(int which) const {
@@ -176,9 +216,14 @@ uint64_t RemoteDataZMQ::rejected() const {
 }
 
 void RemoteDataZMQ::close() {
+  impl_->closed = true;
   impl_->socks[0].reset();
   impl_->socks[1].reset();
   impl_->ctx.reset();
+}
+
+bool RemoteDataZMQ::closed() const noexcept {
+  return impl_->closed;
 }
 
 }  // namespace tensorwire::dataflow

@@ -7,6 +7,7 @@
 #include "dataflow/links.h"
 #include "dataflow/runner_core.h"
 #include "os/futex.h"
+#include "tensorwire/runtime/interrupt.h"
 
 namespace tensorwire::dataflow {
 
@@ -73,6 +74,7 @@ struct MultiProcessRunnerZMQ::Impl : detail::RunnerCore {
 
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
   [[noreturn]] void worker_main(int index);
+  std::optional<RawDatapoint> next_raw(Deadline deadline);
 };
 
 void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
@@ -115,12 +117,11 @@ void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
         }
         last = now;
       }
-      // An empty pass: do not spin on a dataflow that has nothing (for now).
-      if (!any) {
-        w.flush();
-        flushed = sent;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      // A pass with nothing in it would have the main process wait for ever.
+      if (!any)
+        throw ValueError(
+            "the dataflow yielded no datapoint in a whole pass (its __iter__ / "
+            "next() ended at once), so there is nothing to run");
     }
   } catch (...) {
     Failure f;
@@ -146,6 +147,7 @@ MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
 
 void MultiProcessRunnerZMQ::reset_state() {
   Impl& m = *impl_;
+  m.check_open();
   if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
   const int n = m.opt.num_proc;
   m.endpoint = "ipc://@" + os::unique_name("dataflow");
@@ -156,19 +158,23 @@ void MultiProcessRunnerZMQ::reset_state() {
   m.link.open(m.endpoint);
 }
 
-std::optional<TensorDict> MultiProcessRunnerZMQ::next(std::chrono::milliseconds timeout) {
+std::optional<TensorDict> MultiProcessRunnerZMQ::next(Timeout timeout) {
   auto raw = next_raw(timeout);
   if (!raw) return std::nullopt;
   return raw->to_tensordict();
 }
 
-std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(std::chrono::milliseconds timeout) {
-  Impl& m = *impl_;
+std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(Timeout timeout) {
+  return impl_->next_raw(Deadline::after(timeout));
+}
+
+std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadline) {
+  Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
   m.check_started();
   try {
     while (true) {
-      auto r = m.link.receive(timeout);
+      auto r = m.link.receive(deadline);
       if (!r) return std::nullopt;
       const int w = r->header.sender;
       if (w >= m.opt.num_proc)
@@ -184,6 +190,8 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(std::chrono::millise
     }
   } catch (const ClosedError&) {
     throw;
+  } catch (const Interrupted&) {
+    throw;  // the wait was abandoned, nothing was lost: the runner goes on
   } catch (const Error&) {
     m.failed = std::current_exception();
     throw;
@@ -191,7 +199,7 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(std::chrono::millise
 }
 
 TensorDict MultiProcessRunnerZMQ::next() {
-  return *next(std::chrono::milliseconds(-1));
+  return *next(Timeout::forever());
 }
 
 Epoch MultiProcessRunnerZMQ::epoch() {
@@ -207,10 +215,10 @@ void MultiProcessRunnerZMQ::epoch_end() noexcept {
   impl_->end_epoch();
 }
 
-EpochSource::Step MultiProcessRunnerZMQ::epoch_step(std::chrono::milliseconds timeout) {
+EpochSource::Step MultiProcessRunnerZMQ::epoch_step(Deadline deadline) {
   Impl& m = *impl_;
   if (m.size && m.epoch_count >= *m.size) return {std::nullopt, true};
-  auto dp = next_raw(timeout);
+  auto dp = m.next_raw(deadline);
   if (dp) ++m.epoch_count;
   return {std::move(dp), false};
 }
@@ -238,6 +246,10 @@ size_t MultiProcessRunnerZMQ::shared_memory_bytes() const {
 void MultiProcessRunnerZMQ::close() {
   impl_->link.close();
   impl_->mark_closed();
+}
+
+bool MultiProcessRunnerZMQ::closed() const noexcept {
+  return impl_->closed;
 }
 
 }  // namespace tensorwire::dataflow

@@ -32,6 +32,7 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
 
 void RunnerCore::start_workers(const ForkHooks& hooks,
                                const std::function<void(int)>& worker_main) {
+  check_open();
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   reset_done = true;
   link.make_sockets(num_proc);
@@ -44,7 +45,12 @@ void RunnerCore::start_workers(const ForkHooks& hooks,
   }
 }
 
+void RunnerCore::check_open() const {
+  if (closed) throw ClosedError(std::string(name) + " is closed");
+}
+
 void RunnerCore::check_started() const {
+  check_open();
   if (!reset_done) throw StateError(std::string(name) + ": call reset_state() before iterating");
 }
 
@@ -55,6 +61,7 @@ void RunnerCore::begin_epoch() {
 }
 
 void RunnerCore::mark_closed() noexcept {
+  if (link.owner_pid == -1 || link.owner_pid == ::getpid()) closed = true;
   if (!failed && reset_done && link.owner_pid == ::getpid())
     failed = std::make_exception_ptr(ClosedError(std::string(name) + " is closed"));
 }

@@ -25,8 +25,9 @@ struct RunnerCore {
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
-  // StateError before reset_state().
+  // ClosedError after close(); StateError before reset_state().
   void check_started() const;
+  void check_open() const;
   // After link.close(): what any later call raises (in the process that owns the runner).
   void mark_closed() noexcept;
 
@@ -37,6 +38,7 @@ struct RunnerCore {
   uint64_t seed;
   bool reset_done = false;
   bool in_epoch = false;
+  bool closed = false;
   MainLink link;
   std::exception_ptr failed;
 };

@@ -21,9 +21,9 @@
 #include <unordered_map>
 
 #include "dataflow/descriptor.h"
-#include "tensorwire/core/consolidate.h"
-#include "shm/chunk_arena.h"
 #include "os/unix_socket.h"
+#include "shm/chunk_arena.h"
+#include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/frame.h"
 #include "tensorwire/wire/layout.h"
 

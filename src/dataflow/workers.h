@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "tensorwire/dataflow/dataflow.h"
 #include "os/process.h"
+#include "tensorwire/dataflow/dataflow.h"
 
 namespace tensorwire::dataflow::detail {
 

@@ -56,8 +56,9 @@ class FunctionFlow : public DataFlow {
 
 // A received datapoint before it becomes a TensorDict: its consolidated storage (a view of
 // the sender's shared memory) and the layout (schema) that maps it. For consumers that
-// convert datapoints themselves (the Python binding): to_tensordict() is what a runner's
-// next() returns. The storage keeps the chunk; dropping the last copy releases it.
+// read datapoints without building TensorDicts, e.g. with wire::DatapointDecoder (a plan
+// per layout, values straight from the storage): to_tensordict() is what next() returns.
+// The storage keeps the chunk; dropping the last copy releases it.
 struct RawDatapoint {
   Storage storage;
   std::shared_ptr<const wire::ConsolidatedLayout> layout;

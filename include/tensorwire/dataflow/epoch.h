@@ -7,11 +7,11 @@
 // Thread-safety: as its runner (one thread).
 #pragma once
 
-#include <chrono>
 #include <iterator>
 #include <optional>
 
 #include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::dataflow {
 
@@ -23,8 +23,8 @@ class EpochSource {
     bool end = false;  // the epoch is over (datapoint empty)
   };
   // The next step of the current epoch; a Step with neither a datapoint nor `end` means
-  // `timeout` passed (negative: no limit).
-  virtual Step epoch_step(std::chrono::milliseconds timeout) = 0;
+  // the deadline passed. Waits through runtime::wait_until (interruptible).
+  virtual Step epoch_step(Deadline deadline) = 0;
   virtual void epoch_begin() = 0;  // StateError when an epoch is already running
   virtual void epoch_end() noexcept = 0;
 
@@ -44,18 +44,17 @@ class Epoch {
   }
 
   // The next datapoint, or std::nullopt at the end of the epoch (done() true) or when
-  // `timeout` passed first (done() false).
-  std::optional<TensorDict> next(
-      std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  // `timeout` passed first (done() false). An interrupt (see runtime/interrupt.h) or a
+  // timeout leaves the epoch where it was: next() may be called again.
+  std::optional<TensorDict> next(Timeout timeout = Timeout::forever()) {
     auto raw = next_raw(timeout);
     if (!raw) return std::nullopt;
     return raw->to_tensordict();
   }
   // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
-  std::optional<RawDatapoint> next_raw(
-      std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  std::optional<RawDatapoint> next_raw(Timeout timeout = Timeout::forever()) {
     if (done_ || !source_) return std::nullopt;
-    EpochSource::Step s = source_->epoch_step(timeout);
+    EpochSource::Step s = source_->epoch_step(Deadline::after(timeout));
     if (s.end) done_ = true;
     if (s.datapoint) ++count_;
     return std::move(s.datapoint);

@@ -58,11 +58,12 @@ class MultiProcessMapDataZMQ final : private EpochSource {
   size_t buffer_size() const noexcept;  // after clamping to size() in strict mode
   std::vector<int> pids() const;
   void close();
+  bool closed() const noexcept;  // close() was called (later calls throw ClosedError)
 
   struct Impl;
 
  private:
-  Step epoch_step(std::chrono::milliseconds timeout) override;
+  Step epoch_step(Deadline deadline) override;
   void epoch_begin() override;
   void epoch_end() noexcept override;
   std::unique_ptr<Impl> impl_;

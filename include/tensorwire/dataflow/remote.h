@@ -2,11 +2,11 @@
 // tensorpack's send_dataflow_zmq / RemoteDataZMQ do. Datapoints travel in tensorwire's
 // wire format (docs/protocol.md), one self-contained SchemaAndStorage message per
 // datapoint, as three ZeroMQ frames [frame header][metadata][storage]; tensors are never
-// pickled. The receiver validates every message; a malformed one is dropped with a
-// ProtocolError and the stream goes on.
+// pickled. The receiver validates every message (and the structure of datapoints made by
+// wire::DatapointEncoder); a malformed one is dropped, counted, and reported (ProtocolError,
+// or the on_rejected callback) and the stream goes on.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/limits.h"
 
 namespace tensorwire::dataflow {
@@ -26,33 +27,53 @@ struct SendOptions {
   std::function<bool(uint64_t sent)> progress;
 };
 
-// Resets `df` and sends its datapoints, pass after pass, to `addr`. Returns the number
-// sent (only when max_datapoints or progress stopped it).
+// Resets `df` and sends its datapoints, pass after pass, to `addr`. Datapoints are queued
+// only for a connected receiver: a send blocks while there is none, or while `hwm`
+// datapoints wait for it (interruptible, runtime/interrupt.h). Runs for ever unless
+// max_datapoints or progress stop it; then returns the number sent, after handing what is
+// queued to the receiver (for up to 5 s; ZeroMQ cannot tell whether it was read: a
+// receiver that disconnects loses what was queued for it). ValueError for a pass with no
+// datapoint.
 uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOptions& options = {});
+
+struct RemoteOptions {
+  int hwm = 50;
+  bool bind = true;  // bind the addresses (false: connect to them)
+  wire::Limits limits;
+  // false: a datapoint holding a Pickle element (wire/datapoint.h) is rejected like a
+  // malformed message (unpickling runs code chosen by whoever reaches the socket).
+  bool allow_pickle = true;
+  // Called with each rejected message's error; when set, next() goes on with the stream
+  // instead of throwing.
+  std::function<void(const ProtocolError&)> on_rejected;
+};
 
 // Receives datapoints from one or two PULL sockets (tensorpack: addr1 and addr2).
 // Thread-safety: one thread at a time.
 class RemoteDataZMQ {
  public:
-  explicit RemoteDataZMQ(std::string addr1, std::string addr2 = {}, int hwm = 50, bool bind = true,
-                         wire::Limits limits = {});
+  explicit RemoteDataZMQ(std::string addr1, std::string addr2 = {}, RemoteOptions options = {});
   ~RemoteDataZMQ();
   RemoteDataZMQ(const RemoteDataZMQ&) = delete;
   RemoteDataZMQ& operator=(const RemoteDataZMQ&) = delete;
 
   // Creates and binds (or connects) the sockets; once (StateError on a second call).
   void reset_state();
-  // The next datapoint, std::nullopt after `timeout` (negative: no limit). A malformed
-  // message throws ProtocolError naming the socket and the rule it broke; it is consumed,
-  // so the next call goes on with the stream.
-  std::optional<TensorDict> next(std::chrono::milliseconds timeout);
+  // The next datapoint, std::nullopt after `timeout`. A malformed message throws
+  // ProtocolError naming the socket and the rule it broke (unless on_rejected is set); it
+  // is consumed, so the next call goes on with the stream. Interruptible; ClosedError
+  // after close().
+  std::optional<TensorDict> next(Timeout timeout);
   TensorDict next();
+  // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
+  std::optional<RawDatapoint> next_raw(Timeout timeout = Timeout::forever());
 
   // Endpoints actually bound or connected (tcp://host:* resolved to the port).
   std::string endpoint(int which) const;
   uint64_t count(int which) const;  // datapoints received from addr1 (0) / addr2 (1)
   uint64_t rejected() const;        // malformed messages dropped
   void close();
+  bool closed() const noexcept;
 
   struct Impl;
 

@@ -55,12 +55,13 @@ class MultiProcessRunnerZMQ final : private EpochSource {
 
   void reset_state();
 
-  // The next datapoint of the stream, from whichever worker; waits up to `timeout`
-  // (negative: no limit) and returns std::nullopt when it ran out.
-  std::optional<TensorDict> next(std::chrono::milliseconds timeout);
+  // The next datapoint of the stream, from whichever worker; waits up to `timeout` and
+  // returns std::nullopt when it ran out. Interruptible (runtime/interrupt.h); a timeout
+  // or an interrupt leaves the runner usable. ClosedError after close().
+  std::optional<TensorDict> next(Timeout timeout);
   TensorDict next();
   // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
-  std::optional<RawDatapoint> next_raw(std::chrono::milliseconds timeout);
+  std::optional<RawDatapoint> next_raw(Timeout timeout = Timeout::forever());
 
   // One epoch: size() datapoints, or an endless stream when the size is unknown. Only one
   // Epoch may be alive at a time (StateError otherwise).
@@ -77,11 +78,12 @@ class MultiProcessRunnerZMQ final : private EpochSource {
   // Kills and reaps the workers and closes the pipe; idempotent. Datapoints already
   // received stay valid.
   void close();
+  bool closed() const noexcept;  // close() was called (later calls throw ClosedError)
 
   struct Impl;
 
  private:
-  Step epoch_step(std::chrono::milliseconds timeout) override;
+  Step epoch_step(Deadline deadline) override;
   void epoch_begin() override;
   void epoch_end() noexcept override;
   std::unique_ptr<Impl> impl_;

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "tensorwire/core/error.h"
 #include "shm/chunk_arena.h"
+#include "tensorwire/core/error.h"
 
 namespace tensorwire::shm {
 namespace {

@@ -159,3 +159,41 @@ TEST_F(Map, InputsTravelThroughSharedMemoryBothWays) {
 
 }  // namespace
 }  // namespace tensorwire::dataflow
+
+namespace tensorwire::dataflow {
+namespace {
+
+TEST(MapNothing, APassMappedToNothingIsAnErrorNotAnEndlessWait) {
+  MultiProcessMapDataZMQ m(testing::counting(5),
+                           [](TensorDict) -> std::optional<TensorDict> { return std::nullopt; },
+                           {.num_proc = 2, .buffer_size = 4});
+  m.reset_state();
+  Epoch e = m.epoch();
+  EXPECT_THAT(
+      [&] { e.next(std::chrono::seconds(20)); },
+      ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("returned None for all 5")));
+}
+
+TEST(MapNothing, SomeDatapointsDroppedIsFine) {
+  MultiProcessMapDataZMQ m(testing::counting(6),
+                           [](TensorDict td) -> std::optional<TensorDict> {
+                             if (testing::index_of(td) % 2) return std::nullopt;
+                             return td;
+                           },
+                           {.num_proc = 1, .buffer_size = 4});
+  m.reset_state();
+  Epoch e = m.epoch();
+  for (int i = 0; i < 9; ++i)
+    ASSERT_EQ(testing::index_of(*e.next(std::chrono::seconds(20))) % 2, 0);
+}
+
+TEST(MapClosed, ResetAfterCloseIsRefused) {
+  MultiProcessMapDataZMQ m(testing::counting(5), [](TensorDict td) { return std::optional(td); },
+                           {.num_proc = 1});
+  m.close();
+  EXPECT_THROW(m.reset_state(), ClosedError);
+  EXPECT_TRUE(m.pids().empty());
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow

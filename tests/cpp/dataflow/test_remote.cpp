@@ -11,6 +11,8 @@
 
 #include "flows.h"
 #include "tensorwire/dataflow/remote.h"
+#include "tensorwire/runtime/interrupt.h"
+#include "tensorwire/wire/datapoint.h"
 #include "tensorwire/wire/encoder.h"
 
 namespace tensorwire::dataflow {
@@ -155,6 +157,65 @@ TEST(Remote, ResetStateTwiceThrows) {
   RemoteDataZMQ recv("tcp://127.0.0.1:*");
   recv.reset_state();
   EXPECT_THROW(recv.reset_state(), StateError);
+}
+
+TEST(Remote, EveryUseAfterCloseIsAClosedError) {
+  RemoteDataZMQ recv("tcp://127.0.0.1:*");
+  recv.reset_state();
+  recv.close();
+  EXPECT_TRUE(recv.closed());
+  EXPECT_THROW(recv.next(Timeout::poll()), ClosedError);
+  EXPECT_THROW(recv.reset_state(), ClosedError);
+}
+
+// A datapoint with a pickled element, refused by a receiver that does not unpickle:
+// counted as rejected and reported through on_rejected, and the stream goes on.
+class WithPickle : public DataFlow {
+ public:
+  std::optional<TensorDict> next() override {
+    wire::DatapointEncoder e(wire::Container::List);
+    e.add_int({}, static_cast<int64_t>(i_));
+    const std::byte blob[] = {std::byte{0x80}};
+    if (i_ % 2 == 0) e.add_pickle({}, blob);
+    ++i_;
+    return std::move(e).finish();
+  }
+
+ private:
+  uint64_t i_ = 0;
+};
+
+TEST(Remote, PickledDatapointsAreRejectedUnlessAllowed) {
+  const std::string addr = free_tcp_address();
+  const int pid = spawn_producer(addr, std::make_shared<WithPickle>(), 6);
+  std::vector<std::string> errors;
+  RemoteDataZMQ recv(addr, {}, {.allow_pickle = false, .on_rejected = [&](const ProtocolError& e) {
+                                  errors.push_back(e.what());
+                                }});
+  recv.reset_state();
+  for (int64_t odd : {1, 3, 5}) {
+    auto dp = recv.next_raw(10s);
+    ASSERT_TRUE(dp);
+    auto root = wire::DatapointDecoder::structure(*dp->layout, false);
+    ASSERT_EQ(root->elements.size(), 1u);
+    EXPECT_EQ(wire::DatapointDecoder::read_int(dp->storage, root->elements[0]), odd);
+  }
+  EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(recv.rejected(), 3u);
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_THAT(errors[0], HasSubstr("does not unpickle"));
+}
+
+TEST(Remote, SendingWithNoReceiverBlocksAndCanBeInterrupted) {
+  static std::atomic<int> checks{0};
+  set_interrupt_check([] {
+    if (++checks >= 4) throw Interrupted("test interrupt");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(send_dataflow_zmq(*counting(10), free_tcp_address(), {.max_datapoints = 3}),
+               Interrupted);
+  set_interrupt_check(nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
 }  // namespace

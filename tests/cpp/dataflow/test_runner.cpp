@@ -2,10 +2,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <map>
 
 #include "flows.h"
 #include "tensorwire/dataflow/runner.h"
+#include "tensorwire/runtime/interrupt.h"
 
 namespace tensorwire::dataflow {
 namespace {
@@ -165,9 +168,12 @@ TEST_F(Runner, AKilledWorkerIsReportedWithinSecondsNamingItsSignal) {
 }
 
 TEST_F(Runner, AKilledWorkerEndsABlockedWait) {
-  // The worker has nothing to send (an endless empty pass): the main process waits.
+  // The worker has nothing to send (its dataflow blocks): the main process waits.
   class Idle : public DataFlow {
-    std::optional<TensorDict> next() override { return std::nullopt; }
+    std::optional<TensorDict> next() override {
+      std::this_thread::sleep_for(std::chrono::hours(1));
+      return std::nullopt;
+    }
   };
   MultiProcessRunnerZMQ r(std::make_shared<Idle>(), {.num_proc = 1});
   r.reset_state();
@@ -255,6 +261,67 @@ TEST_F(Runner, AConsumerThatKeepsDatapointsKeepsTheirMemory) {
     EXPECT_EQ(index_of(kept[i]), static_cast<int64_t>(i));
   }
   EXPECT_GE(r.shared_memory_bytes(), 100u * (64 << 10));
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(RunnerEmpty, APassWithNoDatapointIsAnErrorNotAnEndlessWait) {
+  class Empty : public DataFlow {
+    std::optional<TensorDict> next() override { return std::nullopt; }
+  };
+  MultiProcessRunnerZMQ r(std::make_shared<Empty>(), {.num_proc = 1});
+  r.reset_state();
+  try {
+    r.next(10s);
+    ADD_FAILURE() << "no error";
+  } catch (const WorkerError& e) {
+    EXPECT_EQ(e.failure().type, "ValueError");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("no datapoint in a whole pass"));
+  }
+}
+
+TEST(RunnerClosed, EveryUseAfterCloseIsAClosedError) {
+  MultiProcessRunnerZMQ before(testing::counting(4), {.num_proc = 1});
+  before.close();
+  EXPECT_TRUE(before.closed());
+  EXPECT_THROW(before.reset_state(), ClosedError);  // no workers forked after close()
+  EXPECT_THROW(before.epoch(), ClosedError);
+  EXPECT_TRUE(before.pids().empty());
+  MultiProcessRunnerZMQ after(testing::counting(4), {.num_proc = 1});
+  after.reset_state();
+  after.close();
+  EXPECT_THROW(after.next(1s), ClosedError);
+  EXPECT_THROW(after.reset_state(), ClosedError);
+}
+
+// An interrupt check that throws once asked to: what the Python binding installs.
+std::atomic<bool> g_interrupt{false};
+void interrupt_when_asked() {
+  if (g_interrupt.exchange(false)) throw Interrupted("test interrupt");
+}
+
+TEST(RunnerInterrupt, AnInterruptEndsAWaitAndLeavesTheRunnerUsable) {
+  class Slow : public DataFlow {
+    std::optional<TensorDict> next() override {
+      std::this_thread::sleep_for(700ms);
+      return testing::make_datapoint(0);
+    }
+  };
+  MultiProcessRunnerZMQ r(std::make_shared<Slow>(), {.num_proc = 1});
+  r.reset_state();
+  set_interrupt_check(interrupt_when_asked);
+  g_interrupt = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(r.next(), Interrupted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms);
+  set_interrupt_check(nullptr);
+  EXPECT_TRUE(r.next(10s));  // the runner goes on
 }
 
 }  // namespace
