@@ -305,13 +305,13 @@ void bind_dataflow(nb::module_& m) {
   nb::class_<Map> map(m, "_MapData", nb::type_slots(gc_slots<Map>));
   map.def(
       "__init__",
-      [](Map* self, nb::object ds, int num_proc, nb::object fn, size_t buffer_size, bool strict,
+      [](Map* self, nb::object ds, int num_proc, nb::object fn, int64_t buffer_size, bool strict,
          std::optional<uint64_t> seed, nb::object seed_worker) {
         if (!PyCallable_Check(fn.ptr()))
           throw TypeError("MultiProcessMapDataZMQ: map_func must be callable, got a " +
                           nb::cast<std::string>(nb::type_name(fn.type())));
         auto o = runner_options<df::MapOptions>(num_proc, seed, std::move(seed_worker));
-        o.buffer_size = buffer_size;
+        o.buffer_size = static_cast<size_t>(std::max<int64_t>(buffer_size, 0));  // C++ checks
         o.strict = strict;
         auto holder = std::make_shared<nb::object>(std::move(fn));
         auto map_fn = [holder](TensorDict in) -> std::optional<TensorDict> {

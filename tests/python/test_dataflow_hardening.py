@@ -67,6 +67,20 @@ def test_map_func_must_be_callable():
         twdf.MultiProcessMapDataZMQ(Counting(5), 1, 42)
 
 
+@pytest.mark.parametrize("size", [0, -5])
+def test_buffer_size_is_checked_with_a_clear_message(size):
+    with pytest.raises(ValueError, match="buffer_size must be at least 1"):
+        twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, buffer_size=size)
+
+
+@pytest.mark.parametrize("hwm", [0, -1])
+def test_hwm_is_checked_with_a_clear_message(hwm):
+    with pytest.raises(ValueError, match="hwm must be at least 1"):
+        twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, hwm=hwm)
+    with pytest.raises(ValueError, match="hwm must be at least 1"):
+        twdf.RemoteDataZMQ("tcp://127.0.0.1:*", hwm=hwm)
+
+
 def test_num_proc_is_checked_once_with_a_clear_message():
     with pytest.raises(ValueError, match=r"num_proc must be in \[1, 1024\], got 0"):
         twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=0)
@@ -246,6 +260,28 @@ def test_a_child_process_makes_and_uses_its_own_runner(method):
     assert q.get(timeout=60) == [0, 1, 2, 3]
     p.join(30)
     assert p.exitcode == 0
+
+
+def _child_uses_inherited_remote(r, q):
+    try:
+        r.recv(timeout=0)
+        q.put("no error")
+    except tensorwire.ClosedError as e:
+        q.put(str(e))
+
+
+def test_a_forked_child_cannot_use_its_parents_remote():
+    ctx = multiprocessing.get_context("fork")
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_uses_inherited_remote, args=(r, q))
+    p.start()
+    msg = q.get(timeout=60)
+    p.join(30)
+    assert "forked child cannot use it" in msg
+    assert r.recv(timeout=0) is None  # the parent's goes on
+    r.close()
 
 
 def test_a_forked_child_cannot_use_its_parents_runner():
