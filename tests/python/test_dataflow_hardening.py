@@ -1,5 +1,7 @@
 """What a new user gets wrong with the dataflow runners: never a hang, never a silent loss,
 an error that says what to do; Ctrl-C, fork and spawn."""
+import collections
+import enum
 import multiprocessing
 import os
 import signal
@@ -296,3 +298,29 @@ def test_a_forked_child_cannot_use_its_parents_runner():
         assert "forked child cannot use it" in msg and str(os.getpid()) in msg
         assert p.exitcode == 0
         assert sorted(check(dp) for dp in r) == [0, 1, 2, 3]  # the parent's goes on
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class MyFloat(float):
+    pass
+
+
+def test_a_datapoint_comes_back_as_exactly_what_was_yielded():
+    from tensorwire import _C
+
+    dp = [1.5, 7, -(2 ** 63), 2 ** 64, np.float64(2.5), np.int32(3), np.bool_(True), True,
+          Point(1, 2), Color.RED, MyFloat(0.5), np.ma.masked_array([1, 2], mask=[0, 1]),
+          {"\x00k": 1}, {1: "int key"}, "a\udc80"]
+    back = _C._datapoint_roundtrip(dp)
+    for a, b in zip(dp, back):
+        assert type(a) is type(b), (a, b)
+    assert back[:8] == dp[:8]
+    assert back[8] == Point(1, 2) and back[9] is Color.RED and back[10] == 0.5
+    assert back[11].mask.tolist() == [False, True]
+    assert back[12:] == dp[12:]
