@@ -63,7 +63,8 @@ void read_all(const tw::Storage& s, const wire::DatapointNode& n) {
         }
         break;
       default:
-        for (std::byte b : wire::DatapointDecoder::read_bytes(s, e)) g_sink += std::to_integer<int>(b);
+        for (std::byte b : wire::DatapointDecoder::read_bytes(s, e))
+          g_sink += std::to_integer<int>(b);
         if (e.kind == K::Array || e.kind == K::Torch || e.kind == K::Scalar)
           (void)tw::Tensor::view(s, e.offset, tw::Shape(e.shape.begin(), e.shape.end()), e.dtype);
     }
