@@ -225,7 +225,8 @@ MultiProcessMapDataZMQ::MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, Map
   Impl& m = *impl_;
   if (!m.map) throw ValueError(std::string(kName) + ": no map function");
   if (m.opt.buffer_size < 1)
-    throw ValueError(std::string(kName) + ": buffer_size must be at least 1");
+    throw ValueError(std::string(kName) +
+                     ": buffer_size must be at least 1 (datapoints in flight)");
   m.buffer_size = m.opt.buffer_size;
   // As tensorpack: a strict buffer larger than the dataflow could never be filled.
   if (m.opt.strict && m.size && *m.size > 0) m.buffer_size = std::min(m.buffer_size, *m.size);

@@ -3,6 +3,8 @@
 #include <array>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
@@ -90,8 +92,12 @@ struct RemoteDataZMQ::Impl {
       : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
   int num() const { return addr[1].empty() ? 1 : 2; }
   RawDatapoint decode(int which);
+  int owner_pid = -1;  // the process that called reset_state()
   void check_usable() const {
     if (closed) throw ClosedError("RemoteDataZMQ is closed");
+    if (owner_pid != -1 && owner_pid != ::getpid())
+      throw ClosedError("RemoteDataZMQ was started by process " + std::to_string(owner_pid) +
+                        "; this forked child cannot use it (make a new one here)");
     if (!reset_done) throw StateError("RemoteDataZMQ: call reset_state() before iterating");
   }
 };
@@ -156,6 +162,7 @@ void RemoteDataZMQ::reset_state() {
   if (m.closed) throw ClosedError("RemoteDataZMQ is closed");
   if (m.reset_done) throw StateError("RemoteDataZMQ: reset_state() was called twice");
   m.reset_done = true;
+  m.owner_pid = ::getpid();
   m.ctx = std::make_unique<zmqio::Context>();
   for (int i = 0; i < m.num(); ++i) {
     m.socks[i] = std::make_unique<zmqio::Socket>(*m.ctx, zmq::socket_type::pull,

@@ -47,6 +47,11 @@ void RunnerCore::start_workers(const ForkHooks& hooks,
 
 void RunnerCore::check_open() const {
   if (closed) throw ClosedError(std::string(name) + " is closed");
+  // A forked child holds a copy whose sockets and workers belong to its parent.
+  if (link.owner_pid != -1 && link.owner_pid != ::getpid())
+    throw ClosedError(std::string(name) + " was started by process " +
+                      std::to_string(link.owner_pid) +
+                      "; this forked child cannot use it (make a new one here)");
 }
 
 void RunnerCore::check_started() const {

@@ -73,3 +73,36 @@ if [[ $status -ne 0 || $crashes -ne 0 ]]; then
   exit 1
 fi
 echo "fuzz: ok: $summary"
+
+# The datapoint decoder (wire/datapoint.h): SECONDS more from the checked-in seeds; its
+# regressions are regressions/datapoint_*.
+dp_fuzzer=$build/tests/fuzz/fuzz_datapoint
+if [[ ! -x $dp_fuzzer ]]; then
+  echo "fuzz: $dp_fuzzer not built" >&2
+  exit 2
+fi
+shopt -s nullglob
+for f in "$here"/regressions/datapoint_*; do
+  if ! "$dp_fuzzer" "$f" >"$work/replay.log" 2>&1; then
+    tail -n 40 "$work/replay.log" >&2
+    echo "fuzz: FAILED: datapoint regression input $f crashes again" >&2
+    exit 1
+  fi
+done
+shopt -u nullglob
+mkdir "$work/dp_corpus"
+cp "$here"/datapoint_corpus/* "$work/dp_corpus/"
+status=0
+"$dp_fuzzer" -max_total_time="$seconds" -max_len=16384 -rss_limit_mb=2048 -malloc_limit_mb=256 \
+  -timeout=10 -dict="$here/decoder.dict" -artifact_prefix="$work/artifacts/" \
+  -print_final_stats=1 "$work/dp_corpus" >"$work/fuzz.log" 2>&1 || status=$?
+crashes=$(find "$work/artifacts" -type f | wc -l)
+summary="$(stat number_of_executed_units) execs in ${seconds} s ($(stat average_exec_per_sec)/s)"
+if [[ $status -ne 0 || $crashes -ne 0 ]]; then
+  grep -E -A 40 'ERROR: |==[0-9]+==|fuzz_datapoint finding|runtime error' "$work/fuzz.log" | head -n 80 >&2 ||
+    tail -n 60 "$work/fuzz.log" >&2
+  keep_artifacts
+  echo "fuzz: datapoint FAILED (libFuzzer exit $status, $crashes artifacts kept in $build/fuzz-artifacts): $summary"
+  exit 1
+fi
+echo "fuzz: datapoint ok: $summary"

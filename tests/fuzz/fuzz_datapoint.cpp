@@ -1,0 +1,99 @@
+// libFuzzer target: arbitrary bytes as the metadata of a received datapoint (what a remote
+// producer controls), through the datapoint decoder (wire/datapoint.h):
+//
+//   parse_untrusted_json -> ConsolidatedLayout::parse (storage of kStorageBytes) ->
+//   DatapointDecoder::structure (with and without allow_pickle) -> every value read.
+//
+// A bad input may only be refused with tensorwire::ProtocolError; another tensorwire::Error
+// is a finding, anything else escapes and libFuzzer reports it. Reading every value of an
+// accepted structure lets ASan check that no element points outside the storage.
+// Seeds: tests/fuzz/datapoint_corpus/ (metadata of real Python datapoints).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <typeinfo>
+
+#include "tensorwire/wire/datapoint.h"
+#include "tensorwire/wire/decoder.h"
+
+namespace tw = tensorwire;
+namespace wire = tensorwire::wire;
+
+namespace {
+
+constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
+                               .max_message_bytes = 1u << 20,
+                               .max_leaves = 1024,
+                               .max_depth = 64,
+                               .max_dims = 16};
+constexpr uint64_t kStorageBytes = 4096;
+
+[[noreturn]] void finding(const std::string& what) {
+  std::fprintf(stderr, "fuzz_datapoint finding: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+uint64_t g_sink = 0;  // keeps the reads from being optimised away
+
+void read_all(const tw::Storage& s, const wire::DatapointNode& n) {
+  for (const auto& e : n.elements) {
+    using K = wire::ElementKind;
+    switch (e.kind) {
+      case K::Node:
+        read_all(s, *e.child);
+        break;
+      case K::None:
+        break;
+      case K::Bool:
+        g_sink += wire::DatapointDecoder::read_bool(s, e);
+        break;
+      case K::Int:
+        g_sink += static_cast<uint64_t>(wire::DatapointDecoder::read_int(s, e));
+        break;
+      case K::Float:
+        g_sink += wire::DatapointDecoder::read_float(s, e) > 0;
+        break;
+      case K::Str:
+        try {
+          g_sink += wire::DatapointDecoder::read_str(s, e).size();
+        } catch (const tw::ProtocolError&) {
+        }
+        break;
+      default:
+        for (std::byte b : wire::DatapointDecoder::read_bytes(s, e))
+          g_sink += std::to_integer<int>(b);
+        if (e.kind == K::Array || e.kind == K::Torch || e.kind == K::Scalar)
+          (void)tw::Tensor::view(s, e.offset, tw::Shape(e.shape.begin(), e.shape.end()), e.dtype);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const tw::Storage storage = [] {
+    tw::Storage s = tw::Storage::allocate(kStorageBytes);
+    for (uint64_t i = 0; i < kStorageBytes; ++i) s.data()[i] = static_cast<std::byte>(i * 37);
+    return s;
+  }();
+  try {
+    const auto bytes = std::as_bytes(std::span(data, size));
+    tw::Json meta = wire::parse_untrusted_json(bytes, kLimits, "datapoint metadata");
+    const wire::ConsolidatedLayout layout =
+        wire::ConsolidatedLayout::parse(std::move(meta), kLimits, kStorageBytes);
+    for (bool allow_pickle : {true, false}) {
+      try {
+        auto root = wire::DatapointDecoder::structure(layout, allow_pickle);
+        if (root) read_all(storage, *root);
+      } catch (const tw::ProtocolError&) {
+      }
+    }
+  } catch (const tw::ProtocolError&) {
+  } catch (const tw::Error& e) {
+    finding(std::string("a non-ProtocolError ") + typeid(e).name() + ": " + e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,363 @@
+"""What a new user gets wrong with the dataflow runners: never a hang, never a silent loss,
+an error that says what to do; Ctrl-C, fork and spawn."""
+import collections
+import enum
+import multiprocessing
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import tensorwire
+from tensorwire import dataflow as twdf
+from dataflow_helpers import Counting, check, no_leftovers, python  # noqa: F401
+
+
+class Empty:
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        return iter(())
+
+
+class EmptyWithLen(Empty):
+    def __len__(self):
+        return 5
+
+
+@pytest.mark.parametrize("flow", [Empty, EmptyWithLen])
+def test_a_dataflow_that_yields_nothing_raises_instead_of_blocking(flow):
+    with twdf.MultiProcessRunnerZMQ(flow(), num_proc=1) as r:
+        r.reset_state()
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="no datapoint in a whole pass"):
+            next(iter(r))
+        assert time.monotonic() - t0 < 10
+
+
+def test_a_map_that_drops_every_datapoint_raises_instead_of_blocking():
+    with twdf.MultiProcessMapDataZMQ(Counting(6), 2, lambda dp: None, buffer_size=4) as m:
+        m.reset_state()
+        with pytest.raises(ValueError, match="returned None for all 6 datapoints"):
+            next(iter(m))
+
+
+def make_runner():
+    r = twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1)
+    r.reset_state()
+    return r
+
+
+def make_map():
+    m = twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, strict=True)
+    m.reset_state()
+    return m
+
+
+@pytest.mark.parametrize("make", [make_runner, make_map])
+def test_an_iterator_keeps_its_runner_alive(make):
+    got = [check(dp) for dp in make()]
+    assert sorted(got) == [0, 1, 2, 3, 4]
+
+
+def test_map_func_must_be_callable():
+    with pytest.raises(TypeError, match="map_func must be callable, got a int"):
+        twdf.MultiProcessMapDataZMQ(Counting(5), 1, 42)
+
+
+@pytest.mark.parametrize("size", [0, -5])
+def test_buffer_size_is_checked_with_a_clear_message(size):
+    with pytest.raises(ValueError, match="buffer_size must be at least 1"):
+        twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, buffer_size=size)
+
+
+@pytest.mark.parametrize("hwm", [0, -1])
+def test_hwm_is_checked_with_a_clear_message(hwm):
+    with pytest.raises(ValueError, match="hwm must be at least 1"):
+        twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, hwm=hwm)
+    with pytest.raises(ValueError, match="hwm must be at least 1"):
+        twdf.RemoteDataZMQ("tcp://127.0.0.1:*", hwm=hwm)
+
+
+def test_num_proc_is_checked_once_with_a_clear_message():
+    with pytest.raises(ValueError, match=r"num_proc must be in \[1, 1024\], got 0"):
+        twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=0)
+    with pytest.raises(ValueError, match=r"num_proc must be in \[1, 1024\], got -1"):
+        twdf.MultiProcessMapDataZMQ(Counting(5), -1, lambda dp: dp)
+
+
+@pytest.mark.parametrize("make", [make_runner, make_map])
+def test_every_use_of_a_closed_runner_is_a_closed_error(make):
+    r = make()
+    r.close()
+    with pytest.raises(tensorwire.ClosedError):
+        next(iter(r))
+    with pytest.raises(tensorwire.ClosedError):
+        r.reset_state()
+    assert "closed" in repr(r)
+
+
+def test_reset_state_after_close_forks_nothing():
+    r = twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=2)
+    r.close()
+    with pytest.raises(tensorwire.ClosedError):
+        r.reset_state()
+    assert r.pids == []
+
+
+def test_reprs_say_the_state():
+    r = twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1)
+    assert "num_proc=1" in repr(r) and "not started" in repr(r)
+    r.reset_state()
+    assert f"workers [{r.pids[0]}]" in repr(r)
+    r.close()
+    assert "closed" in repr(r)
+    remote = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    assert "not started" in repr(remote)
+    remote.reset_state()
+    assert remote.endpoint() in repr(remote) and "rejected 0" in repr(remote)
+    remote.close()
+    assert "closed" in repr(remote)
+    with pytest.raises(tensorwire.ClosedError):
+        remote.recv(timeout=0)
+
+
+def test_remote_timeouts_mean_the_same_as_everywhere():
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    assert r.recv(timeout=0) is None
+    t0 = time.monotonic()
+    assert r.recv(timeout=0.2) is None
+    assert 0.15 < time.monotonic() - t0 < 5
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            r.recv(timeout=bad)
+    r.close()
+
+
+PRODUCER = """
+import numpy as np
+from tensorwire.dataflow import send_dataflow_zmq
+class Mixed:
+    def reset_state(self): pass
+    def __iter__(self):
+        for i in range(4):
+            yield [i, complex(i, 1)] if i % 2 else [i, "plain"]
+send_dataflow_zmq(Mixed(), {addr!r}, max_datapoints=4)
+"""
+
+
+def test_recv_follows_errors_warn_for_a_pickled_message_and_counts_it():
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*", errors="warn")
+    r.reset_state()
+    p = python(PRODUCER.format(addr=r.endpoint()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [r.recv(timeout=20), r.recv(timeout=20)]
+        deadline = time.monotonic() + 20
+        while r.rejected < 2 and time.monotonic() < deadline:
+            assert r.recv(timeout=0.2) is None  # the last one is rejected: nothing comes
+    assert [dp[0] for dp in got] == [0, 2]
+    assert r.rejected == 2
+    msgs = [str(w.message) for w in caught if issubclass(w.category, twdf.MalformedMessageWarning)]
+    assert len(msgs) == 2 and all("does not unpickle" in m for m in msgs)
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    r.close()
+
+
+def test_send_with_no_receiver_blocks_and_ctrl_c_ends_it():
+    p = python("""
+import sys, time
+from tensorwire.dataflow import send_dataflow_zmq
+from dataflow_helpers import Counting
+print("ready", flush=True)
+try:
+    send_dataflow_zmq(Counting(5), "tcp://127.0.0.1:9", max_datapoints=3)
+    print("returned")
+except KeyboardInterrupt:
+    print("interrupted")
+""")
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    assert p.poll() is None  # still blocked: nothing was delivered
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert out.strip() == "interrupted", err
+
+
+CTRL_C = """
+import time
+import numpy as np
+from tensorwire import dataflow as twdf
+
+class Late:
+    # The first datapoint comes after 3 s: the main process is blocked in next() until then.
+    def reset_state(self): pass
+    def __iter__(self):
+        time.sleep(3)
+        while True:
+            yield [np.zeros(4), 1]
+
+r = twdf.MultiProcessRunnerZMQ(Late(), num_proc=1)
+r.reset_state()
+it = iter(r)
+print("ready", flush=True)
+t0 = None
+try:
+    next(it)
+    print("no interrupt", flush=True)
+except KeyboardInterrupt:
+    t = time.monotonic()
+    print("interrupted", flush=True)
+    print(input(), t, flush=True)  # the parent's send time comes back with ours
+dp = next(iter(r))  # usable afterwards: a new iteration
+print("again", dp[1], flush=True)
+r.close()
+"""
+
+
+def test_ctrl_c_interrupts_a_blocked_iteration_and_the_runner_goes_on():
+    p = python(CTRL_C, stdin=__import__("subprocess").PIPE)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    assert p.stdout.readline().strip() == "interrupted"
+    p.stdin.write(f"{sent}\n")
+    p.stdin.flush()
+    sent_back, got = map(float, p.stdout.readline().split())
+    latency = got - sent_back
+    print(f"KeyboardInterrupt {latency * 1000:.1f} ms after SIGINT")
+    assert latency < 1.0
+    assert p.stdout.readline().strip() == "again 1"
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+
+
+def _child_uses_own_runner(q):
+    with twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=1) as r:
+        r.reset_state()
+        q.put(sorted(check(dp) for dp in r))
+
+
+def _child_uses_inherited(r, q):
+    try:
+        next(iter(r))
+        q.put("no error")
+    except tensorwire.ClosedError as e:
+        q.put(str(e))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_process_makes_and_uses_its_own_runner(method):
+    ctx = multiprocessing.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_uses_own_runner, args=(q,))
+    p.start()
+    assert q.get(timeout=60) == [0, 1, 2, 3]
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def _child_uses_inherited_remote(r, q):
+    try:
+        r.recv(timeout=0)
+        q.put("no error")
+    except tensorwire.ClosedError as e:
+        q.put(str(e))
+
+
+def test_a_forked_child_cannot_use_its_parents_remote():
+    ctx = multiprocessing.get_context("fork")
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_uses_inherited_remote, args=(r, q))
+    p.start()
+    msg = q.get(timeout=60)
+    p.join(30)
+    assert "forked child cannot use it" in msg
+    assert r.recv(timeout=0) is None  # the parent's goes on
+    r.close()
+
+
+def test_a_forked_child_cannot_use_its_parents_runner():
+    ctx = multiprocessing.get_context("fork")
+    with twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=1) as r:
+        r.reset_state()
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_uses_inherited, args=(r, q))
+        p.start()
+        msg = q.get(timeout=60)
+        p.join(30)
+        assert "forked child cannot use it" in msg and str(os.getpid()) in msg
+        assert p.exitcode == 0
+        assert sorted(check(dp) for dp in r) == [0, 1, 2, 3]  # the parent's goes on
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class MyFloat(float):
+    pass
+
+
+def test_a_datapoint_comes_back_as_exactly_what_was_yielded():
+    from tensorwire import _C
+
+    dp = [1.5, 7, -(2 ** 63), 2 ** 64, np.float64(2.5), np.int32(3), np.bool_(True), True,
+          Point(1, 2), Color.RED, MyFloat(0.5), np.ma.masked_array([1, 2], mask=[0, 1]),
+          {"\x00k": 1}, {1: "int key"}, "a\udc80"]
+    back = _C._datapoint_roundtrip(dp)
+    for a, b in zip(dp, back):
+        assert type(a) is type(b), (a, b)
+    assert back[:8] == dp[:8]
+    assert back[8] == Point(1, 2) and back[9] is Color.RED and back[10] == 0.5
+    assert back[11].mask.tolist() == [False, True]
+    assert back[12:] == dp[12:]
+
+
+@pytest.mark.parametrize("blocked", ["map", "remote"])
+def test_ctrl_c_interrupts_a_blocked_map_or_remote_and_it_goes_on(blocked):
+    p = python(f"""
+import time
+from tensorwire import dataflow as twdf
+from dataflow_helpers import Counting
+def slow(dp):
+    time.sleep(3)
+    return dp
+if {blocked!r} == "map":
+    obj = twdf.MultiProcessMapDataZMQ(Counting(4), 1, slow, strict=True)
+    obj.reset_state()
+    wait, again = (lambda: next(iter(obj))), (lambda: next(iter(obj))[1])
+else:
+    obj = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    obj.reset_state()
+    wait, again = obj.recv, (lambda: obj.recv(timeout=0))
+print("ready", flush=True)
+try:
+    wait()
+    print("no interrupt", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), flush=True)
+print("again", again(), flush=True)
+obj.close()
+""")
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    word, when = p.stdout.readline().split()
+    assert word == "interrupted" and float(when) - sent < 1.0
+    assert p.stdout.readline().strip() in ("again 0", "again None")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
