@@ -204,6 +204,19 @@ def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
     assert got == [float((1 << 20) - 1), [9.0, 9.0]]
 
 
+def test_an_asend_after_a_timed_out_send_completes_the_send_in_flight_first(pair):
+    accepted, connected = pair
+    with pytest.raises(TimeoutError):
+        connected.send(big(), timeout=0.05)
+    got = []
+    t = threading.Thread(target=lambda: got.extend(
+        [float(accepted.recv(timeout=30)["x"][-1]), accepted.recv(timeout=30)["v"].tolist()]))
+    t.start()
+    asyncio.run(connected.asend(small(3.0)))
+    t.join(30)
+    assert got == [float((1 << 20) - 1), [3.0, 3.0]]
+
+
 def test_a_small_send_returns_before_the_peer_receives_so_send_then_recv_works_both_ways(pair):
     accepted, connected = pair
     for kib in (8, 60):
