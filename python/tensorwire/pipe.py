@@ -180,6 +180,7 @@ class TensorDictPipe:
             self._send_keep.append(td)  # read until the send completes, even after a timeout
         self._impl.send(td, timeout)
         self._send_keep.clear()
+        self._sending = None  # an abandoned asend, completed first by this send
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
         """The next TensorDict from the peer.
@@ -200,8 +201,8 @@ class TensorDictPipe:
     async def asend(self, td: TensorDict) -> None:
         self._check_open("send")
         td = _as_tensorwire(td)
-        if self._sending is not None:  # an abandoned asend: its send completes first
-            await self._send_done(self._impl.events)
+        if self._sending is not None or self._send_keep:  # an abandoned asend or timed-out
+            await self._send_done(self._impl.events)      # send: it completes first
         self._sending = td  # read until the send completes, even if this call is cancelled
         self._impl.start_send(td)
         budget = self._send_spin.budget()
@@ -218,6 +219,7 @@ class TensorDictPipe:
             seen = self._impl.events
             if self._impl.poll_send(0):
                 self._sending = None
+                self._send_keep.clear()
                 return
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:

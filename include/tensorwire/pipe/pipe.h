@@ -20,8 +20,9 @@
 //
 // Fork: a pipe, listener or server belongs to the process that made it. In a forked child
 // every use of an inherited one throws ClosedError naming the object and the fork, and
-// destroying it there leaves the parent's UCX state alone (the child leaks it on purpose);
-// pipes and listeners made in the child get UCX state of their own.
+// destroying it there leaves the parent's UCX state alone (the child leaks it on purpose).
+// A child forked while its parent had UCX in use cannot start UCX (UCX 1.13's async thread
+// does not survive fork): new pipes there throw at once, saying to use spawn/forkserver.
 #pragma once
 
 #include <cstdint>

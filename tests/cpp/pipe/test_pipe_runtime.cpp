@@ -1,0 +1,217 @@
+// The pipe on the shared runtime: Timeout, interrupts, resumable sends, error kinds, and
+// fork(). Both ends live in this process (the accepting end on a helper thread).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/pipe/server.h"
+#include "tensorwire/runtime/interrupt.h"
+#include "tensorwire/tensorwire.h"
+
+using namespace tensorwire;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Pair {
+  PipeListener listener{0};
+  std::optional<TensorDictPipe> accepted;
+  std::optional<TensorDictPipe> connected;
+  Pair() {
+    std::thread t([&] { accepted = listener.accept(20s); });
+    connected = TensorDictPipe::connect("127.0.0.1", listener.port());
+    t.join();
+  }
+};
+
+TensorDict big() {  // 8 MiB: a rendezvous, completed only when the peer receives it
+  std::vector<double> v(1 << 20);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  TensorDict td;
+  td.set("x", Tensor::from_vector<double>(v, {static_cast<int64_t>(v.size())}));
+  return td;
+}
+
+TensorDict small(float x) {
+  TensorDict td({2});
+  td.set("v", Tensor::from_vector<float>({x, x}, {2}));
+  return td;
+}
+
+std::atomic<bool> g_interrupt{false};
+void interrupt_when_asked() {
+  if (g_interrupt.exchange(false)) throw Interrupted("test interrupt");
+}
+
+// Interrupts the calling test's blocking call after `after`; returns how long it took.
+template <class Call>
+Clock::duration interrupted_after(Clock::duration after, Call&& call) {
+  set_interrupt_check(&interrupt_when_asked);
+  std::thread t([after] {
+    std::this_thread::sleep_for(after);
+    g_interrupt = true;
+  });
+  const auto start = Clock::now();
+  EXPECT_THROW(call(), Interrupted);
+  const auto took = Clock::now() - start - after;
+  t.join();
+  set_interrupt_check(nullptr);
+  return took;
+}
+
+// Runs `child` in a forked child; its exit code (it exits with std::exit, so static and
+// library destructors run there too).
+template <class Child>
+int in_forked_child(Child&& child) {
+  const pid_t pid = ::fork();
+  if (pid == 0) std::exit(child());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST(PipeRuntime, ASendThatTimedOutResumesWithTheSameDictAndArrivesOnce) {
+  Pair p;
+  TensorDict td = big();
+  EXPECT_THROW(p.connected->send(td, 50ms), TimeoutError);
+  std::thread receiver([&] {
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").data<double>()[(1 << 20) - 1], (1 << 20) - 1);
+  });
+  p.connected->send(td, 20s);
+  receiver.join();
+  EXPECT_THROW(p.accepted->recv(nullptr, 300ms), TimeoutError);  // no second copy
+}
+
+TEST(PipeRuntime, AfterATimedOutSendAnotherDictFollowsIt) {
+  Pair p;
+  TensorDict first = big();
+  EXPECT_THROW(p.connected->send(first, 50ms), TimeoutError);
+  std::thread receiver([&] {
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").numel(), 1 << 20);
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 9.f);
+  });
+  p.connected->send(small(9.f), 20s);
+  receiver.join();
+}
+
+TEST(PipeRuntime, AnInterruptEndsABlockingRecvWithinASliceAndThePipeStaysUsable) {
+  Pair p;
+  auto took = interrupted_after(200ms, [&] { p.accepted->recv(); });
+  EXPECT_LT(took, 1s);
+  p.connected->send(small(2.f), 20s);
+  EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 2.f);
+}
+
+TEST(PipeRuntime, AnInterruptEndsABlockingAcceptAndTheListenerStillAccepts) {
+  TensorDictServer server(0);
+  auto took = interrupted_after(200ms, [&] { server.accept(); });
+  EXPECT_LT(took, 1s);
+  std::thread client([&] { TensorDictPipe::connect("127.0.0.1", server.port()).send(small(1.f)); });
+  auto pipe = server.accept(20s);
+  ASSERT_TRUE(pipe);
+  EXPECT_EQ(pipe->recv(nullptr, 20s).get("v").data<float>()[0], 1.f);
+  client.join();
+}
+
+TEST(PipeRuntime, ZeroPollsOnceAndNegativeTimeoutsAreRefused) {
+  Pair p;
+  const auto start = Clock::now();
+  EXPECT_THROW(p.accepted->recv(nullptr, Timeout::poll()), TimeoutError);
+  EXPECT_FALSE(p.listener.accept(Timeout::poll()));
+  EXPECT_LT(Clock::now() - start, 1s);
+  EXPECT_THROW(p.accepted->recv(nullptr, -1ms), ValueError);
+}
+
+TEST(PipeRuntime, NothingListeningIsConnectionRefusedNamingHostAndPort) {
+  uint16_t port;
+  {
+    PipeListener l(0);
+    port = l.port();
+  }
+  try {
+    TensorDictPipe::connect("127.0.0.1", port);
+    FAIL() << "connected to a closed port";
+  } catch (const ConnectionRefused& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  }
+}
+
+TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
+  PipeListener first(0);
+  try {
+    PipeListener second(first.port());
+    FAIL() << "two listeners on one port";
+  } catch (const PortInUse& e) {
+    EXPECT_EQ(e.port(), first.port());
+    EXPECT_NE(std::string(e.what()).find("is in use"), std::string::npos);
+  }
+}
+
+TEST(PipeRuntime, ClosedObjectsThrowClosedError) {
+  Pair p;
+  p.accepted->close();
+  EXPECT_THROW(p.accepted->send(small(1.f)), ClosedError);
+  EXPECT_THROW(p.accepted->recv(), ClosedError);
+  EXPECT_THROW(p.connected->recv(nullptr, 20s), ClosedError);
+  EXPECT_TRUE(p.connected->closed_by_peer());
+  p.listener.close();
+  EXPECT_TRUE(p.listener.closed());
+  EXPECT_THROW(p.listener.accept(1s), ClosedError);
+  TensorDictServer server(0);
+  server.close();
+  EXPECT_THROW(server.accept(1s), ClosedError);
+}
+
+TEST(PipeRuntime, AForkedChildRefusesInheritedObjectsExitsCleanlyAndTheParentGoesOn) {
+  Pair p;
+  const int code = in_forked_child([&] {
+    try {
+      p.connected->send(small(1.f), 1s);
+      return 10;
+    } catch (const ClosedError& e) {
+      if (std::string(e.what()).find("forked child") == std::string::npos) return 11;
+    }
+    try {
+      p.listener.accept(1s);
+      return 12;
+    } catch (const ClosedError& e) {
+      if (std::string(e.what()).find("forked child") == std::string::npos) return 13;
+    }
+    // Destroying inherited objects leaves the parent's UCX state alone.
+    TensorDictPipe moved = std::move(*p.accepted);
+    moved.close();
+    return 0;
+  });
+  EXPECT_EQ(code, 0);
+  p.connected->send(small(3.f), 20s);
+  EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 3.f);
+}
+
+TEST(PipeRuntime, AChildThatOnlyExitsLeavesTheParentsPipesWorking) {
+  Pair p;
+  EXPECT_EQ(in_forked_child([] { return 0; }), 0);
+  p.accepted->send(small(4.f), 20s);
+  EXPECT_EQ(p.connected->recv(nullptr, 20s).get("v").data<float>()[0], 4.f);
+}
+
+TEST(PipeRuntime, ANewPipeInAChildForkedWhileUcxWasInUseFailsAtOnceSayingWhy) {
+  Pair p;
+  const uint16_t port = p.listener.port();
+  EXPECT_EQ(in_forked_child([port] {
+              const auto start = Clock::now();
+              try {
+                TensorDictPipe::connect("127.0.0.1", port);
+                return 20;
+              } catch (const Error& e) {
+                if (std::string(e.what()).find("spawn") == std::string::npos) return 21;
+              }
+              return Clock::now() - start < 2s ? 0 : 22;
+            }),
+            0);
+}
