@@ -16,6 +16,7 @@
 #include "bindings.h"
 #include "inference/shm_rows.h"
 #include "inference_gil.h"
+#include "runtime/wait.h"
 #include "tensordict_py.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
@@ -95,7 +96,17 @@ struct PyClient {
 // A Future shared by Python threads: a second result() waits for the first.
 struct PyFuture {
   inf::Future future;
-  std::mutex mu;
+  std::timed_mutex mu;
+
+  // Waits for the other thread's result() as interruptibly as for the response itself.
+  PyTensorDict result(Timeout timeout) {
+    const Deadline deadline = Deadline::after(timeout);
+    std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
+    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
+      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
+    return PyTensorDict(
+        future.result(deadline.is_never() ? Timeout::forever() : Timeout(deadline.left())));
+  }
 };
 
 PyClient client_for(const std::string& kind, const std::string& address) {
@@ -136,8 +147,7 @@ void bind_inference(nb::module_& m) {
           [](PyFuture& f, std::optional<double> timeout) {
             const Timeout t = timeout_arg(timeout);
             NoGil nogil;
-            std::lock_guard<std::mutex> lock(f.mu);
-            return PyTensorDict(f.future.result(t));
+            return f.result(t);
           },
           nb::arg("timeout").none() = nb::none());
 

@@ -125,6 +125,32 @@ def test_a_zero_timeout_polls():
     assert time.monotonic() - t0 < 0.5
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_result_waiting_behind_another_threads_result_keeps_its_timeout(kind):
+    import threading
+
+    gate = threading.Event()
+
+    def policy(b):
+        gate.wait(30)
+        return double_policy(b)
+
+    t = make(kind)
+    with tw.InferenceServer(policy, t):
+        f = t.client().submit(observation(2))
+        got = []
+        other = threading.Thread(target=lambda: got.append(f.result(timeout=30)))
+        other.start()
+        time.sleep(0.1)  # the other thread holds the future's wait
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            f.result(timeout=0.1)
+        assert time.monotonic() - t0 < 2
+        gate.set()
+        other.join(10)
+        assert float(got[0]["action"][0]) == 4 and float(f.result(timeout=5)["action"][0]) == 4
+
+
 def test_the_socket_transport_names_its_message_limit():
     t = tw.SocketTransport()
     with pytest.raises(ValueError, match="64 MiB"):
