@@ -124,7 +124,7 @@ def _as_tensorwire(spec, what: str) -> TensorDict:
     if isinstance(spec, TensorDict):
         return spec
     if _is_tensordict(spec):
-        return TensorDict.from_tensordict(spec)
+        return from_tensordict(spec)
     if isinstance(spec, dict):
         return TensorDict(spec)
     raise TypeError(f"{what} must be a TensorDict (tensorwire or tensordict) or a dict, "
@@ -260,7 +260,7 @@ def _to_tensorwire(out, response_keys, batch_size):
         return out
     if _is_tensordict(out):
         if response_keys is None:
-            return TensorDict.from_tensordict(out)
+            return from_tensordict(out)
         result = TensorDict(batch_size=tuple(out.batch_size)[:1] or batch_size)
         for key in response_keys:
             value = out.get(key, None)
