@@ -25,13 +25,13 @@
 #include <vector>
 
 #include "commands.h"
+#include "os/adaptive_spin.h"
+#include "os/futex.h"
 #include "tensorwire/core/json.h"
 #include "tensorwire/inference/server.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
-#include "os/adaptive_spin.h"
-#include "os/futex.h"
 
 namespace tensorwire::tools {
 

@@ -3,8 +3,8 @@
 // The GIL: requests are converted under it; submit, result and calls run the C++ blocking
 // API with it released (those waits check for Ctrl-C themselves, runtime/interrupt.h). The
 // server's thread takes the GIL only around the policy call, which goes through a Python
-// adapter (python/tensorwire/inference.py) that converts the batch for the policy and its
-// result back. tensordict.TensorDict requests and responses are converted there too.
+// adapter (python/tensorwire/inference.py; inference_server_py.cpp binds the server).
+// tensordict.TensorDict requests and responses are converted in inference.py too.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -15,8 +15,10 @@
 
 #include "bindings.h"
 #include "inference/shm_rows.h"
+#include "inference_gil.h"
+#include "runtime/wait.h"
 #include "tensordict_py.h"
-#include "tensorwire/inference/server.h"
+#include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
 
@@ -83,7 +85,7 @@ struct PyClient {
 
   const std::optional<std::vector<Key>>& request_keys() {
     if (!keys_known) {
-      nb::gil_scoped_release nogil;  // may connect (a handshake with the owner)
+      NoGil nogil;  // may connect (a handshake with the owner)
       keys = client.request_keys();
       keys_known = true;
     }
@@ -94,102 +96,16 @@ struct PyClient {
 // A Future shared by Python threads: a second result() waits for the first.
 struct PyFuture {
   inf::Future future;
-  std::mutex mu;
-};
+  std::timed_mutex mu;
 
-// The policy adapter, held weakly: the Python InferenceServer owns it. A strong reference
-// from C++ would hide the cycle server -> adapter -> policy -> module globals -> server
-// from Python's garbage collector, and leak it.
-struct PyCallable {
-  nb::object fn;  // a weakref.ref to the adapter
-  ~PyCallable() {
-    if (!Py_IsInitialized()) {
-      fn.release();  // the interpreter is gone: leak rather than touch it
-      return;
-    }
-    nb::gil_scoped_acquire gil;
-    fn.reset();
-  }
-};
-
-RemoteError describe_python_error(nb::python_error& e) {
-  nb::handle type = e.type();
-  std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
-  std::string name = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
-  if (module != "builtins") name = module + "." + name;
-  nb::object value = nb::borrow(e.value());
-  nb::object args = value.attr("args");
-  std::string message = nb::len(args) == 1 && nb::isinstance<nb::str>(args[0])
-                            ? nb::cast<std::string>(args[0])
-                            : nb::cast<std::string>(nb::str(value));
-  return RemoteError(std::move(name), std::move(message));
-}
-
-bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
-// One Python thread state for the whole life of the serving thread, instead of one per
-// policy call (PyGILState_Ensure/Release from a thread Python does not know creates and
-// destroys one each time, with a fresh frame stack). Kept by holding one PyGILState_Ensure
-// open (the GIL itself is released at once), given back when the thread exits.
-struct ServingThreadState {
-  PyGILState_STATE gil_state{};
-  PyThreadState* saved = nullptr;
-  bool active = false;
-
-  void ensure() {
-    if (active) return;
-    gil_state = PyGILState_Ensure();
-    saved = PyEval_SaveThread();
-    active = true;
-  }
-  ~ServingThreadState() {
-    if (!active || !Py_IsInitialized() || interpreter_finalizing()) return;
-    PyEval_RestoreThread(saved);
-    PyGILState_Release(gil_state);
-  }
-};
-thread_local ServingThreadState serving_thread_state;
-
-inf::Policy make_policy(nb::object adapter) {
-  auto holder = std::make_shared<PyCallable>();
-  holder->fn = nb::weakref(adapter);
-  return [holder](const TensorDict& batch) -> TensorDict {
-    serving_thread_state.ensure();
-    nb::gil_scoped_acquire gil;
-    try {
-      nb::object fn = holder->fn();
-      if (fn.is_none()) throw ClosedError("the InferenceServer's Python object is gone");
-      nb::object out = fn(PyTensorDict(batch));
-      if (!nb::isinstance<PyTensorDict>(out))
-        throw TypeError("the policy adapter returned a " + kind_of(out) +
-                        ", not a tensorwire.TensorDict");
-      return nb::cast<PyTensorDict&>(out).td();
-    } catch (nb::python_error& e) {
-      throw describe_python_error(e);
-    }
-  };
-}
-
-// The server and the GIL: a destructor that joins the serving thread must not hold the
-// GIL (the thread may be waiting for it to call the policy).
-struct PyServer {
-  std::unique_ptr<inf::InferenceServer> server;
-  void close() {
-    nb::gil_scoped_release nogil;
-    server.reset();
-  }
-  ~PyServer() {
-    if (server && Py_IsInitialized() && PyGILState_Check()) close();
-  }
-  inf::InferenceServer& get() {
-    if (!server) throw ClosedError("the InferenceServer was closed");
-    return *server;
+  // Waits for the other thread's result() as interruptibly as for the response itself.
+  PyTensorDict result(Timeout timeout) {
+    const Deadline deadline = Deadline::after(timeout);
+    std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
+    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
+      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
+    return PyTensorDict(
+        future.result(deadline.is_never() ? Timeout::forever() : Timeout(deadline.left())));
   }
 };
 
@@ -207,7 +123,20 @@ nb::list key_list(const std::vector<Key>& keys) {
 
 }  // namespace
 
+void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
+
 void bind_inference(nb::module_& m) {
+  NoGil::main_thread();  // the importing thread
+  // Objects a daemon thread still references at exit (a client, a parked torchrl server
+  // thread's transport) are never freed, by Python's design: not a leak to report.
+  nb::set_leak_warnings(false);
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    NoGil::exiting() = true;
+    NoGil nogil;  // threads already taking the GIL back get it now (bounded wait)
+    for (int i = 0; i < 1000 && NoGil::restoring().load() > 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }));
+  bind_inference_server(m);
   using Shm = inf::SharedMemoryTransport;
   using Access = inf::detail::ShmAccess;
   nb::class_<PyFuture>(m, "_InferenceFuture")
@@ -217,9 +146,8 @@ void bind_inference(nb::module_& m) {
           "result",
           [](PyFuture& f, std::optional<double> timeout) {
             const Timeout t = timeout_arg(timeout);
-            nb::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(f.mu);
-            return PyTensorDict(f.future.result(t));
+            NoGil nogil;
+            return f.result(t);
           },
           nb::arg("timeout").none() = nb::none());
 
@@ -231,7 +159,7 @@ void bind_inference(nb::module_& m) {
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
             auto f = std::make_unique<PyFuture>();
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             f->future = self.client.submit(request, t);
             return f.release();
           },
@@ -242,7 +170,7 @@ void bind_inference(nb::module_& m) {
             const Timeout t = timeout_arg(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             return PyTensorDict(self.client(request, t));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
@@ -250,19 +178,7 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("address", [](const PyClient& self) { return self.client.address(); })
       .def_prop_ro("has_fixed_layout",
                    [](PyClient& self) { return self.request_keys().has_value(); })
-      .def("close", [](PyClient& self) { self.client.close(); })
-      .def("__getstate__",
-           [](const PyClient& self) {
-             std::string address = self.client.address();
-             if (address.empty())
-               throw TypeError(std::string("a ") + self.client.kind() +
-                               " transport client cannot leave its process (use a "
-                               "SharedMemoryTransport or SocketTransport)");
-             return std::make_tuple(std::string(self.client.kind()), address);
-           })
-      .def("__setstate__", [](PyClient& self, const std::tuple<std::string, std::string>& state) {
-        new (&self) PyClient(client_for(std::get<0>(state), std::get<1>(state)));
-      });
+      .def("close", [](PyClient& self) { self.client.close(); });
 
   m.def("_inference_client_for", &client_for, nb::arg("kind"), nb::arg("address"));
 
@@ -281,7 +197,7 @@ void bind_inference(nb::module_& m) {
             inf::SharedMemoryOptions o{.num_slots = num_slots, .copy_result = copy_result};
             if (name) o.name = *name;
             if (spin) o.spin = *spin;
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             return Shm::create(request_spec.td(), response_spec.td(), o);
           },
           nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
@@ -291,7 +207,7 @@ void bind_inference(nb::module_& m) {
           "attach",
           [](const std::string& name, std::optional<double> timeout) {
             const Timeout t = timeout_arg(timeout);
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             return Shm::attach(name, t);
           },
           nb::arg("name"), nb::arg("timeout").none() = 5.0)
@@ -308,14 +224,14 @@ void bind_inference(nb::module_& m) {
       .def("_wait_for_work",
            [](Shm& t, std::optional<double> timeout) {
              const Deadline d = Deadline::after(timeout_arg(timeout));
-             nb::gil_scoped_release nogil;
+             NoGil nogil;
              t.wait_for_work(d);
            })
       .def("_drain",
            [](Shm& t, size_t max_items) {
              inf::Drained d;
              {
-               nb::gil_scoped_release nogil;
+               NoGil nogil;
                t.drain(max_items, d);
              }
              nb::list out;
@@ -327,21 +243,16 @@ void bind_inference(nb::module_& m) {
            [](const Shm& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
       .def("_resolve_one",
            [](Shm& t, uint32_t slot, const PyTensorDict& response) {
-             nb::gil_scoped_release nogil;
+             NoGil nogil;
              Access::resolve_one(t, slot, response.td());
            })
       .def("_reject_one",
            [](Shm& t, uint32_t slot, const std::string& type, const std::string& message) {
              Access::reject_one(t, slot, RemoteError(type, message));
            })
-      .def_prop_ro("sizes", [](const Shm& t) {
+      .def_prop_ro("_sizes", [](const Shm& t) {
         auto s = t.sizes();
-        nb::dict d;
-        d["control"] = s.control;
-        d["requests"] = s.requests;
-        d["responses"] = s.responses;
-        d["total"] = s.total();
-        return d;
+        return std::make_tuple(s.control, s.requests, s.responses);
       });
 
   nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport")
@@ -351,81 +262,11 @@ void bind_inference(nb::module_& m) {
       .def_static(
           "create",
           [](std::optional<std::string> name) {
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             return inf::SocketTransport::create({.name = name.value_or("")});
           },
           nb::arg("name").none() = nb::none())
       .def_prop_ro("name", &inf::SocketTransport::name);
-
-  nb::class_<PyServer>(m, "_InferenceServer")
-      .def(
-          "__init__",
-          [](PyServer* self, nb::object adapter, std::shared_ptr<inf::Transport> transport,
-             size_t max_batch_size, size_t min_batch_size, double timeout, size_t stats_window,
-             nb::handle policy_version_key, int64_t policy_version) {
-            inf::ServerOptions o{.max_batch_size = max_batch_size,
-                                 .min_batch_size = min_batch_size,
-                                 .timeout = Timeout::seconds(timeout, "timeout").duration(),
-                                 .stats_window = stats_window,
-                                 .policy_version_key = std::nullopt,
-                                 .policy_version = policy_version};
-            if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
-            new (self) PyServer{std::make_unique<inf::InferenceServer>(
-                make_policy(std::move(adapter)), std::move(transport), o)};
-          },
-          nb::arg("adapter"), nb::arg("transport"), nb::arg("max_batch_size"),
-          nb::arg("min_batch_size"), nb::arg("timeout"), nb::arg("stats_window"),
-          nb::arg("policy_version_key").none(), nb::arg("policy_version"))
-      .def("start", [](PyServer& s) { s.get().start(); })
-      .def(
-          "shutdown",
-          [](PyServer& s, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
-            inf::InferenceServer& server = s.get();
-            nb::gil_scoped_release nogil;
-            return server.shutdown(t);
-          },
-          nb::arg("timeout").none() = 5.0)
-      .def_prop_ro("is_alive", [](PyServer& s) { return s.server && s.server->running(); })
-      .def_prop_ro("is_closed", [](PyServer& s) { return !s.server; })
-      .def_prop_ro("policy_version", [](PyServer& s) { return s.get().policy_version(); })
-      .def(
-          "update_model",
-          [](PyServer& s, nb::callable fn, bool mark) {
-            inf::InferenceServer& server = s.get();
-            nb::object result;
-            {
-              nb::gil_scoped_release nogil;
-              server.update_model(
-                  [&] {
-                    nb::gil_scoped_acquire gil;
-                    result = fn();
-                  },
-                  mark);
-            }
-            return result;
-          },
-          nb::arg("fn"), nb::arg("mark_weight_update") = true)
-      .def(
-          "stats",
-          [](PyServer& s, bool reset) {
-            inf::ServerStats st = s.get().stats(reset);
-            nb::dict d;
-            d["requests"] = st.requests;
-            d["batches"] = st.batches;
-            d["requests_per_s"] = st.requests_per_s;
-            d["batches_per_s"] = st.batches_per_s;
-            d["avg_batch_size"] = st.avg_batch_size;
-            d["p50_queue_ms"] = st.p50_queue_ms;
-            d["p95_queue_ms"] = st.p95_queue_ms;
-            d["p50_forward_ms"] = st.p50_forward_ms;
-            d["p95_forward_ms"] = st.p95_forward_ms;
-            d["policy_version"] = st.policy_version;
-            d["weight_updates"] = st.weight_updates;
-            return d;
-          },
-          nb::arg("reset") = false)
-      .def("close", &PyServer::close);
 }
 
 }  // namespace tensorwire::py

@@ -40,6 +40,10 @@ def _is_tensordict(obj) -> bool:
     return td is not None and isinstance(obj, td.TensorDictBase)
 
 
+def _client_for(kind: str, address: str) -> InferenceClient:
+    return InferenceClient(_C._inference_client_for(kind, address))
+
+
 class InferenceFuture:
     """One in-flight inference request (from ``client.submit``)."""
 
@@ -101,7 +105,10 @@ class InferenceClient:
                        doc="The name other processes attach to ('' for a thread transport).")
 
     def __reduce__(self):
-        return (InferenceClient, (self._c,))
+        if not self.address:
+            raise TypeError(f"a {self.kind} transport client cannot leave its process (use a "
+                            "SharedMemoryTransport or SocketTransport)")
+        return (_client_for, (self.kind, self.address))
 
     def __repr__(self) -> str:
         where = f" {self.address!r}" if self.address else ""
@@ -117,7 +124,7 @@ def _as_tensorwire(spec, what: str) -> TensorDict:
     if isinstance(spec, TensorDict):
         return spec
     if _is_tensordict(spec):
-        return TensorDict.from_tensordict(spec)
+        return from_tensordict(spec)
     if isinstance(spec, dict):
         return TensorDict(spec)
     raise TypeError(f"{what} must be a TensorDict (tensorwire or tensordict) or a dict, "
@@ -205,7 +212,7 @@ class SharedMemoryTransport(_Transport):
     @staticmethod
     def client_for(name: str) -> InferenceClient:
         """A client of the transport named ``name``, connecting on first use."""
-        return InferenceClient(_C._inference_client_for("shared_memory", name))
+        return _client_for("shared_memory", name)
 
     def __reduce__(self):
         return (SharedMemoryTransport.attach, (self.name,))
@@ -219,8 +226,12 @@ class SharedMemoryTransport(_Transport):
     response_spec = property(lambda self: self._impl.response_spec)
     is_owner = property(lambda self: self._impl.is_owner, doc="True in the creating process.")
     slots_in_use = property(lambda self: self._impl.slots_in_use)
-    sizes = property(lambda self: self._impl.sizes,
-                     doc="Bytes of the control area and of each bank.")
+    @property
+    def sizes(self) -> dict:
+        """Bytes of the control area and of each bank."""
+        control, requests, responses = self._impl._sizes
+        return {"control": control, "requests": requests, "responses": responses,
+                "total": control + requests + responses}
 
 
 class SocketTransport(_Transport):
@@ -231,7 +242,7 @@ class SocketTransport(_Transport):
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
-        return InferenceClient(_C._inference_client_for("socket", name))
+        return _client_for("socket", name)
 
     name = property(lambda self: self._impl.name)
 
@@ -249,7 +260,7 @@ def _to_tensorwire(out, response_keys, batch_size):
         return out
     if _is_tensordict(out):
         if response_keys is None:
-            return TensorDict.from_tensordict(out)
+            return from_tensordict(out)
         result = TensorDict(batch_size=tuple(out.batch_size)[:1] or batch_size)
         for key in response_keys:
             value = out.get(key, None)
@@ -287,6 +298,10 @@ def _make_adapter(policy, transport: _Transport, input_type: str | None):
         return _to_tensorwire(out, keys, batch.batch_size[:1])
     return adapter
 
+
+_STATS = ("requests", "batches", "requests_per_s", "batches_per_s", "avg_batch_size",
+          "p50_queue_ms", "p95_queue_ms", "p50_forward_ms", "p95_forward_ms", "policy_version",
+          "weight_updates")
 
 _live_servers: "weakref.WeakSet[InferenceServer]" = weakref.WeakSet()
 
@@ -369,7 +384,7 @@ class InferenceServer:
     def stats(self, *, reset: bool = False) -> dict:
         """requests, batches, requests_per_s, batches_per_s, avg_batch_size, p50/p95
         queue and forward times (ms), policy_version, weight_updates."""
-        return self._server.stats(reset)
+        return dict(zip(_STATS, self._server.stats(reset)))
 
     def client(self) -> InferenceClient:
         return self.transport.client()

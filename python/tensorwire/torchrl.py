@@ -80,6 +80,17 @@ class SharedMemoryTransport(InferenceTransport):
     def num_slots(self) -> int:
         return self._tw.num_slots
 
+    def close(self) -> None:
+        """Closes the transport: pending requests and every later use raise ClosedError."""
+        self._tw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._tw.closed
+
+    def __repr__(self) -> str:
+        return f"<tensorwire.torchrl.SharedMemoryTransport {self.name!r} {'closed' if self.closed else 'open'}>"
+
     # -- server side (torchrl's InferenceServer calls these from its worker thread) -------
 
     def wait_for_work(self, timeout: float) -> None:

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "client_impl.h"
+#include "os/fork.h"
 #include "request_queue.h"
 #include "shm_region.h"
 
@@ -67,6 +68,17 @@ class ThreadPending final : public detail::Pending {
 
 struct ThreadTransport::Shared {
   detail::RequestQueue queue;
+  uint64_t generation = os::fork_generation();
+
+  // Its server thread lives in the process that made it: a forked child's copy cannot be
+  // served or answered.
+  void check_here() const {
+    if (generation != os::fork_generation())
+      throw ClosedError(
+          "this ThreadTransport (or its client) was made before a fork: it serves threads of "
+          "the parent process only; use a SharedMemoryTransport or SocketTransport across "
+          "processes");
+  }
 };
 
 namespace {
@@ -76,6 +88,7 @@ class ThreadClient final : public detail::ClientImpl {
   explicit ThreadClient(std::shared_ptr<ThreadTransport::Shared> s) : s_(std::move(s)) {}
   std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline) override {
     if (closed_.load(std::memory_order_acquire)) throw ClosedError("the client was closed");
+    s_->check_here();
     auto r = std::make_shared<ThreadRequest>();
     r->td = td.clone();  // the caller may reuse its buffers at once
     r->submitted_ns = detail::now_ns();
@@ -100,15 +113,18 @@ std::shared_ptr<ThreadTransport> ThreadTransport::create() {
 }
 
 ThreadTransport::~ThreadTransport() {
+  if (s_->generation != os::fork_generation()) return;  // the parent's requests, not ours
   close_server("the thread transport was closed", true);
 }
 
 Client ThreadTransport::client() {
   check_open();
+  s_->check_here();
   return Client(std::make_shared<ThreadClient>(s_));
 }
 
 void ThreadTransport::open_server() {
+  s_->check_here();
   s_->queue.open_server();
 }
 void ThreadTransport::close_server(const std::string& reason, bool fail_pending) {

@@ -125,3 +125,14 @@ def test_shutdown_fails_pending_requests_like_torchrl():
     assert running.result(timeout=10)["action"].tolist() == [4.0, 4.0]
     with pytest.raises(RuntimeError, match="InferenceServer is shutting down"):
         queued.result(timeout=10)
+
+
+def test_the_dropin_has_a_repr_with_state_and_closes():
+    t = SharedMemoryTransport(*specs(), num_slots=2)
+    assert repr(t) == f"<tensorwire.torchrl.SharedMemoryTransport {t.name!r} open>"
+    c = t.client()
+    t.close()
+    assert repr(t).endswith("closed>")
+    import tensorwire as tw
+    with pytest.raises(tw.ClosedError):
+        c(TensorDict({"observation": torch.ones(4)}), timeout=5)

@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "os/unix_socket.h"
 #include "tensorwire/inference/server.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
-#include "os/unix_socket.h"
 
 #ifndef INFERENCE_PEER_PATH
 #define INFERENCE_PEER_PATH ""

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "common.h"
+#include "tensorwire/runtime/interrupt.h"
 
 namespace tw_test {
 namespace {
@@ -272,6 +273,59 @@ TEST_P(TransportTest, ResultTimesOutAndCanBeCalledAgain) {
   EXPECT_EQ(action0(f.result(5s)), 8);
   EXPECT_TRUE(f.done());
   EXPECT_EQ(action0(f.result()), 8);  // the same response again
+}
+
+// An interrupt check that fires once armed: what Ctrl-C does through the Python binding.
+std::atomic<bool> g_interrupt{false};
+void interrupt_when_armed() {
+  if (g_interrupt.exchange(false)) throw Interrupted("interrupted by the test");
+}
+
+TEST_P(TransportTest, AnInterruptedResultLeavesTheRequestInFlightAndTheClientUsable) {
+  Gate gate;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        gate.pass();
+        return double_policy(b);
+      },
+      transport);
+  server.start();
+  set_interrupt_check(interrupt_when_armed);
+  Client c = transport->client();
+  Future f = c.submit(observation(4));
+  ASSERT_TRUE(gate.arrived(1));
+  g_interrupt = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(f.result(), Interrupted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);  // within a slice or two
+  g_interrupt = true;
+  EXPECT_THROW(c(observation(5)), Interrupted);  // a blocking call too
+  set_interrupt_check(nullptr);
+  gate.open();
+  EXPECT_EQ(action0(f.result(5s)), 8);
+  EXPECT_EQ(action0(c(observation(6), 5s)), 12);
+}
+
+TEST_P(TransportTest, AZeroTimeoutPollsOnce) {
+  Future f = transport->client().submit(observation(1));  // no server: never answered
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(f.result(Timeout::poll()), TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+}
+
+TEST_P(TransportTest, EveryUseOfAClosedTransportOrClientIsAClosedError) {
+  Client c = transport->client(), other = transport->client();
+  Future queued = other.submit(observation(1));
+  c.close();
+  EXPECT_THROW(c.submit(observation(1)), ClosedError);
+  EXPECT_THROW(c(observation(1)), ClosedError);
+  transport->close();
+  EXPECT_TRUE(transport->closed());
+  EXPECT_THROW(queued.result(5s), ClosedError);
+  EXPECT_THROW(other(observation(1), 5s), ClosedError);
+  EXPECT_THROW(transport->client(), ClosedError);
+  InferenceServer server(double_policy, transport);
+  EXPECT_THROW(server.start(), ClosedError);
 }
 
 TEST_P(TransportTest, DroppedFuturesDoNotDisturbLaterRequests) {

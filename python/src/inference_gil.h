@@ -1,0 +1,61 @@
+// Releasing the GIL around a blocking call in a way that survives interpreter exit.
+//
+// A daemon thread (torchrl's server thread, a user's actor thread) may be blocked in a
+// tensorwire call when the interpreter finalizes. Taking the GIL back then makes CPython end
+// the thread with pthread_exit, whose forced unwinding through the C++ frames here (a
+// noexcept destructor, nanobind's catch (...)) calls std::terminate: the process aborts at
+// exit. So an atexit hook (registered by bind_inference, run before finalization starts)
+// marks the exit and lets every thread already taking the GIL back get it; after that, a
+// thread other than the main one that returns from a blocking call parks instead of taking
+// the GIL (the process is exiting and nothing waits for it).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <atomic>
+#include <thread>
+
+namespace tensorwire::py {
+
+class NoGil {
+ public:
+  NoGil() : state_(PyEval_SaveThread()) {}
+  ~NoGil() {
+    restoring().fetch_add(1);
+    if (exiting().load() && std::this_thread::get_id() != main_thread()) {
+      restoring().fetch_sub(1);
+      while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    PyEval_RestoreThread(state_);
+    restoring().fetch_sub(1);
+  }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+  // The thread that imported tensorwire._C (the interpreter's main thread).
+  static std::thread::id& main_thread() {
+    static std::thread::id id = std::this_thread::get_id();
+    return id;
+  }
+  static std::atomic<bool>& exiting() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+  // Threads between the exit check and having the GIL back.
+  static std::atomic<int>& restoring() {
+    static std::atomic<int> count{0};
+    return count;
+  }
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+  }
+
+ private:
+  PyThreadState* state_;
+};
+
+}  // namespace tensorwire::py

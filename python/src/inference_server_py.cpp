@@ -1,0 +1,172 @@
+// The InferenceServer binding: calling a Python policy from the C++ serving thread (its
+// Python thread state, the adapter held weakly, a Python exception as a RemoteError) and the
+// GIL around starting and stopping.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include "bindings.h"
+#include "inference_gil.h"
+#include "tensordict_py.h"
+#include "tensorwire/inference/server.h"
+
+namespace tensorwire::py {
+
+namespace {
+
+namespace inf = tensorwire::inference;
+
+// The policy adapter, held weakly: the Python InferenceServer owns it. A strong reference
+// from C++ would hide the cycle server -> adapter -> policy -> module globals -> server
+// from Python's garbage collector, and leak it.
+struct PyCallable {
+  nb::object fn;  // a weakref.ref to the adapter
+  ~PyCallable() {
+    if (!Py_IsInitialized()) {
+      fn.release();  // the interpreter is gone: leak rather than touch it
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    fn.reset();
+  }
+};
+
+RemoteError describe_python_error(nb::python_error& e) {
+  nb::handle type = e.type();
+  std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
+  std::string name = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
+  if (module != "builtins") name = module + "." + name;
+  nb::object value = nb::borrow(e.value());
+  nb::object args = value.attr("args");
+  std::string message = nb::len(args) == 1 && nb::isinstance<nb::str>(args[0])
+                            ? nb::cast<std::string>(args[0])
+                            : nb::cast<std::string>(nb::str(value));
+  return RemoteError(std::move(name), std::move(message));
+}
+
+// One Python thread state for the whole life of the serving thread, instead of one per
+// policy call (PyGILState_Ensure/Release from a thread Python does not know creates and
+// destroys one each time, with a fresh frame stack). Kept by holding one PyGILState_Ensure
+// open (the GIL itself is released at once), given back when the thread exits.
+struct ServingThreadState {
+  PyGILState_STATE gil_state{};
+  PyThreadState* saved = nullptr;
+  bool active = false;
+
+  void ensure() {
+    if (active) return;
+    gil_state = PyGILState_Ensure();
+    saved = PyEval_SaveThread();
+    active = true;
+  }
+  ~ServingThreadState() {
+    if (!active || !Py_IsInitialized() || NoGil::finalizing()) return;
+    PyEval_RestoreThread(saved);
+    PyGILState_Release(gil_state);
+  }
+};
+thread_local ServingThreadState serving_thread_state;
+
+inf::Policy make_policy(nb::object adapter) {
+  auto holder = std::make_shared<PyCallable>();
+  holder->fn = nb::weakref(adapter);
+  return [holder](const TensorDict& batch) -> TensorDict {
+    serving_thread_state.ensure();
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object fn = holder->fn();
+      if (fn.is_none()) throw ClosedError("the InferenceServer's Python object is gone");
+      nb::object out = fn(PyTensorDict(batch));
+      if (!nb::isinstance<PyTensorDict>(out))
+        throw TypeError("the policy adapter returned a " +
+                        nb::cast<std::string>(nb::str(out.type().attr("__name__"))) +
+                        ", not a tensorwire.TensorDict");
+      return nb::cast<PyTensorDict&>(out).td();
+    } catch (nb::python_error& e) {
+      throw describe_python_error(e);
+    }
+  };
+}
+
+// The server and the GIL: a destructor that joins the serving thread must not hold the
+// GIL (the thread may be waiting for it to call the policy).
+struct PyServer {
+  std::unique_ptr<inf::InferenceServer> server;
+  void close() {
+    NoGil nogil;
+    server.reset();
+  }
+  ~PyServer() {
+    if (server && Py_IsInitialized() && PyGILState_Check()) close();
+  }
+  inf::InferenceServer& get() {
+    if (!server) throw ClosedError("the InferenceServer was closed");
+    return *server;
+  }
+};
+
+}  // namespace
+
+void bind_inference_server(nb::module_& m) {
+  nb::class_<PyServer>(m, "_InferenceServer")
+      .def(
+          "__init__",
+          [](PyServer* self, nb::object adapter, std::shared_ptr<inf::Transport> transport,
+             size_t max_batch_size, size_t min_batch_size, double timeout, size_t stats_window,
+             nb::handle policy_version_key, int64_t policy_version) {
+            inf::ServerOptions o{.max_batch_size = max_batch_size,
+                                 .min_batch_size = min_batch_size,
+                                 .timeout = Timeout::seconds(timeout, "timeout").duration(),
+                                 .stats_window = stats_window,
+                                 .policy_version_key = std::nullopt,
+                                 .policy_version = policy_version};
+            if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
+            new (self) PyServer{std::make_unique<inf::InferenceServer>(
+                make_policy(std::move(adapter)), std::move(transport), o)};
+          },
+          nb::arg("adapter"), nb::arg("transport"), nb::arg("max_batch_size"),
+          nb::arg("min_batch_size"), nb::arg("timeout"), nb::arg("stats_window"),
+          nb::arg("policy_version_key").none(), nb::arg("policy_version"))
+      .def("start", [](PyServer& s) { s.get().start(); })
+      .def(
+          "shutdown",
+          [](PyServer& s, std::optional<double> timeout) {
+            const Timeout t = Timeout::seconds(timeout, "timeout");
+            inf::InferenceServer& server = s.get();
+            NoGil nogil;
+            return server.shutdown(t);
+          },
+          nb::arg("timeout").none() = 5.0)
+      .def_prop_ro("is_alive", [](PyServer& s) { return s.server && s.server->running(); })
+      .def_prop_ro("is_closed", [](PyServer& s) { return !s.server; })
+      .def_prop_ro("policy_version", [](PyServer& s) { return s.get().policy_version(); })
+      .def(
+          "update_model",
+          [](PyServer& s, nb::callable fn, bool mark) {
+            inf::InferenceServer& server = s.get();
+            nb::object result;
+            {
+              NoGil nogil;
+              server.update_model(
+                  [&] {
+                    nb::gil_scoped_acquire gil;
+                    result = fn();
+                  },
+                  mark);
+            }
+            return result;
+          },
+          nb::arg("fn"), nb::arg("mark_weight_update") = true)
+      .def(
+          "stats",
+          [](PyServer& s, bool reset) {  // in the order of inference.py's _STATS
+            inf::ServerStats st = s.get().stats(reset);
+            return nb::make_tuple(st.requests, st.batches, st.requests_per_s, st.batches_per_s,
+                                  st.avg_batch_size, st.p50_queue_ms, st.p95_queue_ms,
+                                  st.p50_forward_ms, st.p95_forward_ms, st.policy_version,
+                                  st.weight_updates);
+          },
+          nb::arg("reset") = false)
+      .def("close", &PyServer::close);
+}
+
+}  // namespace tensorwire::py

@@ -1,0 +1,317 @@
+"""Inference under the runtime's rules: Ctrl-C interrupts a blocked client and leaves it usable,
+one rule for requests and timeouts on every transport, ClosedError from closed objects, reprs
+with state, fork and spawn, and processes that end cleanly (exit code, nothing on stderr)."""
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from _inference_common import PYTHON_DIR, double_policy, make_shm, observation
+
+pytestmark = pytest.mark.timeout(120)
+
+KINDS = ["shared_memory", "socket", "thread"]
+MAKE = {"shared_memory": "tw.SharedMemoryTransport({'observation': np.zeros(4, np.float32)}, "
+                         "{'action': np.zeros(2, np.float32)}, num_slots=4)",
+        "socket": "tw.SocketTransport()", "thread": "tw.ThreadTransport()"}
+
+
+def make(kind):
+    return {"shared_memory": lambda: make_shm(4), "socket": tw.SocketTransport,
+            "thread": tw.ThreadTransport}[kind]()
+
+
+def run_script(code, timeout=60):
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+# --- Ctrl-C -----------------------------------------------------------------------------
+
+CTRL_C_CHILD = """
+    import sys, threading, time
+    import numpy as np
+    import tensorwire as tw
+    sys.path.insert(0, {tests!r})
+    from _inference_common import double_policy, observation
+    gate = threading.Event()
+    def policy(b):
+        gate.wait(60)
+        return double_policy(b)
+    t = {make}
+    server = tw.InferenceServer(policy, t).start()
+    c = t.client()
+    f = c.submit(observation(1)) if {use_future} else None
+    print("waiting", flush=True)
+    try:
+        f.result() if {use_future} else c(observation(1))
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", time.monotonic(), flush=True)
+    gate.set()
+    if {use_future}:
+        print(float(f.result(timeout=5)["action"][0]), flush=True)  # still in flight: answered
+    print(float(c(observation(3), timeout=5)["action"][0]), flush=True)  # the client still works
+    server.shutdown()
+"""
+
+
+@pytest.mark.parametrize("use_future", [True, False], ids=["future_result", "client_call"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigint_interrupts_a_blocked_client_promptly_and_leaves_it_usable(kind, use_future):
+    code = textwrap.dedent(CTRL_C_CHILD).format(
+        tests=os.path.dirname(__file__), make=MAKE[kind], use_future=use_future)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)  # blocked in the wait by now
+        sent = time.monotonic()
+        os.kill(p.pid, signal.SIGINT)
+        line = p.stdout.readline().split()
+        assert line[0] == "interrupted", line
+        took = float(line[1]) - sent
+        print(f"{kind} {'result' if use_future else 'call'}: KeyboardInterrupt after {took * 1000:.1f} ms")
+        assert took < 1.0
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    expected = ["2.0", "6.0"] if use_future else ["6.0"]
+    assert out.split() == expected and p.returncode == 0, err
+
+
+# --- one rule for requests and timeouts -----------------------------------------------------
+
+@pytest.mark.parametrize("bad", [np.zeros(4, np.float32), [np.zeros(4, np.float32)], 3.0, "obs"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_that_is_not_a_mapping_is_a_type_error_naming_what_is_accepted(kind, bad):
+    c = make(kind).client()
+    for call in (lambda: c(bad, timeout=1), lambda: c.submit(bad, timeout=1)):
+        with pytest.raises(TypeError, match="tensorwire.TensorDict, a tensordict.TensorDict or a dict"):
+            call()
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan")])
+@pytest.mark.parametrize("kind", KINDS)
+def test_negative_or_nan_timeouts_are_value_errors(kind, value):
+    t = make(kind)
+    with tw.InferenceServer(double_policy, t):
+        c = t.client()
+        with pytest.raises(ValueError, match="timeout"):
+            c(observation(1), timeout=value)
+        with pytest.raises(ValueError, match="timeout"):
+            c.submit(observation(1), timeout=value)
+        f = c.submit(observation(1))
+        with pytest.raises(ValueError, match="timeout"):
+            f.result(timeout=value)
+        assert float(f.result(timeout=5)["action"][0]) == 2
+
+
+def test_a_zero_timeout_polls():
+    t = make_shm(2)
+    f = t.client().submit(observation(1))  # no server: never answered
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="still in flight"):
+        f.result(timeout=0)
+    assert time.monotonic() - t0 < 0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_result_waiting_behind_another_threads_result_keeps_its_timeout(kind):
+    import threading
+
+    gate = threading.Event()
+
+    def policy(b):
+        gate.wait(30)
+        return double_policy(b)
+
+    t = make(kind)
+    with tw.InferenceServer(policy, t):
+        f = t.client().submit(observation(2))
+        got = []
+        other = threading.Thread(target=lambda: got.append(f.result(timeout=30)))
+        other.start()
+        time.sleep(0.1)  # the other thread holds the future's wait
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            f.result(timeout=0.1)
+        assert time.monotonic() - t0 < 2
+        gate.set()
+        other.join(10)
+        assert float(got[0]["action"][0]) == 4 and float(f.result(timeout=5)["action"][0]) == 4
+
+
+def test_the_socket_transport_names_its_message_limit():
+    t = tw.SocketTransport()
+    with pytest.raises(ValueError, match="64 MiB"):
+        t.client()({"big": np.zeros(65 << 20, np.uint8)}, timeout=5)
+
+
+def test_a_policy_that_is_not_callable_is_refused_at_construction():
+    with pytest.raises(TypeError, match="policy must be callable"):
+        tw.InferenceServer(42, tw.ThreadTransport())
+
+
+# --- closed objects ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_use_of_a_closed_transport_client_or_server_is_a_closed_error(kind):
+    t = make(kind)
+    server = tw.InferenceServer(double_policy, t).start()
+    c, other = t.client(), t.client()
+    assert float(c(observation(1), timeout=5)["action"][0]) == 2
+    c.close()
+    with pytest.raises(tw.ClosedError):
+        c(observation(1), timeout=5)
+    with pytest.raises(tw.ClosedError):
+        c.submit(observation(1))
+    server.shutdown()
+    with pytest.raises(tw.ClosedError):
+        other(observation(1), timeout=5)
+    server.close()
+    for use in (server.start, server.stats, lambda: server.update_model(lambda p: None)):
+        with pytest.raises(tw.ClosedError):
+            use()
+    t.close()
+    assert t.closed
+    with pytest.raises(tw.ClosedError):
+        t.client()
+    with pytest.raises(tw.ClosedError):
+        tw.InferenceServer(double_policy, t).start()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_closing_a_transport_fails_its_queued_requests(kind):
+    t = make(kind)
+    f = t.client().submit(observation(1))
+    t.close()
+    with pytest.raises(tw.ClosedError):
+        f.result(timeout=5)
+
+
+def test_reprs_say_the_state():
+    t = make_shm(2)
+    assert repr(t) == f"<SharedMemoryTransport {t.name!r} open>"
+    server = tw.InferenceServer(double_policy, t)
+    assert repr(server).startswith("<InferenceServer stopped on <SharedMemoryTransport")
+    c = t.client()
+    assert repr(c) == f"<InferenceClient shared_memory {t.name!r}>"
+    f = c.submit(observation(1))
+    assert repr(f) == "<InferenceFuture pending>"
+    with server:
+        assert "running" in repr(server)
+        f.result(timeout=5)
+        assert repr(f) == "<InferenceFuture done>"
+    t.close()
+    assert repr(t).endswith("closed>")
+    assert repr(tw.ThreadTransport().client()) == "<InferenceClient thread>"
+
+
+# --- fork and spawn ---------------------------------------------------------------------
+
+def _new_client_in_child(transport, q):
+    try:
+        q.put(float(transport.client()(observation(5), timeout=10)["action"][0]))
+    except Exception as e:  # reported to the parent
+        q.put(f"{type(e).__name__}: {e}")
+
+
+# (A SocketTransport does not pickle; its spawned clients: test_inference_processes.py.)
+@pytest.mark.parametrize("kind, method", [("shared_memory", "fork"), ("shared_memory", "spawn"),
+                                          ("socket", "fork")])
+def test_a_child_makes_its_own_client_of_its_parents_transport(kind, method):
+    ctx = mp.get_context(method)
+    t = make(kind)
+    with tw.InferenceServer(double_policy, t):
+        q = ctx.Queue()
+        p = ctx.Process(target=_new_client_in_child, args=(t, q))
+        p.start()
+        assert q.get(timeout=60) == 10.0
+        p.join(10)
+        assert p.exitcode == 0
+
+
+def _use_inherited(what, obj, q):
+    try:
+        if what == "future":
+            obj.result(timeout=5)
+        elif what == "thread_client":
+            obj(observation(1), timeout=5)
+        else:
+            obj.start()
+        q.put("no error")
+    except Exception as e:
+        q.put((type(e).__name__, str(e)))
+
+
+@pytest.mark.parametrize("what", ["future", "thread_client", "server"])
+def test_an_inherited_object_that_cannot_work_in_a_forked_child_says_so(what):
+    ctx = mp.get_context("fork")
+    t = make_shm(2) if what != "thread_client" else tw.ThreadTransport()
+    server = tw.InferenceServer(double_policy, t)
+    obj = {"future": lambda: t.client().submit(observation(1)), "thread_client": t.client,
+           "server": lambda: server}[what]()
+    q = ctx.Queue()
+    p = ctx.Process(target=_use_inherited, args=(what, obj, q))
+    p.start()
+    kind, message = q.get(timeout=30)
+    p.join(10)
+    assert p.exitcode == 0
+    assert kind in ("ClosedError", "RuntimeError")
+    assert "fork" in message or "process that created it" in message
+
+
+# --- processes that end cleanly ------------------------------------------------------------
+
+TORCHRL_SCRIPT = """
+    import torch
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules.inference_server import InferenceServer
+    from tensorwire.torchrl import SharedMemoryTransport
+    policy = TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+    t = SharedMemoryTransport(TensorDict({"observation": torch.zeros(4)}),
+                              TensorDict({"action": torch.zeros(2)}), num_slots=4)
+    InferenceServer(policy, t, max_batch_size=4).start()
+    assert t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)["action"].shape == (2,)
+    if RAISES:
+        raise SystemExit("the script's own error")
+"""
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_torchrls_server_on_the_dropin_exits_cleanly_without_shutdown(raises):
+    r = run_script(TORCHRL_SCRIPT.replace("RAISES", str(raises)), timeout=120)
+    if raises:
+        assert r.returncode == 1 and r.stderr.strip() == "the script's own error"
+    else:
+        assert r.returncode == 0 and r.stderr == ""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_client_held_by_a_live_daemon_thread_at_exit_prints_nothing(kind):
+    r = run_script(f"""
+        import threading, time
+        import numpy as np
+        import tensorwire as tw
+        t = {MAKE[kind]}
+        server = tw.InferenceServer(lambda b: b.__class__(
+            {{"action": b["observation"][:, :2]}}, batch_size=b.batch_size), t).start()
+        c = t.client()
+        def hold():
+            c({{"observation": np.ones(4, np.float32)}}, timeout=5)
+            time.sleep(60)  # holds the client (and a response) past the interpreter's exit
+        threading.Thread(target=hold, daemon=True).start()
+        time.sleep(0.3)
+    """)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
