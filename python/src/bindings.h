@@ -3,8 +3,14 @@
 
 #include <nanobind/nanobind.h>
 
+#include "tensorwire/runtime/remote_error.h"
+
 namespace tensorwire::py {
 void bind_errors(nanobind::module_& m);
+// A Python exception described for delivery elsewhere (errors.cpp): type ("KeyError" for
+// builtins, "module.QualName" otherwise), message, traceback and, `with_payload`, the
+// pickled exception (only for a runner's own forked workers).
+Failure describe_python_exception(nanobind::handle exc, bool with_payload);
 void bind_tensordict(nanobind::module_& m);
 void bind_pipe(nanobind::module_& m);
 void bind_dataflow(nanobind::module_& m);

@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "gil.h"
 #include "datapoint_py.h"
 #include "tensordict_py.h"
 #include "tensorwire/dataflow/map.h"
@@ -112,26 +113,7 @@ Failure describe_python_failure(std::exception_ptr ep) {
   try {
     std::rethrow_exception(ep);
   } catch (nb::python_error& e) {
-    Failure f;
-    nb::handle exc = e.value();
-    nb::handle type = exc.type();
-    f.type = nb::cast<std::string>(nb::getattr(type, "__module__", nb::str("builtins"))) + "." +
-             nb::cast<std::string>(nb::getattr(type, "__qualname__", nb::str("Exception")));
-    try {
-      f.message = nb::cast<std::string>(nb::str(exc));
-      nb::object lines = nb::module_::import_("traceback").attr("format_exception")(exc);
-      f.traceback = nb::cast<std::string>(nb::str("").attr("join")(lines));
-    } catch (...) {
-      if (f.message.empty()) f.message = "(unprintable)";
-    }
-    try {
-      nb::bytes b = nb::cast<nb::bytes>(nb::module_::import_("pickle").attr("dumps")(exc, -1));
-      f.payload.assign(b.c_str(), b.size());
-    } catch (nb::python_error& pe) {
-      pe.restore();
-      PyErr_Clear();  // not picklable: the main process rebuilds it from type and message
-    }
-    return f;
+    return describe_python_exception(e.value(), true);
   } catch (...) {
     return describe_exception(std::current_exception());
   }
@@ -188,7 +170,7 @@ struct PyEpoch {
       // there, and releasing and re-taking the GIL for each one would cost more.
       dp = epoch->next_raw(Timeout::poll());
       if (!dp && !epoch->done()) {
-        nb::gil_scoped_release nogil;
+        NoGil nogil;
         dp = epoch->next_raw(Timeout::forever());
       }
     } catch (...) {
@@ -219,7 +201,7 @@ struct PyRemote {
     const Timeout t = Timeout::seconds(timeout, "timeout");
     std::optional<df::RawDatapoint> dp;
     {
-      nb::gil_scoped_release nogil;
+      NoGil nogil;
       dp = remote->next_raw(t);
     }
     if (!dp) return nb::none();
@@ -373,7 +355,7 @@ void bind_dataflow(nb::module_& m) {
             progress(sent);
             return true;
           };
-        nb::gil_scoped_release nogil;
+        NoGil nogil;
         return df::send_dataflow_zmq(flow, addr, o);
       },
       nb::arg("ds"), nb::arg("addr"), nb::arg("hwm"), nb::arg("bind"),

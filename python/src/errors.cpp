@@ -11,11 +11,15 @@
 //    Python exception.
 #include <nanobind/nanobind.h>
 
+#include <cerrno>
+#include <chrono>
 #include <thread>
 
 #include "bindings.h"
+#include "gil.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/pipe/errors.h"
 #include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/runtime/remote_error.h"
 
@@ -118,9 +122,46 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
 
 }  // namespace
 
+Failure describe_python_exception(nb::handle exc, bool with_payload) {
+  Failure f;
+  nb::handle type = exc.type();
+  std::string module = nb::cast<std::string>(nb::str(nb::getattr(type, "__module__", nb::str("builtins"))));
+  f.type = nb::cast<std::string>(nb::str(nb::getattr(type, "__qualname__", nb::str("Exception"))));
+  if (module != "builtins") f.type = module + "." + f.type;
+  try {
+    // The single argument as given (str() of a KeyError adds quotes), else str(exc).
+    nb::object args = exc.attr("args");
+    f.message = nb::len(args) == 1 && nb::isinstance<nb::str>(args[0])
+                    ? nb::cast<std::string>(args[0])
+                    : nb::cast<std::string>(nb::str(exc));
+    nb::object lines = nb::module_::import_("traceback").attr("format_exception")(exc);
+    f.traceback = nb::cast<std::string>(nb::str("").attr("join")(lines));
+  } catch (nb::python_error&) {
+    if (f.message.empty()) f.message = "(unprintable)";
+  }
+  if (with_payload) {
+    try {
+      nb::bytes b = nb::cast<nb::bytes>(nb::module_::import_("pickle").attr("dumps")(exc, -1));
+      f.payload.assign(b.c_str(), b.size());
+    } catch (nb::python_error&) {
+      // Not picklable: the receiving side rebuilds it from type and message.
+    }
+  }
+  return f;
+}
+
 void bind_errors(nb::module_& m) {
   g_main_thread = std::this_thread::get_id();
+  NoGil::main_thread();  // the importing thread
   set_interrupt_check(python_interrupt_check);
+  // See gil.h: from here on, a daemon thread coming back from a blocking call parks
+  // instead of being ended by CPython mid-unwind (std::terminate).
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    NoGil::exiting() = true;
+    NoGil nogil;  // threads already taking the GIL back get it now (bounded wait)
+    for (int i = 0; i < 1000 && NoGil::restoring().load() > 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }));
 
   static nb::object protocol_error =
       nb::exception<ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
@@ -173,6 +214,10 @@ void bind_errors(nb::module_& m) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
     } catch (const ProtocolError& e) {
       PyErr_SetString(protocol_error.ptr(), e.what());
+    } catch (const ConnectionRefused& e) {
+      PyErr_SetString(PyExc_ConnectionRefusedError, e.what());
+    } catch (const PortInUse& e) {
+      PyErr_SetObject(PyExc_OSError, nb::make_tuple(EADDRINUSE, e.what()).ptr());
     } catch (const ClosedError& e) {
       PyErr_SetString(closed_type, e.what());
     } catch (const Error& e) {

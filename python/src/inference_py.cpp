@@ -15,7 +15,7 @@
 
 #include "bindings.h"
 #include "inference/shm_rows.h"
-#include "inference_gil.h"
+#include "gil.h"
 #include "runtime/wait.h"
 #include "tensordict_py.h"
 #include "tensorwire/inference/shared_memory_transport.h"
@@ -126,16 +126,6 @@ nb::list key_list(const std::vector<Key>& keys) {
 void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
 
 void bind_inference(nb::module_& m) {
-  NoGil::main_thread();  // the importing thread
-  // Objects a daemon thread still references at exit (a client, a parked torchrl server
-  // thread's transport) are never freed, by Python's design: not a leak to report.
-  nb::set_leak_warnings(false);
-  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
-    NoGil::exiting() = true;
-    NoGil nogil;  // threads already taking the GIL back get it now (bounded wait)
-    for (int i = 0; i < 1000 && NoGil::restoring().load() > 1; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }));
   bind_inference_server(m);
   using Shm = inf::SharedMemoryTransport;
   using Access = inf::detail::ShmAccess;

@@ -5,7 +5,7 @@
 #include <nanobind/stl/shared_ptr.h>
 
 #include "bindings.h"
-#include "inference_gil.h"
+#include "gil.h"
 #include "tensordict_py.h"
 #include "tensorwire/inference/server.h"
 
@@ -29,19 +29,6 @@ struct PyCallable {
     fn.reset();
   }
 };
-
-RemoteError describe_python_error(nb::python_error& e) {
-  nb::handle type = e.type();
-  std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
-  std::string name = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
-  if (module != "builtins") name = module + "." + name;
-  nb::object value = nb::borrow(e.value());
-  nb::object args = value.attr("args");
-  std::string message = nb::len(args) == 1 && nb::isinstance<nb::str>(args[0])
-                            ? nb::cast<std::string>(args[0])
-                            : nb::cast<std::string>(nb::str(value));
-  return RemoteError(std::move(name), std::move(message));
-}
 
 // One Python thread state for the whole life of the serving thread, instead of one per
 // policy call (PyGILState_Ensure/Release from a thread Python does not know creates and
@@ -82,7 +69,7 @@ inf::Policy make_policy(nb::object adapter) {
                         ", not a tensorwire.TensorDict");
       return nb::cast<PyTensorDict&>(out).td();
     } catch (nb::python_error& e) {
-      throw describe_python_error(e);
+      throw RemoteError(describe_python_exception(e.value(), false));
     }
   };
 }

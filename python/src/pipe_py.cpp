@@ -4,9 +4,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <cerrno>
 
 #include "bindings.h"
+#include "gil.h"
 #include "tensordict_py.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
@@ -46,7 +46,7 @@ struct PyPipe {
   template <class Get>
   nb::object receive(nb::handle into_obj, Get&& get) {
     TensorDict* into = into_of(into_obj);
-    TensorDict* got = (nb::gil_scoped_release(), get(into));
+    TensorDict* got = (NoGil(), get(into));
     if (!got) return nb::none();
     if (into && got == into) return nb::borrow(into_obj);
     const bool consolidated = pipe.options().consolidated;
@@ -66,7 +66,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
     Timeout t = Timeout::seconds(timeout);
     std::optional<TensorDictPipe> got;
     {
-      nb::gil_scoped_release nogil;
+      NoGil nogil;
       if constexpr (std::is_same_v<T, PipeListener>)
         got = self.accept(t, throw_on_refusal);
       else
@@ -88,7 +88,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
       .def_prop_ro("port", &T::port)
       .def_prop_ro("fd", &T::fd)
       .def("arm", &T::arm)
-      .def("close", &T::close, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &T::close, nb::call_guard<NoGil>())
       .def_prop_ro("closed", &T::closed)
       .def_prop_ro("refused", &T::refused)
       .def_prop_ro("last_refusal", &T::last_refusal);
@@ -98,22 +98,13 @@ void bind_acceptor(nb::module_& m, const char* name) {
 
 void bind_pipe(nb::module_& m) {
   // The pipe's own error kinds, on top of the mapping of python/src/errors.cpp (tried first).
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const ConnectionRefused& e) {
-      PyErr_SetString(PyExc_ConnectionRefusedError, e.what());
-    } catch (const PortInUse& e) {
-      PyErr_SetObject(PyExc_OSError, nb::make_tuple(EADDRINUSE, e.what()).ptr());
-    }
-  });
   using us = std::chrono::microseconds;
   nb::class_<PyPipe>(m, "_Pipe")
       .def(
           "send",
           [](PyPipe& self, const PyTensorDict& td, Seconds timeout) {
             Timeout t = Timeout::seconds(timeout);
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             self.pipe.send(td.td(), t);
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
@@ -130,7 +121,7 @@ void bind_pipe(nb::module_& m) {
       // caller arms the wake-up fd (a trip through epoll costs tens of microseconds).
       .def(
           "poll_send", [](PyPipe& self, int64_t spin) { return self.pipe.poll_send(us(spin)); },
-          nb::arg("spin_us") = 0, nb::call_guard<nb::gil_scoped_release>())
+          nb::arg("spin_us") = 0, nb::call_guard<NoGil>())
       .def(
           "poll_recv",
           [](PyPipe& self, nb::handle into, int64_t spin) {
@@ -150,14 +141,14 @@ void bind_pipe(nb::module_& m) {
       .def_prop_ro("closed_by_peer", [](PyPipe& self) { return self.pipe.closed_by_peer(); })
       .def(
           "close", [](PyPipe& self) { self.pipe.close(); },
-          nb::call_guard<nb::gil_scoped_release>());
+          nb::call_guard<NoGil>());
 
   m.def(
       "_connect",
       [](const std::string& host, uint16_t port, bool consolidated,
          std::optional<std::string> auth_key, Seconds timeout, uint64_t max_message_bytes) {
         PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
-        nb::gil_scoped_release nogil;
+        NoGil nogil;
         return PyPipe{TensorDictPipe::connect(host, port, o), {}};
       },
       nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),

@@ -1,6 +1,7 @@
 #include "tensordict_py.h"
 
 #include "bindings.h"
+#include "gil.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -289,7 +290,7 @@ void bind_tensordict(nb::module_& m) {
           "consolidate",
           [](const PyTensorDict& self, size_t alignment) {
             const TensorDict& td = self.td();
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             return PyTensorDict(consolidate(td, {alignment}));
           },
           nb::arg("alignment") = 8)
@@ -326,14 +327,14 @@ void bind_tensordict(nb::module_& m) {
           "save",
           [](const PyTensorDict& self, const std::string& path, size_t alignment) {
             const TensorDict& td = self.td();
-            nb::gil_scoped_release nogil;
+            NoGil nogil;
             save(td, path, {alignment});
           },
           nb::arg("path"), nb::arg("alignment") = 8)
       .def("clone",
            [](const PyTensorDict& self) {
              const TensorDict& td = self.td();
-             nb::gil_scoped_release nogil;
+             NoGil nogil;
              return PyTensorDict(td.clone());
            })
       .def("copy", [](const PyTensorDict& self) { return PyTensorDict(TensorDict(self.td())); })
@@ -342,7 +343,7 @@ void bind_tensordict(nb::module_& m) {
              TensorDict& td = self.td();
              if (nb::isinstance<PyTensorDict>(other)) {
                const TensorDict& src = nb::cast<PyTensorDict&>(other).td();
-               nb::gil_scoped_release nogil;
+               NoGil nogil;
                td.update_(src);
              } else if (nb::isinstance<nb::dict>(other)) {
                td.update_(dict_to_td(other, td.batch_size(), td.device(),
@@ -395,7 +396,7 @@ void bind_tensordict(nb::module_& m) {
             throw TypeError("stack: expected a sequence of TensorDicts");
           v.push_back(nb::cast<PyTensorDict&>(h).td());
         }
-        nb::gil_scoped_release nogil;
+        NoGil nogil;
         return PyTensorDict(TensorDict::stack(v));
       },
       nb::arg("tds"));
@@ -419,7 +420,7 @@ void bind_tensordict(nb::module_& m) {
   m.def(
       "load",
       [](const std::string& path) {
-        nb::gil_scoped_release nogil;
+        NoGil nogil;
         return PyTensorDict(load(path));
       },
       nb::arg("path"));

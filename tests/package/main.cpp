@@ -7,6 +7,11 @@
 #include <vector>
 
 #include <tensorwire/dataflow/remote.h>
+#include <tensorwire/inference/server.h>
+#include <tensorwire/inference/shared_memory_transport.h>
+#include <tensorwire/inference/socket_transport.h>
+#include <tensorwire/inference/thread_transport.h>
+#include <tensorwire/runtime/interrupt.h>
 #include <tensorwire/pipe/pipe.h>
 #include <tensorwire/tensorwire.h>
 
@@ -55,6 +60,23 @@ int main() {
   static auto* volatile connect = &TensorDictPipe::connect;
   static auto* volatile send_zmq = &dataflow::send_dataflow_zmq;
   check(connect != nullptr && send_zmq != nullptr, "transport entry points linked");
+
+  // Inference through the public headers only: a request through a thread transport's
+  // client, answered by hand on the server side, with the one Timeout type.
+  {
+    auto transport = inference::ThreadTransport::create();
+    inference::Client client = transport->client();
+    check(client.valid(), "a thread transport hands out a client");
+    bool timed_out = false;
+    try {
+      TensorDict request;
+      request.set("obs", Tensor::from_vector<float>({1.0f}, {1}));
+      client.submit(request).result(Timeout(std::chrono::milliseconds(1)));
+    } catch (const TimeoutError&) {
+      timed_out = true;  // no server: the request stays in flight
+    }
+    check(timed_out, "result() without a server times out");
+  }
 
   if (failures) return 1;
   std::printf("consumer OK: %s\n", describe(c).c_str());

@@ -1,10 +1,11 @@
-// Releasing the GIL around a blocking call in a way that survives interpreter exit.
+// Releasing the GIL around a blocking call in a way that survives interpreter exit. Every
+// binding releases the GIL through NoGil, never nb::gil_scoped_release.
 //
 // A daemon thread (torchrl's server thread, a user's actor thread) may be blocked in a
 // tensorwire call when the interpreter finalizes. Taking the GIL back then makes CPython end
 // the thread with pthread_exit, whose forced unwinding through the C++ frames here (a
 // noexcept destructor, nanobind's catch (...)) calls std::terminate: the process aborts at
-// exit. So an atexit hook (registered by bind_inference, run before finalization starts)
+// exit. So an atexit hook (registered by bind_errors, run before finalization starts)
 // marks the exit and lets every thread already taking the GIL back get it; after that, a
 // thread other than the main one that returns from a blocking call parks instead of taking
 // the GIL (the process is exiting and nothing waits for it).
