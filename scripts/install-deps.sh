@@ -14,6 +14,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev        # libFuzzer and sanitizer runtimes
   clang-format
   libssl-dev                      # HMAC-SHA256 for pipe authentication
+  libcli11-dev                    # command-line parsing of the tensorwire command
 )
 # Python packages. torch==2.13.0 installs a CPU build from a file on the machine; a newer
 # torch would download gigabytes. tensordict / torchrl / tensorpack are test and benchmark

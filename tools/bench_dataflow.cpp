@@ -5,12 +5,14 @@
 // is a fresh zero-filled tensor (as the Python benchmark's np.zeros); --reuse yields the
 // same tensor each time, which measures the transport alone. The consumer drops each
 // datapoint as it arrives.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "commands.h"
 #include "tensorwire/dataflow/runner.h"
 
@@ -29,23 +31,30 @@ struct Args {
   bool json = false;
 };
 
+// "224,224,3" -> {224, 224, 3}; the text was checked by kShape.
 Shape parse_shape(const std::string& s) {
   Shape out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
+  for (size_t pos = 0; pos <= s.size();) {
+    size_t comma = std::min(s.find(',', pos), s.size());
     out.push_back(std::stoll(s.substr(pos, comma - pos)));
     pos = comma + 1;
   }
   return out;
 }
 
-std::vector<int> parse_ints(const std::string& s) {
-  std::vector<int> out;
-  for (int64_t v : parse_shape(s)) out.push_back(static_cast<int>(v));
-  return out;
-}
+const CLI::Validator kShape(
+    [](std::string& s) -> std::string {
+      for (size_t pos = 0; pos <= s.size();) {
+        size_t comma = std::min(s.find(',', pos), s.size());
+        const std::string dim = s.substr(pos, comma - pos);
+        if (dim.empty() || dim.size() > 9 || dim.find_first_not_of("0123456789") != dim.npos ||
+            std::stoll(dim) == 0)
+          return "'" + s + "' is not a shape (positive ints, ','-separated, e.g. 224,224,3)";
+        pos = comma + 1;
+      }
+      return "";
+    },
+    "D0,D1,...");
 
 // Single-thread memcpy of `bytes` between two warm buffers, in bytes per second.
 double memcpy_bandwidth(size_t bytes, double seconds) {
@@ -107,35 +116,24 @@ Result run(const Shape& shape, int num_proc, const Args& args) {
 
 int bench_dataflow(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw ValueError("bench dataflow: " + s + " needs a value");
-      return argv[++i];
-    };
-    if (s == "--shape")
-      a.shapes.push_back(parse_shape(value()));
-    else if (s == "--num-proc")
-      a.num_procs = parse_ints(value());
-    else if (s == "--hwm")
-      a.hwm = std::stoi(value());
-    else if (s == "--seconds")
-      a.seconds = std::stod(value());
-    else if (s == "--reuse")
-      a.reuse = true;
-    else if (s == "--json")
-      a.json = true;
-    else {
-      std::fprintf(
-          stderr,
-          "usage: tensorwire bench dataflow [--shape D0,D1,...]... [--num-proc 1,2] [--hwm 50]\n"
-          "                                 [--seconds 2] [--reuse] [--json]\n"
-          "  MultiProcessRunnerZMQ over a C++ dataflow yielding {image: uint8[shape], label}.\n"
-          "  Default shapes: 1 / 224,224,3 / 32,224,224,3. --reuse: one tensor for every\n"
-          "  datapoint (transport only) instead of a fresh zero-filled one each time.\n");
-      return 2;
-    }
-  }
+  std::vector<std::string> shapes;
+  CLI::App app("MultiProcessRunnerZMQ over a C++ dataflow yielding {image: uint8[shape], label}.",
+               "tensorwire bench dataflow");
+  app.add_option("--shape", shapes,
+                 "an image shape, repeatable (default 1 / 224,224,3 / "
+                 "32,224,224,3)")
+      ->check(kShape)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--num-proc", a.num_procs, "worker counts, ','-separated (default 1,2)")
+      ->delimiter(',')
+      ->check(kPositive);
+  app.add_option("--hwm", a.hwm, "ZeroMQ high-water mark (default 50)")->check(kPositive);
+  app.add_option("--seconds", a.seconds, "duration of each run (default 2)")->check(kPositive);
+  app.add_flag("--reuse", a.reuse,
+               "one tensor for every datapoint (transport only) instead of a fresh one each");
+  app.add_flag("--json", a.json, "print the figures as JSON");
+  if (int status = parse(app, argc, argv); status >= 0) return status;
+  for (const std::string& s : shapes) a.shapes.push_back(parse_shape(s));
   if (a.shapes.empty()) a.shapes = {{1}, {224, 224, 3}, {32, 224, 224, 3}};
   if (a.num_procs.empty()) a.num_procs = {1, 2};
 

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "commands.h"
 #include "os/adaptive_spin.h"
 #include "os/futex.h"
@@ -85,19 +86,6 @@ Payload parse_payload(const std::string& s) {
 std::string pretty_payload(const Payload& p) {
   std::string d(dtype_name(p.dtype));
   return d.substr(6) + shape_str(p.shape);
-}
-
-template <class T>
-std::vector<T> parse_list(const std::string& s, const std::function<T(const std::string&)>& one) {
-  std::vector<T> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    out.push_back(one(s.substr(start, comma - start)));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -482,72 +470,41 @@ Json run_memory(const Options& o) {
   return out;
 }
 
-void usage(FILE* f) {
-  std::fprintf(
-      f,
-      "usage: tensorwire bench infer [options]\n"
-      "  --clients LIST      client process counts (default 1,4)\n"
-      "  --payloads LIST     observation payloads, dtype x dims (default f32x4,u8x84x84x3)\n"
-      "  --batches LIST      max_batch_size values (default 4,64)\n"
-      "  --seconds S         duration of each throughput run (default 2)\n"
-      "  --transport T       shared_memory (default) or socket\n"
-      "  --slots N           slots of the shared-memory transport (default 64)\n"
-      "  --spin N            pause iterations before a futex sleep (default %u)\n"
-      "  --latency-requests N  round trips for the latency figures (default 20000)\n"
-      "  --memory N          also run N requests and report RSS before and after\n"
-      "  --only latency|throughput|memory\n"
-      "  --json FILE         also write the figures as JSON\n",
-      SharedMemoryOptions{}.spin);
-}
-
 }  // namespace
 
 int bench_infer(int argc, char** argv) {
   Options o;
-  bool only_memory = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw ValueError("bench infer: " + a + " needs a value");
-      return argv[++i];
-    };
-    auto to_int = [](const std::string& s) { return std::stoi(s); };
-    if (a == "--clients")
-      o.clients = parse_list<int>(next(), to_int);
-    else if (a == "--payloads")
-      o.payloads = parse_list<std::string>(next(), [](const std::string& s) { return s; });
-    else if (a == "--batches")
-      o.batches = parse_list<int>(next(), to_int);
-    else if (a == "--seconds")
-      o.seconds = std::stod(next());
-    else if (a == "--transport")
-      o.transport = next();
-    else if (a == "--slots")
-      o.slots = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--spin")
-      o.spin = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--latency-requests")
-      o.latency_requests = std::stoi(next());
-    else if (a == "--memory")
-      o.memory_requests = std::stol(next());
-    else if (a == "--json")
-      o.json = next();
-    else if (a == "--only") {
-      std::string w = next();
-      o.latency = w == "latency";
-      o.throughput = w == "throughput";
-      only_memory = w == "memory";
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else {
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (o.transport != "shared_memory" && o.transport != "socket") {
-    usage(stderr);
-    return 2;
+  std::string only;
+  CLI::App app("Inference server figures: latency, throughput, memory.", "tensorwire bench infer");
+  app.add_option("--clients", o.clients, "client process counts, ','-separated (default 1,4)")
+      ->delimiter(',')
+      ->check(kPositive);
+  app.add_option("--payloads", o.payloads,
+                 "observation payloads, dtype x dims (default f32x4,u8x84x84x3)")
+      ->delimiter(',');
+  app.add_option("--batches", o.batches, "max_batch_size values (default 4,64)")
+      ->delimiter(',')
+      ->check(kPositive);
+  app.add_option("--seconds", o.seconds, "duration of each throughput run (default 2)")
+      ->check(kPositive);
+  app.add_option("--transport", o.transport, "shared_memory (default) or socket")
+      ->check(CLI::IsMember({"shared_memory", "socket"}));
+  app.add_option("--slots", o.slots, "slots of the shared-memory transport (default 64)")
+      ->check(kPositive);
+  app.add_option("--spin", o.spin, "pause iterations before a futex sleep")->check(kNonNegative);
+  app.add_option("--latency-requests", o.latency_requests,
+                 "round trips for the latency figures (default 20000)")
+      ->check(kPositive);
+  app.add_option("--memory", o.memory_requests, "also run N requests and report RSS")
+      ->check(kPositive);
+  app.add_option("--only", only, "run one part only")
+      ->check(CLI::IsMember({"latency", "throughput", "memory"}));
+  app.add_option("--json", o.json, "also write the figures as JSON");
+  if (int status = parse(app, argc, argv); status >= 0) return status;
+  const bool only_memory = only == "memory";
+  if (!only.empty()) {
+    o.latency = only == "latency";
+    o.throughput = only == "throughput";
   }
   for (const std::string& p : o.payloads) parse_payload(p);  // fail early on a typo
   Json out = {{"transport", o.transport}};

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "cli.h"
 #include "commands.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/tensorwire.h"
@@ -30,15 +31,6 @@ namespace tensorwire::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 TensorDict payload(size_t bytes) {
   TensorDict td;
@@ -121,30 +113,20 @@ int bench_pipe(int argc, char** argv) {
   int iters = 30, lat_iters = 20000;
   std::string json_path;
   bool reference = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw ValueError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--tls")
-      tls_list = split(next(), '/');
-    else if (a == "--sizes") {
-      sizes.clear();
-      for (auto& s : split(next(), ',')) sizes.push_back(std::stoull(s));
-    } else if (a == "--modes")
-      modes = split(next(), ',');
-    else if (a == "--iters")
-      iters = std::stoi(next());
-    else if (a == "--lat-iters")
-      lat_iters = std::stoi(next());
-    else if (a == "--json")
-      json_path = next();
-    else if (a == "--no-reference")
-      reference = false;
-    else
-      throw ValueError("bench pipe: unknown option " + a);
-  }
+  CLI::App app("TensorDictPipe throughput and latency beside ucx_perftest.",
+               "tensorwire bench pipe");
+  app.add_option("--tls", tls_list, "UCX_TLS settings to run, '/'-separated")->delimiter('/');
+  app.add_option("--sizes", sizes, "message sizes in bytes, ','-separated")
+      ->delimiter(',')
+      ->check(kPositive);
+  app.add_option("--modes", modes, "consolidated and/or nc, ','-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"consolidated", "nc"}));
+  app.add_option("--iters", iters, "throughput messages per size")->check(kPositive);
+  app.add_option("--lat-iters", lat_iters, "latency round trips")->check(kPositive);
+  app.add_option("--json", json_path, "also write the figures to this JSON file");
+  app.add_flag("!--no-reference", reference, "skip ucx_perftest");
+  if (int status = parse(app, argc, argv); status >= 0) return status;
   const std::string self = "/proc/self/exe";
   std::vector<Row> rows;
   for (const auto& tls : tls_list) {

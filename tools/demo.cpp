@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "cli.h"
 #include "commands.h"
 #include "tensorwire/tensorwire.h"
 
@@ -41,15 +42,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 int demo(int argc, char** argv) {
   std::string dir;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--dir" && i + 1 < argc)
-      dir = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: tensorwire demo [--dir DIR]\n");
-      return 2;
-    }
-  }
+  CLI::App app(
+      "Build a nested TensorDict, consolidate, save, map back; then the pipe, "
+      "inference and dataflow demos.",
+      "tensorwire demo");
+  app.add_option("--dir", dir, "where to write the demo file (default: a new temporary dir)");
+  if (int status = parse(app, argc, argv); status >= 0) return status;
   namespace fs = std::filesystem;
   bool own_dir = dir.empty();
   if (own_dir) {

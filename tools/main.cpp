@@ -1,52 +1,75 @@
-// The tensorwire command: one subcommand per job.
+// The tensorwire command: one subcommand per job. main() only dispatches; each subcommand
+// parses its own options (cli.h), so `tensorwire SUB --help` is the subcommand's help.
 #include <cstdio>
-#include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "cli.h"
 #include "commands.h"
 #include "tensorwire/core/error.h"
 
 namespace {
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: tensorwire <command> [args]\n\n"
-               "commands:\n"
-               "  demo [--dir DIR]   build a nested TensorDict, consolidate, save, map back\n"
-               "  inspect FILE       print the structure of a saved TensorDict\n"
-               "  bench pipe [...]   TensorDictPipe throughput/latency beside ucx_perftest\n"
-               "  bench infer [...]  inference server figures (latency, throughput, memory)\n"
-               "  bench dataflow [...]  data loading from worker processes (datapoints/s, GB/s)\n"
-               "  help               this text\n");
+using Command = std::function<int(int, char**)>;
+
+// A subcommand whose arguments all go to `run` (its own parser).
+CLI::App* add(CLI::App& parent, const std::string& name, const std::string& what) {
+  CLI::App* sub = parent.add_subcommand(name, what);
+  sub->prefix_command();
+  sub->set_help_flag();  // --help goes through to the subcommand's own parser
+  return sub;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage(stderr);
+  namespace tools = tensorwire::tools;
+  CLI::App app("tensorwire: move TensorDicts between processes and machines, fast", "tensorwire");
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, Command>> commands = {
+      {add(app, "demo", "build a nested TensorDict, consolidate, save, map back"), tools::demo},
+      {add(app, "inspect", "print the structure of a saved TensorDict"), tools::inspect},
+      {add(app, "bench-pipe-peer", ""), tools::bench_pipe_peer},  // started by bench pipe
+  };
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks (tensorwire bench SUB --help)");
+  commands.push_back({add(*bench, "pipe", "TensorDictPipe throughput/latency beside ucx_perftest"),
+                      tools::bench_pipe});
+  commands.push_back(
+      {add(*bench, "infer", "inference server figures (latency, throughput, memory)"),
+       tools::bench_infer});
+  commands.push_back(
+      {add(*bench, "dataflow", "data loading from worker processes (datapoints/s, GB/s)"),
+       tools::bench_dataflow});
+  commands[2].first->group("");  // hidden from the help
+
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      std::fprintf(stderr, "tensorwire: unknown command '%s'\n%s", argv[1], app.help().c_str());
+      return 2;
+    }
+  }
+  if (int status = tools::parse(app, argc, argv); status >= 0) return status;
+  if (bench->parsed() && bench->get_subcommands().empty()) {
+    std::fputs(bench->help().c_str(), stderr);
     return 2;
   }
-  std::string cmd = argv[1];
-  try {
-    if (cmd == "demo") return tensorwire::tools::demo(argc - 1, argv + 1);
-    if (cmd == "inspect") return tensorwire::tools::inspect(argc - 1, argv + 1);
-    if (cmd == "bench" && argc > 2 && std::strcmp(argv[2], "pipe") == 0)
-      return tensorwire::tools::bench_pipe(argc - 2, argv + 2);
-    if (cmd == "bench-pipe-peer") return tensorwire::tools::bench_pipe_peer(argc - 1, argv + 1);
-    if (cmd == "bench" && argc > 2 && std::strcmp(argv[2], "infer") == 0)
-      return tensorwire::tools::bench_infer(argc - 2, argv + 2);
-    if (cmd == "bench" && argc > 2 && std::strcmp(argv[2], "dataflow") == 0)
-      return tensorwire::tools::bench_dataflow(argc - 2, argv + 2);
-    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-      usage(stdout);
-      return 0;
+  for (auto& [sub, run] : commands) {
+    if (!sub->parsed()) continue;
+    // The subcommand's own argv: its name, then what main did not parse.
+    std::vector<std::string> args = sub->remaining();
+    args.insert(args.begin(), sub->get_name());
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    try {
+      return run(static_cast<int>(args.size()), av.data());
+    } catch (const tensorwire::Error& e) {
+      std::fprintf(stderr, "tensorwire %s: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
     }
-  } catch (const tensorwire::Error& e) {
-    std::fprintf(stderr, "tensorwire %s: %s\n", cmd.c_str(), e.what());
-    return 1;
   }
-  std::fprintf(stderr, "tensorwire: unknown command '%s'\n", cmd.c_str());
-  usage(stderr);
   return 2;
 }

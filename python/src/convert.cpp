@@ -9,42 +9,53 @@ namespace {
 
 namespace dl = nb::dlpack;
 
+// DType <-> DLPack (type code, bits). Codes 10 and 12 are DLPack 1.1's float8_e4m3fn and
+// float8_e5m2 (torch exports float8 with them; nanobind's enum predates them).
 struct Code {
   DType dtype;
-  dl::dtype_code code;
+  uint8_t code;
   uint8_t bits;
 };
 
+constexpr uint8_t code_of(dl::dtype_code c) {
+  return static_cast<uint8_t>(c);
+}
+
 constexpr Code kCodes[] = {
-    {DType::Bool, dl::dtype_code::Bool, 8},
-    {DType::UInt8, dl::dtype_code::UInt, 8},
-    {DType::UInt16, dl::dtype_code::UInt, 16},
-    {DType::UInt32, dl::dtype_code::UInt, 32},
-    {DType::UInt64, dl::dtype_code::UInt, 64},
-    {DType::Int8, dl::dtype_code::Int, 8},
-    {DType::Int16, dl::dtype_code::Int, 16},
-    {DType::Int32, dl::dtype_code::Int, 32},
-    {DType::Int64, dl::dtype_code::Int, 64},
-    {DType::Float16, dl::dtype_code::Float, 16},
-    {DType::BFloat16, dl::dtype_code::Bfloat, 16},
-    {DType::Float32, dl::dtype_code::Float, 32},
-    {DType::Float64, dl::dtype_code::Float, 64},
-    {DType::Complex64, dl::dtype_code::Complex, 64},
-    {DType::Complex128, dl::dtype_code::Complex, 128},
+    {DType::Bool, code_of(dl::dtype_code::Bool), 8},
+    {DType::UInt8, code_of(dl::dtype_code::UInt), 8},
+    {DType::UInt16, code_of(dl::dtype_code::UInt), 16},
+    {DType::UInt32, code_of(dl::dtype_code::UInt), 32},
+    {DType::UInt64, code_of(dl::dtype_code::UInt), 64},
+    {DType::Int8, code_of(dl::dtype_code::Int), 8},
+    {DType::Int16, code_of(dl::dtype_code::Int), 16},
+    {DType::Int32, code_of(dl::dtype_code::Int), 32},
+    {DType::Int64, code_of(dl::dtype_code::Int), 64},
+    {DType::Float16, code_of(dl::dtype_code::Float), 16},
+    {DType::BFloat16, code_of(dl::dtype_code::Bfloat), 16},
+    {DType::Float32, code_of(dl::dtype_code::Float), 32},
+    {DType::Float64, code_of(dl::dtype_code::Float), 64},
+    {DType::Complex64, code_of(dl::dtype_code::Complex), 64},
+    {DType::Complex128, code_of(dl::dtype_code::Complex), 128},
+    {DType::Float8E4M3FN, 10, 8},
+    {DType::Float8E5M2, 12, 8},
 };
 
 std::optional<DType> from_dl(dl::dtype d) {
   if (d.lanes != 1) return std::nullopt;
   for (const auto& c : kCodes)
-    if (static_cast<uint8_t>(c.code) == d.code && c.bits == d.bits) return c.dtype;
+    if (c.code == d.code && c.bits == d.bits) return c.dtype;
   return std::nullopt;
 }
 
 dl::dtype to_dl(DType t) {
+  // float8 goes out as raw bytes and is re-viewed by the caller: numpy has no float8, and
+  // not every DLPack importer knows its codes.
+  if (t == DType::Float8E4M3FN || t == DType::Float8E5M2)
+    return {code_of(dl::dtype_code::UInt), 8, 1};
   for (const auto& c : kCodes)
-    if (c.dtype == t) return {static_cast<uint8_t>(c.code), c.bits, 1};
-  // float8: no DLPack code; exported as raw bytes and re-viewed by the caller.
-  return {static_cast<uint8_t>(dl::dtype_code::UInt), 8, 1};
+    if (c.dtype == t) return {c.code, c.bits, 1};
+  return {code_of(dl::dtype_code::UInt), 8, 1};
 }
 
 // The owner of an exported array: a heap copy of the Tensor keeps its storage alive.

@@ -1,10 +1,14 @@
 #include "tensordict_py.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "bindings.h"
 #include "gil.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "tensorwire/tensorwire.h"
@@ -99,6 +103,114 @@ void flatten_values(nb::handle v, size_t dim, Shape& shape, std::vector<Json>& o
   out.push_back(to_json(v, "NonTensorStack value"));
 }
 
+std::string py_type(nb::handle v) {
+  return nb::cast<std::string>(nb::str(v.type().attr("__name__")));
+}
+
+// Arguments taken as tensordict takes them, with a one-line error naming the argument
+// (nanobind's own is a dump of every overload).
+Shape batch_arg(nb::handle v) {
+  if (v.is_none()) return {};
+  if (nb::isinstance<nb::int_>(v)) return {nb::cast<int64_t>(v)};
+  Shape out;
+  if (nb::isinstance<nb::sequence>(v) && !nb::isinstance<nb::str>(v)) {
+    for (nb::handle d : v) {
+      if (!nb::isinstance<nb::int_>(d)) break;
+      out.push_back(nb::cast<int64_t>(d));
+    }
+    if (out.size() == nb::len(v)) return out;
+  }
+  throw TypeError("batch_size must be None, an int or a sequence of ints, got " +
+                  nb::cast<std::string>(nb::repr(v)));
+}
+
+std::optional<Device> device_arg(nb::handle v) {
+  if (v.is_none()) return std::nullopt;
+  // A str or a torch.device (whose str() is "cpu", "cuda:0", ...).
+  if (nb::isinstance<nb::str>(v) || py_type(v) == "device") {
+    std::string name = nb::cast<std::string>(nb::str(v));
+    if (auto d = parse_device(name)) return d;
+    throw ValueError("unknown device '" + name + "' (expected 'cpu' or 'cuda:N')");
+  }
+  throw TypeError("device must be None, a str or a torch.device, got " + py_type(v));
+}
+
+size_t alignment_arg(nb::handle v) {
+  if (!nb::isinstance<nb::int_>(v) || nb::isinstance<nb::bool_>(v))
+    throw TypeError("alignment must be an int, got " + py_type(v));
+  const int64_t a = nb::cast<int64_t>(v);
+  if (a <= 0 || (a & (a - 1)) != 0)
+    throw ValueError("alignment must be a positive power of two, got " + std::to_string(a));
+  return static_cast<size_t>(a);
+}
+
+std::string path_arg(nb::handle v) {
+  if (!nb::isinstance<nb::str>(v) && !nb::hasattr(v, "__fspath__"))
+    throw TypeError("path must be a str or an os.PathLike, got " + py_type(v));
+  return nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(v));
+}
+
+// Element-wise ==, as tensordict: a TensorDict of bool leaves (a non-tensor compares as
+// one value, broadcast over the batch). `other` is a TensorDict with the same keys or a
+// value every leaf is compared with.
+PyTensorDict compare(const PyTensorDict& self, nb::handle other, bool equal) {
+  const TensorDict& a = self.td();
+  const PyTensorDict* b =
+      nb::isinstance<PyTensorDict>(other) ? &nb::cast<PyTensorDict&>(other) : nullptr;
+  nb::module_ np = nb::module_::import_("numpy");
+  TensorDict out(a.batch_size(), a.device());
+  for (const Key& k : a.keys(true, true)) {
+    nb::object x = from_entry(a.entry(k), self, k);
+    nb::object y = b ? from_entry(b->td().entry(k), *b, k) : nb::borrow(other);
+    nb::object cmp = nb::steal(PyObject_RichCompare(x.ptr(), y.ptr(), equal ? Py_EQ : Py_NE));
+    if (!cmp.ptr()) throw nb::python_error();
+    nb::object r = np.attr("asarray")(cmp);
+    if (nb::cast<size_t>(r.attr("ndim")) == 0)
+      r = np.attr("full")(nb::tuple(nb::cast(a.batch_size())), r);
+    out.set(k, *to_tensor(r.attr("astype")("bool")));
+  }
+  return PyTensorDict(std::move(out));
+}
+
+bool all_true(const TensorDict& td) {
+  for (const Key& k : td.keys(true, true)) {
+    const Entry& e = td.entry(k);
+    if (!e.is_tensor()) continue;
+    Tensor t = e.tensor().contiguous();
+    const auto* p = static_cast<const std::byte*>(t.data());
+    for (size_t i = 0; i < t.nbytes(); i += t.itemsize())
+      if (std::all_of(p + i, p + i + t.itemsize(), [](std::byte b) { return b == std::byte{0}; }))
+        return false;
+  }
+  return true;
+}
+
+// Why an array's dtype cannot be stored, and what to store instead.
+TypeError unsupported_dtype(nb::handle value, const Key& key) {
+  nb::object dt = value.attr("dtype");
+  std::string kind = nb::hasattr(dt, "kind") ? nb::cast<std::string>(nb::str(dt.attr("kind"))) : "";
+  std::string order =
+      nb::hasattr(dt, "byteorder") ? nb::cast<std::string>(nb::str(dt.attr("byteorder"))) : "";
+  std::string instead;
+  if (kind == "O" || kind == "U" || kind == "S")
+    instead = "store text or objects as a non-tensor value: a str, or a list (arr.tolist())";
+  else if (kind == "M" || kind == "m")
+    instead = "store datetimes as int64 (arr.view('int64'))";
+  else if (kind == "V")
+    instead = "store each field of a structured array under its own key";
+  else if (order == ">")
+    instead = "convert to native byte order (arr.astype(arr.dtype.newbyteorder('=')))";
+  else if (kind == "f" || kind == "c")
+    instead = "convert to float64 / complex128";
+  else
+    instead = "convert to one of the supported dtypes";
+  return TypeError("key " + key.str() + ": arrays of dtype " + nb::cast<std::string>(nb::str(dt)) +
+                   " cannot be stored (supported: bool, int8-int64, uint8-uint64, float16, "
+                   "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
+                   "float8_e5m2, in native byte order); " +
+                   instead);
+}
+
 }  // namespace
 
 Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>& device,
@@ -117,7 +229,14 @@ Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>
       throw ValueError("key " + key.str() + ": tensor on device '" + dev +
                        "'; tensorwire stores CPU tensors (call .cpu() first)");
   }
-  if (auto t = to_tensor(value)) return Entry(std::move(*t));
+  std::optional<Tensor> t;
+  try {
+    t = to_tensor(value);
+  } catch (const TypeError&) {  // an array-like of a dtype with no DType: said below
+  }
+  if (t) return Entry(std::move(*t));
+  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape"))
+    throw unsupported_dtype(value, key);
   if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value))
     return Entry(NonTensor{to_json(value, "key " + key.str())});
   throw TypeError("key " + key.str() + ": cannot store a " +
@@ -185,15 +304,10 @@ void bind_tensordict(nb::module_& m) {
                            "An insertion-ordered nested map of arrays sharing leading batch dims.")
       .def(
           "__init__",
-          [](PyTensorDict* self, nb::handle source, std::vector<int64_t> batch_size,
-             std::optional<std::string> device,
+          [](PyTensorDict* self, nb::handle source, nb::handle batch_size, nb::handle device,
              std::optional<std::vector<std::optional<std::string>>> names) {
-            std::optional<Device> dev;
-            if (device) {
-              dev = parse_device(*device);
-              if (!dev) throw ValueError("unknown device '" + *device + "'");
-            }
-            TensorDict td(batch_size, dev);
+            std::optional<Device> dev = device_arg(device);
+            TensorDict td(batch_arg(batch_size), dev);
             if (names) td.set_names(*names);
             if (!source.is_none()) {
               if (nb::isinstance<PyTensorDict>(source)) {
@@ -209,12 +323,23 @@ void bind_tensordict(nb::module_& m) {
             }
             new (self) PyTensorDict(std::move(td));
           },
-          nb::arg("source").none() = nb::none(), nb::arg("batch_size") = std::vector<int64_t>{},
+          nb::arg("source").none() = nb::none(), nb::arg("batch_size").none() = nb::none(),
           nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
       .def("__getitem__",
            [](const PyTensorDict& self, nb::handle key) -> nb::object {
              if (nb::isinstance<nb::int_>(key))
                return nb::cast(PyTensorDict(self.td().index(nb::cast<int64_t>(key))));
+             if (nb::isinstance<nb::slice>(key)) {
+               const TensorDict& td = self.td();
+               if (td.batch_size().empty())
+                 throw ValueError("cannot slice a TensorDict with no batch dimension");
+               auto [start, stop, step, n] =
+                   nb::borrow<nb::slice>(key).compute(static_cast<size_t>(td.batch_size()[0]));
+               (void)stop;
+               return nb::cast(
+                   PyTensorDict(td.slice(static_cast<int64_t>(start), static_cast<int64_t>(n),
+                                         static_cast<int64_t>(step))));
+             }
              Key k = to_key(key);
              return from_entry(self.td().entry(k), self, k);
            })
@@ -288,12 +413,16 @@ void bind_tensordict(nb::module_& m) {
       .def_prop_ro("names", [](const PyTensorDict& self) { return self.td().names(); })
       .def(
           "consolidate",
-          [](const PyTensorDict& self, size_t alignment) {
+          [](const PyTensorDict& self, nb::handle alignment) {
             const TensorDict& td = self.td();
+            ConsolidateOptions options{.alignment = alignment_arg(alignment)};
             NoGil nogil;
-            return PyTensorDict(consolidate(td, {alignment}));
+            return PyTensorDict(consolidate(td, options));
           },
-          nb::arg("alignment") = 8)
+          nb::arg("alignment").none() = 8,
+          "A locked copy whose leaves are views into one new storage, laid out as tensordict's\n"
+          "consolidate() does (each leaf at a multiple of `alignment` bytes); returned as is\n"
+          "when already consolidated. ValueError for nesting deeper than 256 levels.")
       .def("is_consolidated",
            [](const PyTensorDict& self) { return is_consolidated_root(self.td()); })
       .def_prop_ro("is_locked", [](const PyTensorDict& self) { return self.td().is_locked(); })
@@ -325,12 +454,16 @@ void bind_tensordict(nb::module_& m) {
           "The consolidated metadata (tensordict's format), or None.")
       .def(
           "save",
-          [](const PyTensorDict& self, const std::string& path, size_t alignment) {
+          [](const PyTensorDict& self, nb::handle path, nb::handle alignment) {
             const TensorDict& td = self.td();
+            std::string p = path_arg(path);
+            ConsolidateOptions options{.alignment = alignment_arg(alignment)};
             NoGil nogil;
-            save(td, path, {alignment});
+            save(td, p, options);
           },
-          nb::arg("path"), nb::arg("alignment") = 8)
+          nb::arg("path").none(), nb::arg("alignment").none() = 8,
+          "Writes the consolidated storage, its metadata JSON and the JSON's length to `path`\n"
+          "(tensordict's consolidated-file layout, docs/protocol.md section 8), atomically.")
       .def("clone",
            [](const PyTensorDict& self) {
              const TensorDict& td = self.td();
@@ -373,8 +506,44 @@ void bind_tensordict(nb::module_& m) {
       .def(
           "torch", [](const PyTensorDict& self) { return to_torch_tree(self.td()); },
           "A nested dict of torch tensors sharing memory with this TensorDict.")
-      .def("get_torch", [](const PyTensorDict& self,
-                           nb::handle key) { return to_torch(self.td().get(to_key(key))); })
+      .def(
+          "get_torch",
+          [](const PyTensorDict& self, nb::handle key) {
+            return to_torch(self.td().get(to_key(key)));
+          },
+          nb::arg("key"),
+          "The leaf at `key` as a torch tensor sharing memory with this TensorDict.")
+      .def("__eq__", [](const PyTensorDict& self, nb::handle o) { return compare(self, o, true); })
+      .def("__ne__", [](const PyTensorDict& self, nb::handle o) { return compare(self, o, false); })
+      .def(
+          "all", [](const PyTensorDict& self) { return all_true(self.td()); },
+          "True when every element of every tensor leaf is true (for `(a == b).all()`).")
+      .def("__bool__",
+           [](const PyTensorDict&) -> bool {
+             throw ValueError(
+                 "the truth value of a TensorDict is ambiguous: use (a == b).all() or a.equal(b)");
+           })
+      .def("__getstate__",
+           [](const PyTensorDict& self) {
+             TensorDict c = consolidate(self.td());
+             const Storage& st = c.consolidated()->storage;
+             const std::string meta = c.consolidated()->metadata->dump();
+             return nb::make_tuple(nb::bytes(st.data(), st.nbytes()),
+                                   nb::bytes(meta.data(), meta.size()), self.td().is_locked());
+           })
+      .def("__setstate__",
+           [](PyTensorDict* self, const std::tuple<nb::bytes, nb::bytes, bool>& state) {
+             const auto& [bytes, meta, locked] = state;
+             Storage storage = Storage::allocate(bytes.size(), 64);
+             std::memcpy(storage.data(), bytes.c_str(), bytes.size());
+             auto json = std::as_bytes(std::span(meta.c_str(), meta.size()));
+             auto layout = wire::ConsolidatedLayout::parse(
+                 wire::parse_untrusted_json(json, wire::Limits{}, "pickled TensorDict"),
+                 wire::Limits{}, storage.nbytes());
+             TensorDict td = layout.instantiate(storage);
+             if (locked) td.lock_();
+             new (self) PyTensorDict(std::move(td));
+           })
       .def("equal", [](const PyTensorDict& self,
                        const PyTensorDict& other) { return equal(self.td(), other.td()); })
       .def(
@@ -419,11 +588,19 @@ void bind_tensordict(nb::module_& m) {
       nb::arg("storage"), nb::arg("metadata"));
   m.def(
       "load",
-      [](const std::string& path) {
+      [](nb::handle path) {
+        std::string p = path_arg(path);
         NoGil nogil;
-        return PyTensorDict(load(path));
+        return PyTensorDict(load(p));
       },
-      nb::arg("path"));
+      nb::arg("path").none(),
+      "Reads a file written by TensorDict.save() or tensordict's consolidate(filename=...):\n"
+      "a locked TensorDict whose leaves view a private copy-on-write mapping of the file.\n"
+      "ProtocolError when the file is not one (every offset and size is checked).");
+
+  // A bad TENSORWIRE_STORAGE_CACHE_MB: the C++ side keeps its default; say so once.
+  if (std::string why = storage_cache_env_problem(); !why.empty())
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, why.c_str(), 1) != 0) throw nb::python_error();
 
   // The storage cache for large blocks (tensorwire/core/storage.h).
   m.def("set_storage_cache_limit", &set_storage_cache_limit, nb::arg("nbytes"),

@@ -4,6 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <optional>
+#include <string_view>
+
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -19,15 +25,31 @@ size_t page_size() {
   return p;
 }
 
+// What is wrong with TENSORWIRE_STORAGE_CACHE_MB ("" when fine or unset), and its value.
+std::pair<std::string, std::optional<size_t>> env_limit() {
+  const char* env = std::getenv("TENSORWIRE_STORAGE_CACHE_MB");
+  if (!env) return {"", std::nullopt};
+  // Digits only: strtoull would take "-5" as 2^64 - 5, and "abc" as nothing at all.
+  const std::string_view v(env);
+  const bool digits =
+      !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  uint64_t mb = 0;
+  if (digits) {
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), mb);
+    if (ec == std::errc() && mb <= (std::numeric_limits<size_t>::max() >> 20))
+      return {"", static_cast<size_t>(mb) << 20};
+  }
+  return {"TENSORWIRE_STORAGE_CACHE_MB='" + std::string(v) +
+              "' is not a whole number of MiB (e.g. 256, or 0 to turn the cache off); "
+              "the default limit is used",
+          std::nullopt};
+}
+
 // Default limit: 256 MiB, or TENSORWIRE_STORAGE_CACHE_MB. Under AddressSanitizer the cache
 // is off by default, so a use after free of a large storage is still caught (tests that
 // exercise the cache set a limit themselves).
 size_t default_limit() {
-  if (const char* env = std::getenv("TENSORWIRE_STORAGE_CACHE_MB")) {
-    char* end = nullptr;
-    unsigned long long mb = std::strtoull(env, &end, 10);
-    if (end != env && *end == '\0') return static_cast<size_t>(mb) << 20;
-  }
+  if (auto limit = env_limit().second) return *limit;
 #if defined(__SANITIZE_ADDRESS__)
   return 0;
 #elif defined(__has_feature)
@@ -138,3 +160,11 @@ StorageCacheStats BlockCache::stats() const {
 }
 
 }  // namespace tensorwire::detail
+
+namespace tensorwire {
+
+std::string storage_cache_env_problem() {
+  return detail::env_limit().first;
+}
+
+}  // namespace tensorwire

@@ -135,6 +135,39 @@ TensorDict TensorDict::index(int64_t i) const {
   return out;
 }
 
+TensorDict TensorDict::slice(int64_t start, int64_t length, int64_t step) const {
+  if (batch_size_.empty()) throw ValueError("slice: the TensorDict has no batch dimension");
+  if (step <= 0) throw ValueError("slice: step must be positive, got " + std::to_string(step));
+  if (start < 0 || length < 0 || (length > 0 && start + (length - 1) * step >= batch_size_[0]))
+    throw ValueError("slice: out of range for batch_size " + shape_str(batch_size_));
+  Shape batch = batch_size_;
+  batch[0] = length;
+  TensorDict out(std::move(batch), device_);
+  out.names_ = names_;
+  for (const auto& [name, e] : entries_) {
+    if (e.is_tensor()) {
+      out.append_(name, Entry(e.tensor().slice(start, length, step)));
+    } else if (e.is_tensordict()) {
+      out.append_(name, Entry(e.tensordict().slice(start, length, step)));
+    } else if (e.is_non_tensor()) {
+      out.append_(name, e);
+    } else {
+      NonTensorStack st = e.non_tensor_stack();
+      const size_t per =
+          st.values.size() / static_cast<size_t>(std::max<int64_t>(1, st.batch_size[0]));
+      std::vector<Json> values;
+      for (int64_t k = 0; k < length; ++k) {
+        auto first = st.values.begin() + static_cast<std::ptrdiff_t>(per * (start + k * step));
+        values.insert(values.end(), first, first + static_cast<std::ptrdiff_t>(per));
+      }
+      st.batch_size[0] = length;
+      st.values = std::move(values);
+      out.append_(name, Entry(std::move(st)));
+    }
+  }
+  return out;
+}
+
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
   if (dim != 0) throw ValueError("unbind: only dim 0 is supported, got " + std::to_string(dim));
   if (batch_size_.empty()) throw ValueError("unbind: the TensorDict has no batch dimension");

@@ -206,6 +206,19 @@ Tensor Tensor::select(int64_t i) const {
               std::move(shape), dtype_, std::move(strides), device_);
 }
 
+Tensor Tensor::slice(int64_t start, int64_t length, int64_t step) const {
+  if (dim() == 0) throw ValueError("slice: cannot slice a 0-dim tensor");
+  if (step <= 0) throw ValueError("slice: step must be positive, got " + std::to_string(step));
+  if (start < 0 || length < 0 || (length > 0 && start + (length - 1) * step >= shape_[0]))
+    throw ValueError("slice: out of range for shape " + shape_str(shape_));
+  Shape shape = shape_, strides = strides_;
+  shape[0] = length;
+  strides[0] *= step;
+  const size_t offset =
+      offset_ + (length ? static_cast<size_t>(start * strides_[0]) * itemsize() : 0);
+  return view(storage_, offset, std::move(shape), dtype_, std::move(strides), device_);
+}
+
 bool Tensor::equal(const Tensor& other) const {
   if (shape_ != other.shape_ || dtype_ != other.dtype_) return false;
   if (numel_ == 0) return true;

@@ -1,5 +1,6 @@
 """The tensorwire command: demo and inspect."""
 import numpy as np
+import pytest
 
 import tensorwire as tw
 from conftest import run
@@ -30,4 +31,63 @@ def test_inspect_of_a_corrupt_file_fails_with_a_message(tensorwire_bin, tmp_path
 
 def test_unknown_command_is_a_usage_error(tensorwire_bin):
     r = run([tensorwire_bin, "frobnicate"])
-    assert r.returncode == 2 and "usage" in r.stderr
+    assert r.returncode == 2 and "frobnicate" in r.stderr and "--help" in r.stderr
+
+
+def test_no_command_is_a_usage_error(tensorwire_bin):
+    r = run([tensorwire_bin])
+    assert r.returncode == 2 and "subcommand" in r.stderr.lower()
+
+
+@pytest.mark.parametrize("args", [[], ["demo"], ["inspect"], ["bench", "pipe"], ["bench", "infer"],
+                                  ["bench", "dataflow"]])
+def test_every_command_has_help(tensorwire_bin, args):
+    r = run([tensorwire_bin, *args, "--help"])
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout or "usage" in r.stdout.lower()
+    assert "--help" in r.stdout
+
+
+def test_bench_alone_prints_the_bench_help(tensorwire_bin):
+    r = run([tensorwire_bin, "bench"])
+    assert r.returncode == 2
+    assert "pipe" in r.stderr and "infer" in r.stderr and "dataflow" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "pipe", "--sizes", "abc"], "--sizes"),
+    (["bench", "pipe", "--iters", "x"], "--iters"),
+    (["bench", "pipe", "--iters", "-5"], "--iters"),
+    (["bench", "pipe", "--iters", "0"], "--iters"),
+    (["bench", "pipe", "--lat-iters", "0"], "--lat-iters"),
+    (["bench", "pipe", "--sizes", "1024,-1"], "--sizes"),
+    (["bench", "pipe", "--modes", "fast"], "--modes"),
+    (["bench", "pipe", "--bogus"], "--bogus"),
+    (["bench", "pipe", "--iters"], "--iters"),
+    (["bench", "infer", "--clients", "abc"], "--clients"),
+    (["bench", "infer", "--clients", "0"], "--clients"),
+    (["bench", "infer", "--seconds", "-1"], "--seconds"),
+    (["bench", "infer", "--transport", "carrier-pigeon"], "--transport"),
+    (["bench", "infer", "--only", "everything"], "--only"),
+    (["bench", "dataflow", "--shape", "abc"], "--shape"),
+    (["bench", "dataflow", "--shape", "224,-3"], "--shape"),
+    (["bench", "dataflow", "--num-proc", "0"], "--num-proc"),
+    (["bench", "dataflow", "--hwm", "x"], "--hwm"),
+    (["demo", "--dir"], "--dir"),
+    (["inspect", "a", "b"], "b"),
+])
+def test_bad_options_are_usage_errors_naming_the_option(tensorwire_bin, args, needle):
+    r = run([tensorwire_bin, *args])
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr
+    assert "terminate called" not in r.stderr
+
+
+def test_inspect_of_a_directory_says_it_is_a_directory(tensorwire_bin, tmp_path):
+    r = run([tensorwire_bin, "inspect", str(tmp_path)])
+    assert r.returncode == 1 and "is a directory" in r.stderr
+
+
+def test_inspect_of_a_missing_file_names_it(tensorwire_bin, tmp_path):
+    r = run([tensorwire_bin, "inspect", str(tmp_path / "nope.td")])
+    assert r.returncode == 1 and "nope.td" in r.stderr

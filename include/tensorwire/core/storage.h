@@ -30,6 +30,10 @@ void set_storage_cache_limit(size_t bytes);  // shrinks the cache at once if nee
 size_t storage_cache_limit();
 void release_storage_cache();  // returns every cached block to the system
 StorageCacheStats storage_cache_stats();
+// The default limit comes from TENSORWIRE_STORAGE_CACHE_MB (a whole number of MiB) when
+// set. A value that is not one is ignored, the default kept, and this says why (empty
+// when the variable is fine or unset), for the caller to warn the user its own way.
+std::string storage_cache_env_problem();
 
 class Storage {
  public:

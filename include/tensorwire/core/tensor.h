@@ -83,6 +83,9 @@ class Tensor {
   void copy_to(std::byte* dst) const;
 
   Tensor select(int64_t i) const;  // index along dim 0 (negative counts from the end)
+  // Elements start, start + step, ... (`length` of them) along dim 0, as a view; start and
+  // length already within range (Python's slice.indices()), step > 0.
+  Tensor slice(int64_t start, int64_t length, int64_t step) const;
   // Same bytes, byte-for-byte equal contents (shape, dtype and values).
   bool equal(const Tensor& other) const;
 

@@ -117,8 +117,9 @@ class TensorDict {
   // Stacks equal-structured dicts along a new dim 0 (ValueError naming the first
   // difference otherwise); non-tensor values that differ become a NonTensorStack.
   static TensorDict stack(const std::vector<TensorDict>& tds);
-  std::vector<TensorDict> unbind(int64_t dim = 0) const;  // only dim 0
-  TensorDict index(int64_t i) const;                      // views, along dim 0
+  std::vector<TensorDict> unbind(int64_t dim = 0) const;                // only dim 0
+  TensorDict index(int64_t i) const;                                    // views, along dim 0
+  TensorDict slice(int64_t start, int64_t length, int64_t step) const;  // views, along dim 0
 
   // --- consolidation & locking -----------------------------------------------
   bool is_consolidated() const noexcept { return consolidated_ != nullptr; }
