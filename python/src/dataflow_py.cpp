@@ -15,8 +15,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
-#include "gil.h"
 #include "datapoint_py.h"
+#include "gil.h"
 #include "tensordict_py.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/remote.h"

@@ -77,6 +77,13 @@ PyObject* builtin_exception(std::string name) {
   return nullptr;
 }
 
+// Text that came from another process: its exact length (a NUL does not end it) and any
+// invalid UTF-8 escaped, so building the exception can never fail in turn.
+nb::str text(const std::string& s) {
+  return nb::steal<nb::str>(
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace"));
+}
+
 nb::object g_remote_traceback;  // tensorwire.RemoteTraceback (the class)
 
 // The Python exception for a failure in another process.
@@ -95,27 +102,26 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
   if (!exc.is_valid()) {
     if (PyObject* t = builtin_exception(f.type)) {
       try {
-        exc = nb::borrow(t)(nb::str(f.message.c_str()));
+        exc = nb::borrow(t)(text(f.message));
       } catch (nb::python_error&) {
         exc = nb::object();
       }
     }
   }
-  if (!exc.is_valid())
-    exc = nb::borrow(PyExc_RuntimeError)(nb::str((f.type + ": " + f.message).c_str()));
+  if (!exc.is_valid()) exc = nb::borrow(PyExc_RuntimeError)(text(f.type + ": " + f.message));
   if (!f.traceback.empty()) {
     std::string cause = "\n\"\"\"\n" + f.traceback + "\"\"\"";
-    PyException_SetCause(exc.ptr(), g_remote_traceback(nb::str(cause.c_str())).release().ptr());
+    PyException_SetCause(exc.ptr(), g_remote_traceback(text(cause)).release().ptr());
   }
-  exc.attr("remote_type") = nb::str(f.type.c_str());
-  exc.attr("remote_traceback") = nb::str(f.traceback.c_str());
+  exc.attr("remote_type") = text(f.type);
+  exc.attr("remote_traceback") = text(f.traceback);
   if (worker) {
     exc.attr("worker") = worker->worker();
     exc.attr("worker_pid") = worker->pid();
-    exc.attr("worker_traceback") = nb::str(f.traceback.c_str());
+    exc.attr("worker_traceback") = text(f.traceback);
     std::string what = worker->what();
     std::string note = what.substr(0, what.find(" raised "));
-    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(nb::str(("raised in " + note).c_str()));
+    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(text("raised in " + note));
   }
   return exc;
 }
@@ -125,7 +131,8 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
 Failure describe_python_exception(nb::handle exc, bool with_payload) {
   Failure f;
   nb::handle type = exc.type();
-  std::string module = nb::cast<std::string>(nb::str(nb::getattr(type, "__module__", nb::str("builtins"))));
+  std::string module =
+      nb::cast<std::string>(nb::str(nb::getattr(type, "__module__", nb::str("builtins"))));
   f.type = nb::cast<std::string>(nb::str(nb::getattr(type, "__qualname__", nb::str("Exception"))));
   if (module != "builtins") f.type = module + "." + f.type;
   try {

@@ -14,8 +14,8 @@
 #include <mutex>
 
 #include "bindings.h"
-#include "inference/shm_rows.h"
 #include "gil.h"
+#include "inference/shm_rows.h"
 #include "runtime/wait.h"
 #include "tensordict_py.h"
 #include "tensorwire/inference/shared_memory_transport.h"
@@ -40,7 +40,7 @@ std::string kind_of(nb::handle obj) {
 Tensor declared_leaf(nb::handle obj, const Key& key) {
   nb::object v = nb::borrow(obj);
   try {
-    for (const std::string& part : key.parts()) v = v[nb::str(part.c_str())];
+    for (const std::string& part : key.parts()) v = v[str_of(part)];
   } catch (nb::python_error& e) {
     if (!e.matches(PyExc_KeyError) && !e.matches(PyExc_TypeError) && !e.matches(PyExc_IndexError))
       throw;

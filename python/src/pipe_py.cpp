@@ -4,7 +4,6 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-
 #include "bindings.h"
 #include "gil.h"
 #include "tensordict_py.h"
@@ -140,8 +139,7 @@ void bind_pipe(nb::module_& m) {
       .def_prop_ro("failed", [](PyPipe& self) { return self.pipe.failed(); })
       .def_prop_ro("closed_by_peer", [](PyPipe& self) { return self.pipe.closed_by_peer(); })
       .def(
-          "close", [](PyPipe& self) { self.pipe.close(); },
-          nb::call_guard<NoGil>());
+          "close", [](PyPipe& self) { self.pipe.close(); }, nb::call_guard<NoGil>());
 
   m.def(
       "_connect",

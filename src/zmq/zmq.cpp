@@ -2,8 +2,8 @@
 
 #include <cerrno>
 
-#include "tensorwire/core/error.h"
 #include "os/fork.h"
+#include "tensorwire/core/error.h"
 
 namespace tensorwire::zmqio {
 

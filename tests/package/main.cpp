@@ -11,8 +11,8 @@
 #include <tensorwire/inference/shared_memory_transport.h>
 #include <tensorwire/inference/socket_transport.h>
 #include <tensorwire/inference/thread_transport.h>
-#include <tensorwire/runtime/interrupt.h>
 #include <tensorwire/pipe/pipe.h>
+#include <tensorwire/runtime/interrupt.h>
 #include <tensorwire/tensorwire.h>
 
 using namespace tensorwire;

@@ -12,8 +12,8 @@
 #include <string>
 #include <thread>
 
-#include "tensorwire/dataflow/dataflow.h"
 #include "os/process.h"
+#include "tensorwire/dataflow/dataflow.h"
 
 namespace tensorwire::dataflow::testing {
 
