@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 BUILD := build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
-CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY))
+# ccache, where the machine has it, makes rebuilds in fresh build folders cheap.
+CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
 .PHONY: all deps build demo test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
 

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+// Every file that casts to std::string must see this caster: without it nanobind falls back
+// to a generic cast that throws std::bad_cast, and the linker may pick that instantiation
+// for the whole module (one definition rule).
+#include <nanobind/stl/string.h>
 
 #include "tensorwire/core/tensordict.h"
 

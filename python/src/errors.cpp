@@ -227,6 +227,9 @@ void bind_errors(nb::module_& m) {
       PyErr_SetObject(PyExc_OSError, nb::make_tuple(EADDRINUSE, e.what()).ptr());
     } catch (const ClosedError& e) {
       PyErr_SetString(closed_type, e.what());
+    } catch (const SystemError& e) {
+      // OSError(errno, message) is the errno's own subclass (FileNotFoundError, ...).
+      PyErr_SetObject(PyExc_OSError, nb::make_tuple(e.code(), e.what()).ptr());
     } catch (const Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

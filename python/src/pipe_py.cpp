@@ -16,6 +16,13 @@ namespace {
 
 using Seconds = std::optional<double>;  // None: for ever (Timeout::seconds)
 
+// A Python int as a port: one line naming the rule instead of nanobind's signature dump.
+uint16_t port_of(int64_t port) {
+  if (port < 0 || port > 65535)
+    throw ValueError("port must be in 0..65535 (0: a free port), got " + std::to_string(port));
+  return static_cast<uint16_t>(port);
+}
+
 PipeOptions make_options(bool consolidated, const std::optional<std::string>& auth_key,
                          Seconds connect_timeout, uint64_t max_message_bytes) {
   PipeOptions o;
@@ -76,9 +83,10 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, uint16_t port, bool consolidated, std::optional<std::string> auth_key,
+          [](T* self, int64_t port, bool consolidated, std::optional<std::string> auth_key,
              Seconds timeout, uint64_t max_message_bytes) {
-            new (self) T(port, make_options(consolidated, auth_key, timeout, max_message_bytes));
+            new (self)
+                T(port_of(port), make_options(consolidated, auth_key, timeout, max_message_bytes));
           },
           nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
           nb::arg("timeout").none(), nb::arg("max_message_bytes"))
@@ -143,11 +151,12 @@ void bind_pipe(nb::module_& m) {
 
   m.def(
       "_connect",
-      [](const std::string& host, uint16_t port, bool consolidated,
+      [](const std::string& host, int64_t port, bool consolidated,
          std::optional<std::string> auth_key, Seconds timeout, uint64_t max_message_bytes) {
         PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
+        uint16_t p = port_of(port);
         NoGil nogil;
-        return PyPipe{TensorDictPipe::connect(host, port, o), {}};
+        return PyPipe{TensorDictPipe::connect(host, p, o), {}};
       },
       nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
       nb::arg("timeout").none(), nb::arg("max_message_bytes"));
