@@ -338,12 +338,10 @@ class TensorDictPipe:
         return f"TensorDictPipe({state}, consolidated={self.consolidated})"
 
 
-class PipeListener:
-    """Listens on a port (0: a free one, see ``.port``); each accepted client is a pipe."""
+class _Acceptor:
+    """What PipeListener and TensorDictServer share: a C++ acceptor in ``self._impl``."""
 
-    def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
-        self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes)
+    _impl: "_C._PipeListener"
 
     @property
     def port(self) -> int:
@@ -357,6 +355,14 @@ class PipeListener:
     def refused(self) -> int:
         """Clients refused at the handshake (wrong key, mode mismatch, gave up) so far."""
         return self._impl.refused
+
+
+class PipeListener(_Acceptor):
+    """Listens on a port (0: a free one, see ``.port``); each accepted client is a pipe."""
+
+    def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
+                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
+        self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes)
 
     def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
         """Waits for the next client and returns its connected pipe.
@@ -384,7 +390,7 @@ class PipeListener:
         self.close()
 
 
-class TensorDictServer:
+class TensorDictServer(_Acceptor):
     """Accepts many clients, each as its own TensorDictPipe.
 
     ``await server.serve(handler)`` runs ``handler(pipe)`` as a task per client and logs
@@ -400,19 +406,6 @@ class TensorDictServer:
         self._waiter = _FdWaiter([self._impl.fd])
         self._tasks: set = set()
         self.handler_errors: list = []
-
-    @property
-    def port(self) -> int:
-        return self._impl.port
-
-    @property
-    def closed(self) -> bool:
-        return self._impl.closed
-
-    @property
-    def refused(self) -> int:
-        """Clients refused at the handshake (wrong key, mode mismatch, gave up)."""
-        return self._impl.refused
 
     def accept(self, timeout: Optional[float] = None) -> Optional[TensorDictPipe]:
         """The next client's pipe; None when ``timeout`` (seconds; None: no limit) passes."""
