@@ -64,7 +64,6 @@ PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& op
     : options_(options),
       generation_(os::fork_generation()),
       owner_pid_(::getpid()),
-      is_client_(true),
       worker_(std::make_unique<ucx::Worker>()),
       encoder_(mode_of(options)),
       decoder_(options.limits) {
@@ -76,7 +75,6 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
     : options_(options),
       generation_(os::fork_generation()),
       owner_pid_(::getpid()),
-      is_client_(false),
       local_port_(local_port),
       worker_(std::make_unique<ucx::Worker>()),
       encoder_(mode_of(options)),

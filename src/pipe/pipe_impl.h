@@ -112,7 +112,6 @@ class PipeImpl {
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
   pid_t owner_pid_;
-  bool is_client_;
   uint16_t local_port_ = 0;
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
