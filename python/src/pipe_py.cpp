@@ -23,13 +23,22 @@ uint16_t port_of(int64_t port) {
   return static_cast<uint16_t>(port);
 }
 
-PipeOptions make_options(bool consolidated, const std::optional<std::string>& auth_key,
-                         Seconds connect_timeout, uint64_t max_message_bytes) {
+PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect_timeout,
+                         uint64_t max_message_bytes) {
   PipeOptions o;
   o.consolidated = consolidated;
-  if (auth_key && auth_key->empty())
+  // A key as str (its UTF-8 bytes) or bytes, as people keep secrets.
+  if (nb::isinstance<nb::bytes>(auth_key)) {
+    nb::bytes b = nb::borrow<nb::bytes>(auth_key);
+    o.auth_key.assign(b.c_str(), b.size());
+  } else if (nb::isinstance<nb::str>(auth_key)) {
+    o.auth_key = nb::cast<std::string>(auth_key);
+  } else if (!auth_key.is_none()) {
+    throw TypeError("auth_key must be str, bytes or None, got " +
+                    nb::cast<std::string>(nb::str(auth_key.type().attr("__name__"))));
+  }
+  if (!auth_key.is_none() && o.auth_key.empty())
     throw ValueError("auth_key must not be empty (pass None for no authentication)");
-  o.auth_key = auth_key.value_or("");
   o.connect_timeout = Timeout::seconds(connect_timeout);
   if (max_message_bytes) o.limits.max_message_bytes = max_message_bytes;
   return o;
@@ -83,7 +92,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, int64_t port, bool consolidated, std::optional<std::string> auth_key,
+          [](T* self, int64_t port, bool consolidated, nb::handle auth_key,
              Seconds timeout, uint64_t max_message_bytes) {
             new (self)
                 T(port_of(port), make_options(consolidated, auth_key, timeout, max_message_bytes));
@@ -152,7 +161,7 @@ void bind_pipe(nb::module_& m) {
   m.def(
       "_connect",
       [](const std::string& host, int64_t port, bool consolidated,
-         std::optional<std::string> auth_key, Seconds timeout, uint64_t max_message_bytes) {
+         nb::handle auth_key, Seconds timeout, uint64_t max_message_bytes) {
         PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
         uint16_t p = port_of(port);
         NoGil nogil;

@@ -46,6 +46,7 @@ CASES = [
      ValueError, ["batch"]),
     ("negative alignment", lambda: tw.TensorDict({"a": np.ones(3)}).consolidate(alignment=-8),
      ValueError, ["alignment"]),
+    ("negative storage cache limit", lambda: tw.set_storage_cache_limit(-5), ValueError, ["nbytes"]),
     ("load of a missing file", lambda: tw.load("/nonexistent/td.tw"), OSError, ["/nonexistent/td.tw"]),
     # pipe
     ("port above 65535", lambda: tw.TensorDictPipe.connect("127.0.0.1", 70000), ValueError, ["port"]),
@@ -54,6 +55,9 @@ CASES = [
      ValueError, ["timeout"]),
     ("nan accept timeout", lambda: tw.PipeListener(0).accept(timeout=float("nan")),
      ValueError, ["timeout"]),
+    ("an auth_key that is neither str nor bytes", lambda: tw.PipeListener(0, auth_key=42),
+     TypeError, ["auth_key"]),
+    ("an empty auth_key", lambda: tw.PipeListener(0, auth_key=b""), ValueError, ["auth_key"]),
     ("accept on a closed listener", lambda: closed_listener().accept(timeout=0), tw.ClosedError, []),
     # inference
     ("zero slots", lambda: tw.SharedMemoryTransport(tw.TensorDict({"obs": np.zeros(4)}),
@@ -108,3 +112,18 @@ def test_the_command_refuses_bad_options_by_name_and_never_aborts(args, word):
     r = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
     assert r.returncode in (1, 2), (r.returncode, r.stderr)
     assert word in r.stderr + r.stdout, r.stderr
+
+
+def test_an_auth_key_may_be_bytes_as_well_as_str():
+    import threading
+
+    key = b"\x00secret\xff"  # not UTF-8, with a NUL: used byte for byte
+    with tw.PipeListener(0, auth_key=key) as listener:
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("pipe", listener.accept(timeout=30)))
+        t.start()
+        with tw.TensorDictPipe.connect("127.0.0.1", listener.port, auth_key=key, timeout=30) as p:
+            t.join()
+            p.send(tw.TensorDict({"a": np.arange(3.0)}), timeout=30)
+            assert got["pipe"].recv(timeout=30)["a"].tolist() == [0.0, 1.0, 2.0]
+            got["pipe"].close()
