@@ -166,11 +166,10 @@ class TensorDictPipe:
     def send(self, td: TensorDict, *, timeout: Optional[float] = None) -> None:
         """Sends ``td`` (a tensorwire.TensorDict, or a tensordict.TensorDict, converted).
 
-        Returns once the message is handed over: ``td`` may then be changed. Below UCX's
-        rendezvous threshold UCX copies the message and ``send`` returns without waiting
-        for the peer; a larger one goes straight from ``td``'s memory to the receiver, and
-        ``send`` returns when the peer has received it (set ``UCX_RNDV_THRESH=81920`` for
-        every message with up to 64 KiB of data to go eagerly). ``timeout``: seconds (None: no limit, 0:
+        Returns once the message is handed over: ``td`` may then be changed. Up to 64 KiB
+        of tensor data (and 16 KiB of metadata), UCX copies the message and ``send``
+        returns without waiting for the peer; a larger one goes straight from ``td``'s
+        memory to the receiver, and ``send`` returns when the peer has received it. ``timeout``: seconds (None: no limit, 0:
         try once); TimeoutError when it passes. A send that timed out (or was interrupted
         by Ctrl-C) is still in flight: call ``send`` again with the same TensorDict to
         finish it (it arrives once); a different TensorDict is sent after it."""

@@ -143,6 +143,13 @@ Context::Context() : generation_(os::fork_generation()) {
       throw_status("ucp_config_modify(MM_ERROR_HANDLING)", st);
     }
   }
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
+    st = ucp_config_modify(config, "RNDV_THRESH", std::to_string(kEagerMax).c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      throw_status("ucp_config_modify(RNDV_THRESH)", st);
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

@@ -36,11 +36,10 @@ namespace tensorwire::ucx {
 
 using Clock = std::chrono::steady_clock;
 
-// The rendezvous threshold at which every pipe frame with its inline payload is sent
-// eagerly (UCX copies it and the send completes without the peer): what docs/pipe.md tells
-// users to set as UCX_RNDV_THRESH when a thread sends and then receives. Not the default:
-// forcing it costs TCP 1 KiB latency 5-7x (UCX then picks slower TCP protocols; measured
-// 15 us -> 85 us p50, `tensorwire bench pipe --tls tcp`).
+// Messages up to this size are sent eagerly: UCX copies them and the send completes
+// without waiting for the peer to receive (the pipe's frames with their inline payload fit,
+// so a send followed by a receive works on both sides). Larger ones use rendezvous (zero
+// copy; the send completes when the peer has received). UCX_RNDV_THRESH overrides it.
 inline constexpr size_t kEagerMax = 80 * 1024;
 
 // Throws the right tensorwire error for a UCX status ("what: Input/output error").

@@ -55,12 +55,11 @@ class TensorDictPipe {
   static TensorDictPipe listen(uint16_t port, const PipeOptions& options = {},
                                const std::function<void(uint16_t)>& on_listening = {});
 
-  // Returns once UCX has taken the message: `td` may be modified afterwards. Below UCX's
-  // rendezvous threshold (UCX_RNDV_THRESH; per transport by default) UCX copies the message
-  // and send() returns without waiting for the peer; above it the payload travels straight
-  // from `td`'s memory into the receiver's and send() returns when the peer has received
-  // it. So one thread that sends and then receives needs UCX_RNDV_THRESH=81920 (every frame
-  // with up to 64 KiB of data goes eagerly), or a second thread (docs/pipe.md).
+  // Returns once UCX has taken the message: `td` may be modified afterwards. A message
+  // with at most 64 KiB of tensor data and 16 KiB of metadata is copied by UCX and send()
+  // returns without waiting for the peer, so a send followed by a recv works on both
+  // sides. A larger payload travels by rendezvous, straight from `td`'s memory into the
+  // receiver's: send() returns when the peer has received it (docs/pipe.md).
   //
   // Resuming: a send that timed out or was interrupted stays in flight (`td`'s memory is
   // still read: keep it alive and unchanged). Calling send() again with the same TensorDict
