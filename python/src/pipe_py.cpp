@@ -92,8 +92,8 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, int64_t port, bool consolidated, nb::handle auth_key,
-             Seconds timeout, uint64_t max_message_bytes) {
+          [](T* self, int64_t port, bool consolidated, nb::handle auth_key, Seconds timeout,
+             uint64_t max_message_bytes) {
             new (self)
                 T(port_of(port), make_options(consolidated, auth_key, timeout, max_message_bytes));
           },
@@ -160,8 +160,8 @@ void bind_pipe(nb::module_& m) {
 
   m.def(
       "_connect",
-      [](const std::string& host, int64_t port, bool consolidated,
-         nb::handle auth_key, Seconds timeout, uint64_t max_message_bytes) {
+      [](const std::string& host, int64_t port, bool consolidated, nb::handle auth_key,
+         Seconds timeout, uint64_t max_message_bytes) {
         PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
         uint16_t p = port_of(port);
         NoGil nogil;

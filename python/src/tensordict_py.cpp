@@ -607,12 +607,13 @@ void bind_tensordict(nb::module_& m) {
       "set_storage_cache_limit",
       [](int64_t nbytes) {
         if (nbytes < 0)
-          throw ValueError("set_storage_cache_limit: nbytes must be >= 0 (0 turns the cache off), got " +
-                           std::to_string(nbytes));
+          throw ValueError(
+              "set_storage_cache_limit: nbytes must be >= 0 (0 turns the cache off), got " +
+              std::to_string(nbytes));
         set_storage_cache_limit(static_cast<size_t>(nbytes));
       },
       nb::arg("nbytes"),
-        "Bytes of released large storages kept for reuse (0 turns the cache off).");
+      "Bytes of released large storages kept for reuse (0 turns the cache off).");
   m.def("release_storage_cache", &release_storage_cache,
         "Returns every cached storage block to the system.");
   m.def(
