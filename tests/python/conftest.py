@@ -19,7 +19,9 @@ def tensorwire_bin():
 
 
 def run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+    # Below the 120 s per-test timeout: subprocess.run then kills a command that hangs, where
+    # pytest-timeout firing first would end the test and leave the command running.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=100, **kw)
 
 
 # ---- no leftovers after the whole suite ------------------------------------------------
