@@ -35,6 +35,20 @@ keep_artifacts() {
   cp -f "$work"/artifacts/* "$build/fuzz-artifacts/" 2>/dev/null || true
 }
 
+# Ends the run of target fuzz_$1 (label "$2" in the messages): its log and artifacts decide.
+report() {
+  local crashes
+  crashes=$(find "$work/artifacts" -type f | wc -l)
+  if [[ $status -ne 0 || $crashes -ne 0 ]]; then
+    grep -E -A 40 "ERROR: |==[0-9]+==|fuzz_$1 finding|runtime error" "$work/fuzz.log" | head -n 80 >&2 ||
+      tail -n 60 "$work/fuzz.log" >&2
+    keep_artifacts
+    echo "fuzz: $2FAILED (libFuzzer exit $status, $crashes artifacts kept in $build/fuzz-artifacts): $3"
+    exit 1
+  fi
+  echo "fuzz: $2ok: $3"
+}
+
 # Every input that once crashed must keep passing.
 shopt -s nullglob
 regressions=("$here"/regressions/*)
@@ -64,15 +78,7 @@ summary="$(stat number_of_executed_units) execs in ${seconds} s ($(stat average_
 summary+=" cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?} inputs, peak rss $(stat peak_rss_mb) MB,"
 summary+=" ${regressions_ok} regression inputs replayed"
 
-crashes=$(find "$work/artifacts" -type f | wc -l)
-if [[ $status -ne 0 || $crashes -ne 0 ]]; then
-  grep -E -A 40 'ERROR: |==[0-9]+==|fuzz_decoder finding|runtime error' "$work/fuzz.log" | head -n 80 >&2 ||
-    tail -n 60 "$work/fuzz.log" >&2
-  keep_artifacts
-  echo "fuzz: FAILED (libFuzzer exit $status, $crashes artifacts kept in $build/fuzz-artifacts): $summary"
-  exit 1
-fi
-echo "fuzz: ok: $summary"
+report decoder "" "$summary"
 
 # The datapoint decoder (wire/datapoint.h): SECONDS more from the checked-in seeds; its
 # regressions are regressions/datapoint_*.
@@ -96,13 +102,5 @@ status=0
 "$dp_fuzzer" -max_total_time="$seconds" -max_len=16384 -rss_limit_mb=2048 -malloc_limit_mb=256 \
   -timeout=10 -dict="$here/decoder.dict" -artifact_prefix="$work/artifacts/" \
   -print_final_stats=1 "$work/dp_corpus" >"$work/fuzz.log" 2>&1 || status=$?
-crashes=$(find "$work/artifacts" -type f | wc -l)
 summary="$(stat number_of_executed_units) execs in ${seconds} s ($(stat average_exec_per_sec)/s)"
-if [[ $status -ne 0 || $crashes -ne 0 ]]; then
-  grep -E -A 40 'ERROR: |==[0-9]+==|fuzz_datapoint finding|runtime error' "$work/fuzz.log" | head -n 80 >&2 ||
-    tail -n 60 "$work/fuzz.log" >&2
-  keep_artifacts
-  echo "fuzz: datapoint FAILED (libFuzzer exit $status, $crashes artifacts kept in $build/fuzz-artifacts): $summary"
-  exit 1
-fi
-echo "fuzz: datapoint ok: $summary"
+report datapoint "datapoint " "$summary"
