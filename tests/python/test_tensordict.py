@@ -204,7 +204,7 @@ def test_storage_cache_reuses_a_released_large_storage_and_honours_its_limit():
         del second
         tw.set_storage_cache_limit(0)  # shrinking empties it
         assert tw.storage_cache_stats()["cached_bytes"] == 0
-        with pytest.raises(TypeError):
+        with pytest.raises(ValueError, match="nbytes must be >= 0"):
             tw.set_storage_cache_limit(-1)
     finally:
         tw.set_storage_cache_limit(saved)
