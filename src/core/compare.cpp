@@ -1,4 +1,5 @@
-// equal() and describe(): comparing and printing TensorDicts (tests and tools).
+// equal(), all_true() and describe(): comparing and printing TensorDicts (tests and tools).
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -86,6 +87,19 @@ void describe_into(const TensorDict& td, int depth, std::ostringstream& os) {
 
 bool equal(const TensorDict& a, const TensorDict& b, std::string* why) {
   return equal_at(a, b, "", why);
+}
+
+bool all_true(const TensorDict& td) {
+  for (const Key& k : td.keys(true, true)) {
+    const Entry& e = td.entry(k);
+    if (!e.is_tensor()) continue;
+    Tensor t = e.tensor().contiguous();
+    const auto* p = static_cast<const std::byte*>(t.data());
+    for (size_t i = 0; i < t.nbytes(); i += t.itemsize())
+      if (std::all_of(p + i, p + i + t.itemsize(), [](std::byte b) { return b == std::byte{0}; }))
+        return false;
+  }
+  return true;
 }
 
 std::string describe(const TensorDict& td) {

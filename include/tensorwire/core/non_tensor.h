@@ -1,6 +1,7 @@
 // Non-tensor entries of a TensorDict: small JSON-representable values.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "tensorwire/core/json.h"
@@ -24,6 +25,14 @@ struct NonTensorStack {
 
   // Checks that values.size() == prod(batch_size) and 0 <= stack_dim < batch dims.
   void validate() const;
+
+  // From nested arrays, one level per batch dim (as tensordict.NonTensorStack(...).tolist()
+  // gives them). Without `batch_size` only the outer array is the batch: deeper arrays are
+  // values. ValueError when the nesting does not match the batch size.
+  static NonTensorStack from_nested(const Json& nested, std::optional<Shape> batch_size = {},
+                                    int64_t stack_dim = 0);
+  // The values nested one array per batch dim (the inverse of from_nested).
+  Json to_nested() const;
   friend bool operator==(const NonTensorStack&, const NonTensorStack&) = default;
 };
 

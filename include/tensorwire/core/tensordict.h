@@ -164,6 +164,10 @@ class TensorDict {
 // On a difference, `why` (if given) names the first one found.
 bool equal(const TensorDict& a, const TensorDict& b, std::string* why = nullptr);
 
+// True when every element of every tensor leaf is nonzero (for (a == b).all() on a dict
+// of bool leaves); non-tensor entries are ignored.
+bool all_true(const TensorDict& td);
+
 // Multi-line human description (keys, dtypes, shapes, sizes), used by `tensorwire inspect`.
 std::string describe(const TensorDict& td);
 
