@@ -1,7 +1,8 @@
 #include "convert.h"
 
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/string.h>
+
+#include "core/dlpack_dtype.h"
 
 namespace tensorwire::py {
 
@@ -9,53 +10,8 @@ namespace {
 
 namespace dl = nb::dlpack;
 
-// DType <-> DLPack (type code, bits). Codes 10 and 12 are DLPack 1.1's float8_e4m3fn and
-// float8_e5m2 (torch exports float8 with them; nanobind's enum predates them).
-struct Code {
-  DType dtype;
-  uint8_t code;
-  uint8_t bits;
-};
-
-constexpr uint8_t code_of(dl::dtype_code c) {
-  return static_cast<uint8_t>(c);
-}
-
-constexpr Code kCodes[] = {
-    {DType::Bool, code_of(dl::dtype_code::Bool), 8},
-    {DType::UInt8, code_of(dl::dtype_code::UInt), 8},
-    {DType::UInt16, code_of(dl::dtype_code::UInt), 16},
-    {DType::UInt32, code_of(dl::dtype_code::UInt), 32},
-    {DType::UInt64, code_of(dl::dtype_code::UInt), 64},
-    {DType::Int8, code_of(dl::dtype_code::Int), 8},
-    {DType::Int16, code_of(dl::dtype_code::Int), 16},
-    {DType::Int32, code_of(dl::dtype_code::Int), 32},
-    {DType::Int64, code_of(dl::dtype_code::Int), 64},
-    {DType::Float16, code_of(dl::dtype_code::Float), 16},
-    {DType::BFloat16, code_of(dl::dtype_code::Bfloat), 16},
-    {DType::Float32, code_of(dl::dtype_code::Float), 32},
-    {DType::Float64, code_of(dl::dtype_code::Float), 64},
-    {DType::Complex64, code_of(dl::dtype_code::Complex), 64},
-    {DType::Complex128, code_of(dl::dtype_code::Complex), 128},
-    {DType::Float8E4M3FN, 10, 8},
-    {DType::Float8E5M2, 12, 8},
-};
-
-std::optional<DType> from_dl(dl::dtype d) {
-  if (d.lanes != 1) return std::nullopt;
-  for (const auto& c : kCodes)
-    if (c.code == d.code && c.bits == d.bits) return c.dtype;
-  return std::nullopt;
-}
-
-dl::dtype to_dl(DType t) {
-  // float8 goes out as raw bytes and is re-viewed by the caller: numpy has no float8, and
-  // not every DLPack importer knows its codes.
-  if (t == DType::Float8E4M3FN || t == DType::Float8E5M2)
-    return {code_of(dl::dtype_code::UInt), 8, 1};
-  for (const auto& c : kCodes)
-    if (c.dtype == t) return {c.code, c.bits, 1};
-  return {code_of(dl::dtype_code::UInt), 8, 1};
+bool is_float8(DType t) {
+  return t == DType::Float8E4M3FN || t == DType::Float8E5M2;
 }
 
 // The owner of an exported array: a heap copy of the Tensor keeps its storage alive.
@@ -67,8 +23,11 @@ template <class Framework>
 nb::object export_as(const Tensor& t) {
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
   using Array = nb::ndarray<Framework, nb::device::cpu>;
-  Array a(t.data(), shape.size(), shape.data(), owner_of(t), t.strides().data(), to_dl(t.dtype()),
-          nb::device::cpu::value, 0);
+  // float8 goes out as raw bytes and is re-viewed by the caller: numpy has no float8, and
+  // not every DLPack importer knows its codes.
+  const auto code = detail::dlpack_type(is_float8(t.dtype()) ? DType::UInt8 : t.dtype());
+  Array a(t.data(), shape.size(), shape.data(), owner_of(t), t.strides().data(),
+          dl::dtype{code.code, code.bits, 1}, nb::device::cpu::value, 0);
   return a.cast(nb::rv_policy::reference);
 }
 
@@ -78,39 +37,52 @@ nb::object torch_dtype(DType t) {
   return torch.attr(name.substr(6).c_str());
 }
 
-// Wraps an imported array as a Tensor. The storage spans exactly the bytes the view can
-// reach and owns a reference to the array, released (under the GIL) when the last tensor
-// viewing it goes away, whichever thread that happens on.
+// Wraps an imported array as a Tensor over the same bytes; the storage owns a reference to
+// the array, released (under the GIL) when the last tensor viewing it goes away, whichever
+// thread that happens on.
 Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
-  auto dtype = from_dl(a.dtype());
+  const auto dtype = detail::dtype_from_dlpack(a.dtype().code, a.dtype().bits, a.dtype().lanes);
   if (!dtype)
     throw TypeError("unsupported array dtype (DLPack code " + std::to_string(a.dtype().code) +
                     ", " + std::to_string(a.dtype().bits) + " bits)");
-  const size_t nd = a.ndim();
-  Shape shape(nd), strides(nd);
-  int64_t lo = 0, hi = 0;
-  bool empty = false;
-  for (size_t i = 0; i < nd; ++i) {
+  Shape shape(a.ndim()), strides(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) {
     shape[i] = static_cast<int64_t>(a.shape(i));
     strides[i] = a.stride(i);
-    if (shape[i] == 0) empty = true;
   }
-  if (!empty)
-    for (size_t i = 0; i < nd; ++i) {
-      int64_t span = (shape[i] - 1) * strides[i];
-      (span < 0 ? lo : hi) += span;
-    }
-  const int64_t item = static_cast<int64_t>(itemsize(*dtype));
-  auto* base = static_cast<std::byte*>(const_cast<void*>(a.data())) + lo * item;
-  size_t nbytes = empty ? 0 : static_cast<size_t>((hi - lo + 1) * item);
   auto* keep = new nb::ndarray<nb::device::cpu>(a);
-  Storage storage = Storage::external(base, nbytes, [keep] {
-    if (!Py_IsInitialized()) return;  // interpreter gone: nothing left to release into
-    nb::gil_scoped_acquire gil;
-    delete keep;
-  });
-  return Tensor::view(std::move(storage), static_cast<size_t>(-lo * item), std::move(shape), *dtype,
-                      std::move(strides));
+  return detail::external_view(const_cast<void*>(a.data()), std::move(shape), std::move(strides),
+                               *dtype, [keep] {
+                                 if (!Py_IsInitialized()) return;  // nothing left to release into
+                                 nb::gil_scoped_acquire gil;
+                                 delete keep;
+                               });
+}
+
+// Why an array's dtype cannot be stored, and what to store instead.
+TypeError unsupported_dtype(nb::handle value, const std::string& where) {
+  nb::object dt = value.attr("dtype");
+  std::string kind = nb::hasattr(dt, "kind") ? nb::cast<std::string>(nb::str(dt.attr("kind"))) : "";
+  std::string order =
+      nb::hasattr(dt, "byteorder") ? nb::cast<std::string>(nb::str(dt.attr("byteorder"))) : "";
+  std::string instead;
+  if (kind == "O" || kind == "U" || kind == "S")
+    instead = "store text or objects as a non-tensor value: a str, or a list (arr.tolist())";
+  else if (kind == "M" || kind == "m")
+    instead = "store datetimes as int64 (arr.view('int64'))";
+  else if (kind == "V")
+    instead = "store each field of a structured array under its own key";
+  else if (order == ">")
+    instead = "convert to native byte order (arr.astype(arr.dtype.newbyteorder('=')))";
+  else if (kind == "f" || kind == "c")
+    instead = "convert to float64 / complex128";
+  else
+    instead = "convert to one of the supported dtypes";
+  return TypeError(where + ": arrays of dtype " + nb::cast<std::string>(nb::str(dt)) +
+                   " cannot be stored (supported: bool, int8-int64, uint8-uint64, float16, "
+                   "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
+                   "float8_e5m2, in native byte order); " +
+                   instead);
 }
 
 }  // namespace
@@ -130,6 +102,12 @@ Key to_key(nb::handle key) {
   }
   throw TypeError("keys must be str or tuples of str, got " +
                   nb::cast<std::string>(nb::str(key.type())));
+}
+
+nb::list key_list(const std::vector<Key>& keys) {
+  nb::list out;
+  for (const Key& k : keys) out.append(from_key(k));
+  return out;
 }
 
 nb::object from_key(const Key& key) {
@@ -212,6 +190,23 @@ std::optional<Tensor> to_tensor(nb::handle value) {
   return to_tensor_view(a);
 }
 
+std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
+  if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") &&
+      nb::hasattr(value, "is_cuda")) {
+    std::string dev = nb::cast<std::string>(nb::str(value.attr("device").attr("type")));
+    if (dev != "cpu")
+      throw ValueError(where + ": tensor on device '" + dev +
+                       "'; tensorwire only accepts CPU tensors (call .cpu() first)");
+  }
+  try {
+    if (std::optional<Tensor> t = to_tensor(value)) return t;
+  } catch (const TypeError&) {  // an array-like of a dtype with no DType: said below
+  }
+  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape"))
+    throw unsupported_dtype(value, where);
+  return std::nullopt;
+}
+
 nb::object to_numpy(const Tensor& t) {
   switch (t.dtype()) {
     case DType::BFloat16:
@@ -225,8 +220,7 @@ nb::object to_numpy(const Tensor& t) {
 
 nb::object to_torch(const Tensor& t) {
   nb::object out = export_as<nb::pytorch>(t);
-  if (t.dtype() == DType::Float8E4M3FN || t.dtype() == DType::Float8E5M2)
-    out = out.attr("view")(torch_dtype(t.dtype()));
+  if (is_float8(t.dtype())) out = out.attr("view")(torch_dtype(t.dtype()));
   return out;
 }
 

@@ -1,6 +1,13 @@
-// Conversions between Python objects and tensorwire's C++ types. Tensor data is never
-// copied: numpy arrays and torch tensors are wrapped (the Python object is kept alive by
-// the storage), and leaves go back out as numpy arrays / torch tensors over the same bytes.
+// The one conversion module between Python values and tensorwire's C++ types, used by every
+// binding. Tensor data is never copied: numpy arrays and torch tensors are wrapped (the
+// Python object is kept alive by the storage), and leaves go back out as numpy arrays /
+// torch tensors over the same bytes. Two purposes, two rules (docs/design.md, "From Python
+// values to leaves"):
+//  - building a TensorDict follows tensordict (convert_entry.cpp): a float becomes a
+//    float32 tensor, an int an int64 one, a bool a bool one;
+//  - a dataflow datapoint round-trips exactly what was yielded (convert_datapoint.cpp): a
+//    float comes back as the same float, an int as the same int.
+// Called with the GIL held.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -9,11 +16,34 @@
 // for the whole module (one definition rule).
 #include <nanobind/stl/string.h>
 
+#include <memory>
+
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/dataflow/dataflow.h"
 
 namespace tensorwire::py {
 
 namespace nb = nanobind;
+
+// The Python-facing TensorDict: a handle on a root C++ TensorDict plus a key path, so
+// td["info"] is a live view of the nested dict (writes through it are seen by the parent,
+// as in tensordict) and never dangles: a path that no longer exists raises KeyError.
+struct PyTensorDict {
+  std::shared_ptr<TensorDict> root;
+  std::vector<std::string> prefix;
+
+  explicit PyTensorDict(TensorDict td) : root(std::make_shared<TensorDict>(std::move(td))) {}
+  PyTensorDict(std::shared_ptr<TensorDict> r, std::vector<std::string> p)
+      : root(std::move(r)), prefix(std::move(p)) {}
+
+  TensorDict& td() const { return prefix.empty() ? *root : root->get_tensordict(Key(prefix)); }
+};
+
+struct PyNonTensorStack {
+  NonTensorStack stack;
+};
+
+// ---- Leaves, for both rules (convert.cpp) --------------------------------------------------
 
 // A Python str of exactly these bytes (NUL included: nb::str(const char*) would stop there).
 inline nb::str str_of(std::string_view s) {
@@ -23,6 +53,7 @@ inline nb::str str_of(std::string_view s) {
 // str -> Key("a"); tuple of str -> Key({"a", "b"}). TypeError otherwise.
 Key to_key(nb::handle key);
 nb::object from_key(const Key& key);
+nb::list key_list(const std::vector<Key>& keys);
 
 // Python value -> JSON (None, bool, int, float, str, list/tuple, dict with str keys).
 // ValueError naming `where` for anything else.
@@ -30,12 +61,45 @@ Json to_json(nb::handle value, const std::string& where);
 nb::object from_json(const Json& value);
 
 // Any object exposing DLPack or the buffer protocol on the CPU -> a Tensor viewing it.
-// std::nullopt when `value` is not array-like.
+// std::nullopt when `value` is not array-like; TypeError for a dtype with no DType.
 std::optional<Tensor> to_tensor(nb::handle value);
+// The same for a leaf the user gave at `where` ("key 'obs'"): ValueError for a tensor off
+// the CPU, TypeError naming the dtype and what to store instead for an unsupported one.
+std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where);
 
 // Tensor -> numpy array viewing the same bytes (torch tensor for dtypes numpy lacks).
 nb::object to_numpy(const Tensor& t);
 // Tensor -> torch tensor viewing the same bytes.
 nb::object to_torch(const Tensor& t);
+
+// ---- Building a TensorDict: tensordict's rule (convert_entry.cpp) ------------------------
+
+// A Python value as an entry of a dict of the given batch size and device.
+Entry to_entry(nb::handle value, const Shape& batch_size, const std::optional<Device>& device,
+               const Key& key);
+nb::object from_entry(const Entry& e, const PyTensorDict& owner, const Key& key);
+// A tensorwire.TensorDict as it is, a dict (with this batch size and device), or a
+// tensordict.TensorDict (with its own) as a TensorDict. TypeError naming `what` otherwise.
+TensorDict tensordict_from(nb::handle source, const Shape& batch_size,
+                           const std::optional<Device>& device, const char* what);
+// A nested dict of torch tensors sharing memory with `td`.
+nb::object to_torch_tree(const TensorDict& td);
+// A tensordict.TensorDict whose torch leaves share memory with `td` (imports tensordict).
+nb::object to_tensordict_lib(const TensorDict& td);
+// True for a tensordict.TensorDictBase, without importing tensordict.
+bool is_tensordict_lib(nb::handle value);
+// The leaves of a mapping at `keys` (obj[a][b]...): KeyError naming a missing one.
+TensorDict leaves_at(nb::handle mapping, const std::vector<Key>& keys);
+
+// ---- Dataflow datapoints: round-trips exactly what was yielded (convert_datapoint.cpp) ---
+
+// A Python datapoint as a TensorDict in the wire layer's datapoint format
+// (tensorwire/wire/datapoint.h); a tensorwire.TensorDict goes as it is.
+TensorDict datapoint_from_py(nb::handle obj);
+// Back to the Python objects that were encoded; a TensorDict that is not a datapoint comes
+// back as a tensorwire.TensorDict. ProtocolError for a malformed datapoint, or a pickled
+// element unless `allow_pickle`.
+nb::object datapoint_to_py(const TensorDict& td, bool allow_pickle);
+nb::object raw_to_py(const dataflow::RawDatapoint& raw, bool allow_pickle);
 
 }  // namespace tensorwire::py

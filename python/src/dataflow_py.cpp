@@ -1,7 +1,7 @@
 // Bindings of the dataflow runners (tensorwire/dataflow/*.h) for Python dataflows.
 //
 // Conversion and the GIL only:
-//  - datapoints through datapoint_py.h (the wire layer's format);
+//  - datapoints through convert.h (the round-trip rule, the wire layer's format);
 //  - PyDataFlow: the C++ DataFlow interface over a Python dataflow object;
 //  - fork hooks (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the
 //    worker's Python exception report.
@@ -15,9 +15,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
-#include "datapoint_py.h"
+#include "convert.h"
 #include "gil.h"
-#include "tensordict_py.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/remote.h"
 #include "tensorwire/dataflow/runner.h"

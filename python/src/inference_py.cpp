@@ -14,10 +14,10 @@
 #include <mutex>
 
 #include "bindings.h"
+#include "convert.h"
 #include "gil.h"
 #include "inference/shm_rows.h"
 #include "runtime/wait.h"
-#include "tensordict_py.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
@@ -32,49 +32,20 @@ Timeout timeout_arg(std::optional<double> seconds) {
   return Timeout::seconds(seconds, "timeout");
 }
 
-std::string kind_of(nb::handle obj) {
-  return nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
-}
-
-// One leaf of a mapping request read at a declared key (obj[a][b]...): KeyError when absent.
-Tensor declared_leaf(nb::handle obj, const Key& key) {
-  nb::object v = nb::borrow(obj);
-  try {
-    for (const std::string& part : key.parts()) v = v[str_of(part)];
-  } catch (nb::python_error& e) {
-    if (!e.matches(PyExc_KeyError) && !e.matches(PyExc_TypeError) && !e.matches(PyExc_IndexError))
-      throw;
-    throw KeyError("request has no key " + key.str() + " (declared in the request spec)");
-  }
-  if (std::optional<Tensor> t = to_tensor(v)) return std::move(*t);
-  if (nb::hasattr(v, "device")) {
-    nb::object device = v.attr("device");
-    throw ValueError("request key " + key.str() + ": tensor on " +
-                     nb::cast<std::string>(nb::str(nb::handle(device))) +
-                     "; SharedMemoryTransport only accepts CPU tensors");
-  }
-  throw ValueError("request key " + key.str() + ": expected a tensor, got a " + kind_of(v));
-}
-
-// A request as a C++ TensorDict: a tensorwire one as it is (no copy); a mapping (a dict,
-// or a tensordict.TensorDict for a fixed layout) read at the declared keys when the
-// transport has a fixed layout, converted whole otherwise. One rule for every transport.
+// A request as a C++ TensorDict: a tensorwire one as it is (no copy); with a fixed layout,
+// a mapping (a dict, a tensordict.TensorDict) read at the declared keys; otherwise converted
+// whole by the TensorDict rule. One rule for every transport.
 const TensorDict& request_from(nb::handle obj, const std::optional<std::vector<Key>>& keys,
                                TensorDict& holder) {
   if (nb::isinstance<PyTensorDict>(obj)) return nb::cast<PyTensorDict&>(obj).td();
-  const bool mapping = nb::isinstance<nb::dict>(obj) ||
+  const bool mapping = nb::isinstance<nb::dict>(obj) || is_tensordict_lib(obj) ||
                        (keys && nb::hasattr(obj, "keys") && nb::hasattr(obj, "__getitem__"));
   if (!mapping)
     throw TypeError(
         "a request must be a tensorwire.TensorDict, a tensordict.TensorDict or a dict of "
         "arrays, got " +
-        kind_of(obj));
-  if (keys) {
-    holder = TensorDict();
-    for (const Key& k : *keys) holder.set(k, declared_leaf(obj, k));
-  } else {
-    holder = nb::cast<PyTensorDict&>(nb::type<PyTensorDict>()(obj)).td();
-  }
+        nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));
+  holder = keys ? leaves_at(obj, *keys) : tensordict_from(obj, {}, {}, "request");
   return holder;
 }
 
@@ -113,12 +84,6 @@ PyClient client_for(const std::string& kind, const std::string& address) {
   if (kind == "shared_memory") return {inf::SharedMemoryTransport::client_for(address)};
   if (kind == "socket") return {inf::SocketTransport::client_for(address)};
   throw ValueError("no client can attach to a transport of kind '" + kind + "' by name");
-}
-
-nb::list key_list(const std::vector<Key>& keys) {
-  nb::list out;
-  for (const Key& k : keys) out.append(from_key(k));
-  return out;
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <nanobind/stl/shared_ptr.h>
 
 #include "bindings.h"
+#include "convert.h"
 #include "gil.h"
-#include "tensordict_py.h"
 #include "tensorwire/inference/server.h"
 
 namespace tensorwire::py {

@@ -5,8 +5,8 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "convert.h"
 #include "gil.h"
-#include "tensordict_py.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
 

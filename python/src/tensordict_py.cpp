@@ -1,9 +1,7 @@
-#include "tensordict_py.h"
-
-#include <algorithm>
 #include <cstring>
 
 #include "bindings.h"
+#include "convert.h"
 #include "gil.h"
 
 #include <nanobind/stl/optional.h>
@@ -16,92 +14,6 @@
 namespace tensorwire::py {
 
 namespace {
-
-bool is_number_tree(nb::handle v) {
-  if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v))
-    return true;
-  if (nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v)) {
-    if (nb::len(v) == 0) return false;
-    for (nb::handle x : v)
-      if (!is_number_tree(x)) return false;
-    return true;
-  }
-  return false;
-}
-
-// Python numbers become 0-dim tensors the way torch.tensor() types them: bool -> bool,
-// int -> int64, float -> float32 (lists of numbers likewise).
-Tensor number_tensor(nb::handle v) {
-  nb::module_ np = nb::module_::import_("numpy");
-  nb::object arr = np.attr("asarray")(v);
-  std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
-  if (kind == "f")
-    arr = arr.attr("astype")(np.attr("float32"));
-  else if (kind == "i" || kind == "u")
-    arr = arr.attr("astype")(np.attr("int64"));
-  auto t = to_tensor(arr);
-  if (!t) throw ValueError("cannot convert number");
-  return *t;
-}
-
-TensorDict dict_to_td(nb::handle d, const Shape& batch, const std::optional<Device>& device,
-                      const Key& prefix) {
-  TensorDict td(batch, device);
-  for (auto [k, v] : nb::borrow<nb::dict>(d)) {
-    if (!nb::isinstance<nb::str>(k)) throw TypeError("dict keys must be str");
-    std::string name = nb::cast<std::string>(k);
-    Key key = prefix.size() ? prefix.child(name) : Key(name);
-    td.set(name, to_entry(v, batch, device, key));
-  }
-  return td;
-}
-
-nb::object key_list(const std::vector<Key>& keys) {
-  nb::list out;
-  for (const Key& k : keys) out.append(from_key(k));
-  return out;
-}
-
-nb::object to_torch_tree(const TensorDict& td) {
-  nb::dict out;
-  for (const auto& [name, e] : td.items()) {
-    nb::str k = str_of(name);
-    if (e.is_tensor())
-      out[k] = to_torch(e.tensor());
-    else if (e.is_tensordict())
-      out[k] = to_torch_tree(e.tensordict());
-    else if (e.is_non_tensor())
-      out[k] = from_json(e.non_tensor().value);
-    else
-      out[k] = nb::cast(PyNonTensorStack{e.non_tensor_stack()});
-  }
-  return out;
-}
-
-nb::object stack_tolist(const NonTensorStack& st, size_t dim, size_t& pos) {
-  nb::list out;
-  for (int64_t i = 0; i < st.batch_size[dim]; ++i) {
-    if (dim + 1 == st.batch_size.size())
-      out.append(from_json(st.values[pos++]));
-    else
-      out.append(stack_tolist(st, dim + 1, pos));
-  }
-  return out;
-}
-
-void flatten_values(nb::handle v, size_t dim, Shape& shape, std::vector<Json>& out, bool infer) {
-  bool is_seq = nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v);
-  if (infer && is_seq && (dim == 0 || dim < 64)) {
-    // Shape inference stops at the first non-list, or at the given batch dims.
-  }
-  if (dim < shape.size()) {
-    if (!is_seq || static_cast<int64_t>(nb::len(v)) != shape[dim])
-      throw ValueError("NonTensorStack: values do not match batch_size " + shape_str(shape));
-    for (nb::handle x : v) flatten_values(x, dim + 1, shape, out, infer);
-    return;
-  }
-  out.push_back(to_json(v, "NonTensorStack value"));
-}
 
 std::string py_type(nb::handle v) {
   return nb::cast<std::string>(nb::str(v.type().attr("__name__")));
@@ -172,122 +84,24 @@ PyTensorDict compare(const PyTensorDict& self, nb::handle other, bool equal) {
   return PyTensorDict(std::move(out));
 }
 
-bool all_true(const TensorDict& td) {
-  for (const Key& k : td.keys(true, true)) {
-    const Entry& e = td.entry(k);
-    if (!e.is_tensor()) continue;
-    Tensor t = e.tensor().contiguous();
-    const auto* p = static_cast<const std::byte*>(t.data());
-    for (size_t i = 0; i < t.nbytes(); i += t.itemsize())
-      if (std::all_of(p + i, p + i + t.itemsize(), [](std::byte b) { return b == std::byte{0}; }))
-        return false;
-  }
-  return true;
-}
-
-// Why an array's dtype cannot be stored, and what to store instead.
-TypeError unsupported_dtype(nb::handle value, const Key& key) {
-  nb::object dt = value.attr("dtype");
-  std::string kind = nb::hasattr(dt, "kind") ? nb::cast<std::string>(nb::str(dt.attr("kind"))) : "";
-  std::string order =
-      nb::hasattr(dt, "byteorder") ? nb::cast<std::string>(nb::str(dt.attr("byteorder"))) : "";
-  std::string instead;
-  if (kind == "O" || kind == "U" || kind == "S")
-    instead = "store text or objects as a non-tensor value: a str, or a list (arr.tolist())";
-  else if (kind == "M" || kind == "m")
-    instead = "store datetimes as int64 (arr.view('int64'))";
-  else if (kind == "V")
-    instead = "store each field of a structured array under its own key";
-  else if (order == ">")
-    instead = "convert to native byte order (arr.astype(arr.dtype.newbyteorder('=')))";
-  else if (kind == "f" || kind == "c")
-    instead = "convert to float64 / complex128";
-  else
-    instead = "convert to one of the supported dtypes";
-  return TypeError("key " + key.str() + ": arrays of dtype " + nb::cast<std::string>(nb::str(dt)) +
-                   " cannot be stored (supported: bool, int8-int64, uint8-uint64, float16, "
-                   "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
-                   "float8_e5m2, in native byte order); " +
-                   instead);
-}
-
 }  // namespace
-
-Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>& device,
-               const Key& key) {
-  if (nb::isinstance<PyTensorDict>(value)) return Entry(nb::cast<PyTensorDict&>(value).td());
-  if (nb::isinstance<PyNonTensorStack>(value))
-    return Entry(nb::cast<PyNonTensorStack&>(value).stack);
-  if (nb::isinstance<nb::dict>(value)) return Entry(dict_to_td(value, batch, device, key));
-  if (value.is_none() || nb::isinstance<nb::str>(value))
-    return Entry(NonTensor{to_json(value, "key " + key.str())});
-  if (is_number_tree(value)) return Entry(number_tensor(value));
-  if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") &&
-      nb::hasattr(value, "is_cuda")) {
-    std::string dev = nb::cast<std::string>(nb::str(value.attr("device").attr("type")));
-    if (dev != "cpu")
-      throw ValueError("key " + key.str() + ": tensor on device '" + dev +
-                       "'; tensorwire stores CPU tensors (call .cpu() first)");
-  }
-  std::optional<Tensor> t;
-  try {
-    t = to_tensor(value);
-  } catch (const TypeError&) {  // an array-like of a dtype with no DType: said below
-  }
-  if (t) return Entry(std::move(*t));
-  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape"))
-    throw unsupported_dtype(value, key);
-  if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value))
-    return Entry(NonTensor{to_json(value, "key " + key.str())});
-  throw TypeError("key " + key.str() + ": cannot store a " +
-                  nb::cast<std::string>(nb::str(value.type().attr("__name__"))) +
-                  " (expected an array, a tensor, a dict, a TensorDict, a number or a JSON value)");
-}
-
-nb::object from_entry(const Entry& e, const PyTensorDict& owner, const Key& key) {
-  if (e.is_tensor()) return to_numpy(e.tensor());
-  if (e.is_non_tensor()) return from_json(e.non_tensor().value);
-  if (e.is_non_tensor_stack()) return nb::cast(PyNonTensorStack{e.non_tensor_stack()});
-  std::vector<std::string> path = owner.prefix;
-  path.insert(path.end(), key.parts().begin(), key.parts().end());
-  return nb::cast(PyTensorDict(owner.root, std::move(path)));
-}
 
 void bind_tensordict(nb::module_& m) {
   nb::class_<PyNonTensorStack>(m, "NonTensorStack",
                                "One JSON value per batch element (tensordict's NonTensorStack).")
       .def(
           "__init__",
-          [](PyNonTensorStack* self, nb::handle values,
-             std::optional<std::vector<int64_t>> batch_size, int64_t stack_dim) {
-            Shape shape;
-            if (batch_size) {
-              shape = *batch_size;
-            } else {
-              for (nb::handle v = values;
-                   nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v);) {
-                shape.push_back(static_cast<int64_t>(nb::len(v)));
-                if (nb::len(v) == 0) break;
-                v = v[0];
-              }
-              if (shape.size() > 1)
-                shape.resize(1);  // nested lists are values unless batch_size says
-            }
-            NonTensorStack st{shape, stack_dim, {}};
-            flatten_values(values, 0, st.batch_size, st.values, false);
-            st.validate();
-            new (self) PyNonTensorStack{std::move(st)};
+          [](PyNonTensorStack* self, nb::handle values, std::optional<Shape> batch_size,
+             int64_t stack_dim) {
+            new (self) PyNonTensorStack{NonTensorStack::from_nested(
+                to_json(values, "NonTensorStack value"), std::move(batch_size), stack_dim)};
           },
           nb::arg("values"), nb::arg("batch_size").none() = nb::none(), nb::arg("stack_dim") = 0)
       .def_prop_ro(
           "batch_size",
           [](const PyNonTensorStack& s) { return nb::tuple(nb::cast(s.stack.batch_size)); })
       .def_prop_ro("stack_dim", [](const PyNonTensorStack& s) { return s.stack.stack_dim; })
-      .def("tolist",
-           [](const PyNonTensorStack& s) {
-             size_t pos = 0;
-             return stack_tolist(s.stack, 0, pos);
-           })
+      .def("tolist", [](const PyNonTensorStack& s) { return from_json(s.stack.to_nested()); })
       .def("__len__", [](const PyNonTensorStack& s) { return s.stack.batch_size[0]; })
       .def("__eq__",
            [](const PyNonTensorStack& a, nb::handle b) {
@@ -295,8 +109,7 @@ void bind_tensordict(nb::module_& m) {
                     a.stack == nb::cast<PyNonTensorStack&>(b).stack;
            })
       .def("__repr__", [](const PyNonTensorStack& s) {
-        size_t pos = 0;
-        return "NonTensorStack(" + nb::cast<std::string>(nb::repr(stack_tolist(s.stack, 0, pos))) +
+        return "NonTensorStack(" + nb::cast<std::string>(nb::repr(from_json(s.stack.to_nested()))) +
                ", batch_size=" + shape_str(s.stack.batch_size) + ")";
       });
 
@@ -310,16 +123,10 @@ void bind_tensordict(nb::module_& m) {
             TensorDict td(batch_arg(batch_size), dev);
             if (names) td.set_names(*names);
             if (!source.is_none()) {
-              if (nb::isinstance<PyTensorDict>(source)) {
-                td = nb::cast<PyTensorDict&>(source).td();
-              } else if (nb::isinstance<nb::dict>(source)) {
-                TensorDict filled =
-                    dict_to_td(source, td.batch_size(), dev, Key(std::vector<std::string>{}));
-                filled.set_names(td.names());
-                td = std::move(filled);
-              } else {
-                throw TypeError("TensorDict(source): expected a dict or a TensorDict");
-              }
+              TensorDict filled =
+                  tensordict_from(source, td.batch_size(), dev, "TensorDict(source)");
+              if (nb::isinstance<nb::dict>(source)) filled.set_names(td.names());
+              td = std::move(filled);
             }
             new (self) PyTensorDict(std::move(td));
           },
@@ -478,11 +285,8 @@ void bind_tensordict(nb::module_& m) {
                const TensorDict& src = nb::cast<PyTensorDict&>(other).td();
                NoGil nogil;
                td.update_(src);
-             } else if (nb::isinstance<nb::dict>(other)) {
-               td.update_(dict_to_td(other, td.batch_size(), td.device(),
-                                     Key(std::vector<std::string>{})));
              } else {
-               throw TypeError("update_: expected a TensorDict or a dict");
+               td.update_(tensordict_from(other, td.batch_size(), td.device(), "update_"));
              }
              return self;
            })
@@ -506,6 +310,21 @@ void bind_tensordict(nb::module_& m) {
       .def(
           "torch", [](const PyTensorDict& self) { return to_torch_tree(self.td()); },
           "A nested dict of torch tensors sharing memory with this TensorDict.")
+      .def_static(
+          "from_tensordict",
+          [](nb::handle td) {
+            if (!is_tensordict_lib(td))
+              throw TypeError("from_tensordict: expected a tensordict.TensorDict, got " +
+                              py_type(td));
+            return PyTensorDict(tensordict_from(td, {}, {}, "from_tensordict"));
+          },
+          nb::arg("td"),
+          "A TensorDict over the same leaf memory as `td` (a tensordict.TensorDict): nesting,\n"
+          "batch size, names and non-tensor entries kept. CPU leaves only.")
+      .def(
+          "to_tensordict", [](const PyTensorDict& self) { return to_tensordict_lib(self.td()); },
+          "A tensordict.TensorDict whose torch leaves share memory with this TensorDict\n"
+          "(non-tensor entries as NonTensorData / NonTensorStack).")
       .def(
           "get_torch",
           [](const PyTensorDict& self, nb::handle key) {

@@ -1,18 +1,14 @@
-// Python datapoints <-> the wire layer's datapoint tree (tensorwire/wire/datapoint.h).
+// Dataflow datapoints, the round-trip rule (docs/design.md): Python datapoints <-> the wire
+// layer's datapoint tree (tensorwire/wire/datapoint.h).
 //
 // Python objects go through wire::DatapointEncoder; received datapoints are read with the
 // structure wire::DatapointDecoder made for their schema (cached per schema here, for
 // speed: the only validation is the decoder's). Exact types only, so that what comes back
 // is what was yielded: subclasses (a namedtuple, an IntEnum, an ndarray subclass) are
 // pickled, as tensorpack would, and numpy scalars stay numpy scalars.
-#include "datapoint_py.h"
-
-#include <nanobind/stl/string.h>
-
 #include <unordered_map>
 
 #include "convert.h"
-#include "tensordict_py.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
 
