@@ -5,13 +5,13 @@ tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
 from ._C import (ClosedError, NonTensorStack, ProtocolError, RemoteTraceback, TensorDict, load, release_storage_cache,
                  set_storage_cache_limit, stack, storage_cache_stats)
-from ._interop import from_tensordict, to_tensordict
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
 from .dataflow import MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
 from .inference import InferenceServer, SharedMemoryTransport, SocketTransport, ThreadTransport
 
-TensorDict.from_tensordict = staticmethod(from_tensordict)
-TensorDict.to_tensordict = to_tensordict
+# The same conversions as module functions (tensorwire.from_tensordict(td)).
+from_tensordict = TensorDict.from_tensordict
+to_tensordict = TensorDict.to_tensordict
 
 __all__ = [
     "TensorDict",

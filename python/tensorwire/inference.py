@@ -22,7 +22,6 @@ import weakref
 
 from . import _C
 from ._C import ClosedError, TensorDict
-from ._interop import from_tensordict, to_tensordict
 
 __all__ = [
     "InferenceServer",
@@ -61,7 +60,7 @@ class InferenceFuture:
         """The response. ``timeout`` in seconds (None: no limit, 0: poll). On TimeoutError
         or KeyboardInterrupt the request stays in flight: call result() again."""
         r = self._f.result(timeout)
-        return to_tensordict(r) if self._as_tensordict else r
+        return r.to_tensordict() if self._as_tensordict else r
 
     def __repr__(self) -> str:
         return f"<InferenceFuture {self._f.state}>"
@@ -81,21 +80,17 @@ class InferenceClient:
     def __init__(self, client):
         self._c = client
 
-    def _request(self, td):
-        # A fixed layout reads the declared keys straight from the tensordict (C++ side).
-        return td if self._c.has_fixed_layout else from_tensordict(td)
-
     def __call__(self, td, timeout: float | None = None):
         """Submits ``td`` and waits for its response (interruptible by Ctrl-C)."""
         if type(td) is TensorDict or not _is_tensordict(td):
             return self._c(td, timeout)
-        return to_tensordict(self._c(self._request(td), timeout))
+        return self._c(td, timeout).to_tensordict()
 
     def submit(self, td, timeout: float | None = None) -> InferenceFuture:
         """Submits ``td`` and returns its future; ``timeout`` bounds the wait for a free slot."""
         if type(td) is TensorDict or not _is_tensordict(td):
             return InferenceFuture(self._c.submit(td, timeout), False)
-        return InferenceFuture(self._c.submit(self._request(td), timeout), True)
+        return InferenceFuture(self._c.submit(td, timeout), True)
 
     def close(self) -> None:
         self._c.close()
@@ -124,7 +119,7 @@ def _as_tensorwire(spec, what: str) -> TensorDict:
     if isinstance(spec, TensorDict):
         return spec
     if _is_tensordict(spec):
-        return from_tensordict(spec)
+        return TensorDict.from_tensordict(spec)
     if isinstance(spec, dict):
         return TensorDict(spec)
     raise TypeError(f"{what} must be a TensorDict (tensorwire or tensordict) or a dict, "
@@ -260,7 +255,7 @@ def _to_tensorwire(out, response_keys, batch_size):
         return out
     if _is_tensordict(out):
         if response_keys is None:
-            return from_tensordict(out)
+            return TensorDict.from_tensordict(out)
         result = TensorDict(batch_size=tuple(out.batch_size)[:1] or batch_size)
         for key in response_keys:
             value = out.get(key, None)

@@ -501,8 +501,7 @@ def _as_tensorwire(td) -> TensorDict:
     # Only an object of tensordict's own classes is converted (importing tensordict is slow).
     if type(td).__module__.split(".")[0] != "tensordict":
         raise TypeError(_ACCEPTED.format(type(td).__name__))
-    from ._interop import from_tensordict
-    return from_tensordict(td)
+    return TensorDict.from_tensordict(td)
 
 
 def _check_device(device) -> None:

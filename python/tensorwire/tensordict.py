@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import tensordict as _td
 from tensordict import TensorDictBase
 from tensordict._reductions import _rebuild_tensordict_files_consolidated
 from tensordict._ucxx import TensorDictPipe as _ReferencePipe
@@ -60,7 +59,6 @@ class TensorDictPipe(_ReferencePipe):
             tw = _C._from_consolidated(storage, metadata)
             self._out_cache = (storage, metadata, tw)
             return tw
-        _check_non_tensors(td)
         return _C.TensorDict.from_tensordict(td)
 
     def _from_wire(self, tw) -> TensorDictBase:
@@ -163,27 +161,3 @@ def _C_storage_as_torch(tw):
     import torch
 
     return torch.from_numpy(tw.storage)
-
-
-def _check_non_tensors(td: TensorDictBase, prefix: tuple = ()) -> None:
-    """JSON-representable non-tensors only, checked before a byte is sent."""
-    import json
-
-    for key in td.keys():
-        value = td._get_str(key, None)
-        if isinstance(value, _td.NonTensorStack):
-            data = value.tolist()
-        elif isinstance(value, _td.NonTensorData):
-            data = value.data
-        elif isinstance(value, TensorDictBase):
-            _check_non_tensors(value, prefix + (key,))
-            continue
-        else:
-            continue
-        try:
-            json.dumps(data)
-        except (TypeError, ValueError):
-            name = prefix + (key,) if prefix else key
-            raise ValueError(
-                f"non-tensor entry {name!r} holds a {type(data).__name__}, which is not "
-                "JSON-representable (str, int, float, bool, None, lists / dicts of them)") from None
