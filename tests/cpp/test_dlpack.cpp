@@ -163,6 +163,14 @@ TEST(DLPack, FromDlpackRejectsNull) {
   EXPECT_THROW(Tensor::from_dlpack(nullptr), ValueError);
 }
 
+TEST(DLPack, FromDlpackTakesFloat8ByDlpack11Codes) {
+  VectorProducer::deletes = 0;
+  DLManagedTensor* m = VectorProducer::make({1, 2}, {8}, {});
+  m->dl_tensor.dtype = {10, 8, 1};  // DLPack 1.1's float8_e4m3fn, as torch exports it
+  EXPECT_EQ(Tensor::from_dlpack(m).dtype(), DType::Float8E4M3FN);
+  EXPECT_EQ(VectorProducer::deletes, 1);
+}
+
 TEST(DLPack, ToDlpackRejectsDtypesDlpackCannotName) {
   Tensor t = Tensor::zeros({2}, DType::Float8E4M3FN);
   EXPECT_THROW(t.to_dlpack(), TypeError);

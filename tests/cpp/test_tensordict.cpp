@@ -138,6 +138,39 @@ TEST(TensorDict, SetRejectsANonTensorStackOfTheWrongShape) {
   EXPECT_NO_THROW(td.set("s", NonTensorStack{{3}, 0, {"a", "b", "c"}}));
 }
 
+TEST(NonTensorStack, FromNestedTakesOneArrayPerBatchDimAndGivesThemBack) {
+  Json nested = Json::parse(R"([["a", "b"], ["c", "d"], ["e", "f"]])");
+  NonTensorStack two = NonTensorStack::from_nested(nested, Shape{3, 2});
+  EXPECT_EQ(two.values, (std::vector<Json>{"a", "b", "c", "d", "e", "f"}));
+  EXPECT_EQ(two.to_nested(), nested);
+  // Without a batch size only the outer array is the batch: inner arrays are values.
+  NonTensorStack one = NonTensorStack::from_nested(nested);
+  EXPECT_EQ(one.batch_size, Shape{3});
+  EXPECT_EQ(one.values[0], Json::parse(R"(["a", "b"])"));
+  EXPECT_EQ(one.to_nested(), nested);
+}
+
+TEST(NonTensorStack, FromNestedRejectsNestingThatDoesNotMatchTheBatchSize) {
+  Json ragged = Json::parse(R"([["a", "b"], ["c"]])");
+  EXPECT_THAT(
+      [&] {
+        NonTensorStack::from_nested(ragged, Shape{2, 2});
+      },
+      ::testing::ThrowsMessage<ValueError>(HasSubstr("do not match batch_size [2, 2]")));
+  EXPECT_THROW(NonTensorStack::from_nested(Json("a")), ValueError);  // no batch dim
+  EXPECT_THROW(NonTensorStack::from_nested(Json::array({"a"}), Shape{1}, 1), ValueError);
+}
+
+TEST(TensorDict, AllTrueLooksAtEveryElementOfEveryTensorLeaf) {
+  TensorDict td({2});
+  td.set("a", Tensor::from_vector<bool>({true, true}, {2}));
+  td.set({"n", "b"}, Tensor::from_vector<int32_t>({1, -1}, {2}));
+  td.set("s", NonTensor{false});  // ignored
+  EXPECT_TRUE(all_true(td));
+  td.set({"n", "b"}, Tensor::from_vector<int32_t>({1, 0}, {2}));
+  EXPECT_FALSE(all_true(td));
+}
+
 TEST(TensorDict, SetRejectsAnEmptyKeyName) {
   TensorDict td({3});
   EXPECT_THROW(td.set("", fill_f32({3}, 0.0f)), KeyError);
