@@ -29,22 +29,13 @@ namespace nb = nanobind;
 
 namespace {
 
-std::thread::id g_main_thread;
 // The Python exception an interrupt check fetched, per thread, until the translator
 // restores it (a strong reference; only ever touched with the GIL held).
 thread_local PyObject* t_pending = nullptr;
 
-bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
 void python_interrupt_check() {
-  if (std::this_thread::get_id() != g_main_thread || !Py_IsInitialized() ||
-      interpreter_finalizing())
+  if (std::this_thread::get_id() != NoGil::main_thread() || !Py_IsInitialized() ||
+      NoGil::finalizing())
     return;
   PyGILState_STATE s = PyGILState_Ensure();
   if (PyErr_CheckSignals() != 0) {
@@ -119,9 +110,7 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
     exc.attr("worker") = worker->worker();
     exc.attr("worker_pid") = worker->pid();
     exc.attr("worker_traceback") = text(f.traceback);
-    std::string what = worker->what();
-    std::string note = what.substr(0, what.find(" raised "));
-    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(text("raised in " + note));
+    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(text("raised in " + worker->context()));
   }
   return exc;
 }
@@ -158,8 +147,7 @@ Failure describe_python_exception(nb::handle exc, bool with_payload) {
 }
 
 void bind_errors(nb::module_& m) {
-  g_main_thread = std::this_thread::get_id();
-  NoGil::main_thread();  // the importing thread
+  NoGil::main_thread();  // the importing thread, where Python runs signal handlers
   set_interrupt_check(python_interrupt_check);
   // See gil.h: from here on, a daemon thread coming back from a blocking call parks
   // instead of being ended by CPython mid-unwind (std::terminate).

@@ -25,7 +25,7 @@ std::string describe(const Failure& f, const std::string& context) {
 }  // namespace
 
 RemoteError::RemoteError(Failure failure, const std::string& context)
-    : Error(describe(failure, context)), failure_(std::move(failure)) {}
+    : Error(describe(failure, context)), failure_(std::move(failure)), context_(context) {}
 
 RemoteError::RemoteError(std::string type_name, std::string message)
     : RemoteError(Failure{std::move(type_name), std::move(message), {}, {}}) {}

@@ -39,9 +39,12 @@ class RemoteError : public Error {
   const Failure& failure() const noexcept { return failure_; }
   const std::string& type_name() const noexcept { return failure_.type; }
   const std::string& message() const noexcept { return failure_.message; }
+  // Who failed, as given (empty when not said).
+  const std::string& context() const noexcept { return context_; }
 
  private:
   Failure failure_;
+  std::string context_;
 };
 
 }  // namespace tensorwire

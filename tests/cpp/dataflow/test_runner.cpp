@@ -145,6 +145,7 @@ TEST_F(Runner, AWorkerExceptionIsRethrownWithItsTypeAndMessage) {
     EXPECT_EQ(e.failure().type, "ValueError");
     EXPECT_EQ(e.failure().message, "bad datapoint 3");
     EXPECT_THAT(e.what(), HasSubstr("worker 0"));
+    EXPECT_EQ(e.context(), "MultiProcessRunnerZMQ: worker 0 (pid " + std::to_string(e.pid()) + ")");
   }
   EXPECT_THROW(r.next(), WorkerError);  // the runner stays failed
 }
