@@ -2,12 +2,10 @@
 // layer's datapoint tree (tensorwire/wire/datapoint.h).
 //
 // Python objects go through wire::DatapointEncoder; received datapoints are read with the
-// structure wire::DatapointDecoder made for their schema (cached per schema here, for
-// speed: the only validation is the decoder's). Exact types only, so that what comes back
+// structure wire::DatapointDecoder made for their schema (cached per schema: the only
+// validation is the decoder's). Exact types only, so that what comes back
 // is what was yielded: subclasses (a namedtuple, an IntEnum, an ndarray subclass) are
 // pickled, as tensorpack would, and numpy scalars stay numpy scalars.
-#include <unordered_map>
-
 #include "convert.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
@@ -212,40 +210,8 @@ nb::object node_to_py(const Storage& s, const DatapointNode& n) {
   return element_to_py(s, n.elements.at(0));
 }
 
-// Structures by schema (metadata address; the entry keeps the metadata alive, so the
-// address is not reused while cached). Few schemas are live at once: emptied when full.
-class StructureCache {
- public:
-  // nullptr: not a datapoint (a TensorDict from a C++ producer).
-  const DatapointNode* get(const std::shared_ptr<const Json>& meta, uint64_t storage_bytes,
-                           const wire::ConsolidatedLayout* layout, bool allow_pickle) {
-    auto it = cache_.find({meta.get(), allow_pickle});
-    if (it != cache_.end()) return it->second.node.get();
-    if (cache_.size() >= 64) cache_.clear();
-    std::optional<wire::ConsolidatedLayout> parsed;
-    if (!layout)
-      layout = &parsed.emplace(wire::ConsolidatedLayout::parse(*meta, {}, storage_bytes));
-    Entry e{meta, DatapointDecoder::structure(*layout, allow_pickle)};
-    const DatapointNode* n = e.node.get();
-    cache_.emplace(std::make_pair(meta.get(), allow_pickle), std::move(e));
-    return n;
-  }
-
- private:
-  struct Entry {
-    std::shared_ptr<const Json> meta;
-    std::unique_ptr<const DatapointNode> node;
-  };
-  struct Hash {
-    size_t operator()(const std::pair<const Json*, bool>& k) const noexcept {
-      return std::hash<const void*>()(k.first) ^ k.second;
-    }
-  };
-  std::unordered_map<std::pair<const Json*, bool>, Entry, Hash> cache_;
-};
-
-StructureCache& structures() {                // used under the GIL
-  static auto* cache = new StructureCache();  // leaked on purpose: outlives every runner
+wire::DatapointStructureCache& structures() {                // used under the GIL
+  static auto* cache = new wire::DatapointStructureCache();  // leaked: outlives every runner
   return *cache;
 }
 

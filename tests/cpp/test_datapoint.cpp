@@ -203,6 +203,23 @@ TEST(DatapointDecoder, RefusesPickleUnlessAllowed) {
   EXPECT_EQ(decode_error(sample_metadata(), true), "");
 }
 
+TEST(DatapointStructureCache, MakesAStructureOncePerMetadataAndPickleRule) {
+  TensorDict c = consolidate(sample());
+  const auto& meta = c.consolidated()->metadata;
+  const uint64_t bytes = c.consolidated()->storage.nbytes();
+  DatapointStructureCache cache;
+  const DatapointNode* n = cache.get(meta, bytes, nullptr, true);
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(n->elements.size(), 7u);
+  EXPECT_EQ(cache.get(meta, bytes, nullptr, true), n);  // the same structure, not a new one
+  // The pickle rule is part of the key: the same schema is refused without it.
+  EXPECT_THROW(cache.get(meta, bytes, nullptr, false), ProtocolError);
+  ConsolidatedLayout l = layout_of(c);
+  EXPECT_NE(cache.get(l.metadata_ptr(), bytes, &l, true), nullptr);
+  TensorDict plain = consolidate(TensorDict());  // no tag: not a datapoint
+  EXPECT_EQ(cache.get(plain.consolidated()->metadata, 0, nullptr, true), nullptr);
+}
+
 TEST(DatapointDecoder, RejectsStringsThatAreNotUtf8) {
   for (std::string bad : {"\xff", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"}) {
     DatapointEncoder e(Container::List);
