@@ -23,8 +23,8 @@
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
-#include "tensorwire/wire/handshake.h"
 #include "ucx/ucx.h"
+#include "wire/handshake.h"
 
 namespace tensorwire::detail {
 

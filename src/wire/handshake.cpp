@@ -1,4 +1,4 @@
-#include "tensorwire/wire/handshake.h"
+#include "wire/handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "tensorwire/wire/handshake.h"
+#include "wire/handshake.h"
 
 namespace tw = tensorwire;
 namespace wire = tensorwire::wire;

@@ -9,8 +9,8 @@
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
 #include "tensorwire/tensorwire.h"
-#include "tensorwire/wire/handshake.h"
 #include "ucx/ucx.h"
+#include "wire/handshake.h"
 
 using namespace tensorwire;
 using test_support::PeerProcess;
