@@ -1,12 +1,11 @@
-#include <cstring>
-
+// tensorwire.TensorDict and NonTensorStack: arguments and methods; values go through the
+// conversion module (convert.h), pickling through tensorwire/_pickling.py.
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "tensorwire/tensorwire.h"
@@ -342,27 +341,6 @@ void bind_tensordict(nb::module_& m) {
              throw ValueError(
                  "the truth value of a TensorDict is ambiguous: use (a == b).all() or a.equal(b)");
            })
-      .def("__getstate__",
-           [](const PyTensorDict& self) {
-             TensorDict c = consolidate(self.td());
-             const Storage& st = c.consolidated()->storage;
-             const std::string meta = c.consolidated()->metadata->dump();
-             return nb::make_tuple(nb::bytes(st.data(), st.nbytes()),
-                                   nb::bytes(meta.data(), meta.size()), self.td().is_locked());
-           })
-      .def("__setstate__",
-           [](PyTensorDict* self, const std::tuple<nb::bytes, nb::bytes, bool>& state) {
-             const auto& [bytes, meta, locked] = state;
-             Storage storage = Storage::allocate(bytes.size(), 64);
-             std::memcpy(storage.data(), bytes.c_str(), bytes.size());
-             auto json = std::as_bytes(std::span(meta.c_str(), meta.size()));
-             auto layout = wire::ConsolidatedLayout::parse(
-                 wire::parse_untrusted_json(json, wire::Limits{}, "pickled TensorDict"),
-                 wire::Limits{}, storage.nbytes());
-             TensorDict td = layout.instantiate(storage);
-             if (locked) td.lock_();
-             new (self) PyTensorDict(std::move(td));
-           })
       .def("equal", [](const PyTensorDict& self,
                        const PyTensorDict& other) { return equal(self.td(), other.td()); })
       .def(
@@ -391,8 +369,8 @@ void bind_tensordict(nb::module_& m) {
   m.def(
       "_from_consolidated",
       [](nb::handle storage, nb::handle metadata) {
-        // A consolidated dict written by someone else (tensordict): its storage bytes and
-        // metadata, validated like any untrusted input, viewed without a copy.
+        // A consolidated dict written by someone else (tensordict, a pickle): its storage
+        // bytes and metadata, validated like any untrusted input, viewed without a copy.
         auto t = to_tensor(storage);
         if (!t || t->dtype() != DType::UInt8 || t->dim() != 1 || !t->is_contiguous())
           throw TypeError("_from_consolidated: storage must be a contiguous 1-d uint8 array");

@@ -5,6 +5,7 @@ tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
 from ._C import (ClosedError, NonTensorStack, ProtocolError, RemoteTraceback, TensorDict, load, release_storage_cache,
                  set_storage_cache_limit, stack, storage_cache_stats)
+from . import _pickling  # noqa: F401  (registers how a TensorDict pickles)
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
 from .dataflow import MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
 from .inference import InferenceServer, SharedMemoryTransport, SocketTransport, ThreadTransport
