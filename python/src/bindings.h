@@ -1,12 +1,8 @@
 // One registration function per bound subsystem; module.cpp calls each once.
 #pragma once
 
-#include <nanobind/nanobind.h>
-// Every file that casts to std::string must see this caster: without it nanobind falls back
-// to a generic cast that throws std::bad_cast, and the linker may pick that instantiation
-// for the whole module (one definition rule).
-#include <nanobind/stl/string.h>
-
+// convert.h brings nanobind with the std::string caster every binding must see.
+#include "convert.h"
 #include "tensorwire/runtime/remote_error.h"
 
 namespace tensorwire::py {

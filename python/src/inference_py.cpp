@@ -146,14 +146,15 @@ void bind_inference(nb::module_& m) {
   nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport")
       .def_static(
           "create",
-          [](const PyTensorDict& request_spec, const PyTensorDict& response_spec,
-             uint32_t num_slots, bool copy_result, std::optional<std::string> name,
-             std::optional<uint32_t> spin) {
+          [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,
+             bool copy_result, std::optional<std::string> name, std::optional<uint32_t> spin) {
             inf::SharedMemoryOptions o{.num_slots = num_slots, .copy_result = copy_result};
             if (name) o.name = *name;
             if (spin) o.spin = *spin;
+            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
+            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
             NoGil nogil;
-            return Shm::create(request_spec.td(), response_spec.td(), o);
+            return Shm::create(request, response, o);
           },
           nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
           nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),

@@ -115,17 +115,6 @@ def _is_torch_module(obj) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def _as_tensorwire(spec, what: str) -> TensorDict:
-    if isinstance(spec, TensorDict):
-        return spec
-    if _is_tensordict(spec):
-        return TensorDict.from_tensordict(spec)
-    if isinstance(spec, dict):
-        return TensorDict(spec)
-    raise TypeError(f"{what} must be a TensorDict (tensorwire or tensordict) or a dict, "
-                    f"got {type(spec).__name__}")
-
-
 class _Transport:
     """What every transport offers: ``client()`` and, for the server, ``_impl``."""
 
@@ -192,8 +181,7 @@ class SharedMemoryTransport(_Transport):
             raise ValueError(f"num_slots must be a positive integer, got {num_slots}")
         self._tensordict_specs = _is_tensordict(request_spec)
         self._impl = _C._SharedMemoryTransport.create(
-            _as_tensorwire(request_spec, "request_spec"), _as_tensorwire(response_spec, "response_spec"),
-            num_slots, bool(copy_result), name, spin)
+            request_spec, response_spec, num_slots, bool(copy_result), name, spin)
         self._response_keys = self._impl.response_keys
 
     @classmethod
