@@ -6,7 +6,7 @@
         hosts.cut(b)                      # b's link goes silent: no FIN, no RST
         hosts.restore(b)
 
-Each host is a network namespace with its loopback up and one interface, eth0, with its own
+Each host is a network namespace (with IPC and pid namespaces of its own: see Host) with its loopback up and one interface, eth0, with its own
 link-local address (169.254.0.1, .2, ...). The eth0s are the ends of veth pairs whose other
 ends are ports of a bridge in a further namespace, the switch; so any number of hosts see
 each other, and a link is cut at the switch (its port set down: the host's eth0 loses its
@@ -55,18 +55,29 @@ def _pid_of(name):
     return int(digits) if digits.isdigit() else None
 
 
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
 def _kill_all_in(ns):
-    """SIGKILLs every process in namespace `ns` and waits (bounded) until they are gone."""
+    """SIGKILLs every process in namespace `ns` and waits (bounded) until they are gone (a
+    pid namespace's init exits only after every process of its namespace)."""
     deadline = time.monotonic() + 10
+    killed = set()
     while time.monotonic() < deadline:
         pids = [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
-        if not pids:
-            return
         for pid in pids:
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+        killed.update(pids)
+        if not pids and all(_gone(pid) for pid in killed):
+            return
         time.sleep(0.05)
 
 
@@ -83,24 +94,85 @@ def remove_stale():
             _delete(ns)
 
 
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+class HostProcess(subprocess.Popen):
+    """A process started on a simulated host. nsenter forks to enter the host's pid
+    namespace: this object's pid is nsenter's (which waits for the command and exits as it
+    did), while signals (kill(), terminate(), send_signal()) go to the command itself."""
+
+    def command_pid(self, timeout=10.0):
+        """The command's pid (in this test's pid namespace)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            kids = _children(self.pid)
+            if kids:
+                return kids[0]
+            if self.poll() is not None or time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
+
+    def send_signal(self, sig):
+        if self.poll() is not None:
+            return
+        pid = self.command_pid()
+        try:
+            os.kill(pid if pid is not None else self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self):
+        self.send_signal(9)
+
+    def terminate(self):
+        self.send_signal(15)
+
+
 class Host:
-    """One simulated host: a network namespace with its address."""
+    """One simulated host: its own network, IPC and pid namespaces, and its address.
+
+    UCX reaches a peer by shared memory (sysv, posix) when it shares the IPC namespace, and
+    by CMA when it shares the pid namespace; either would carry "remote" bytes past the
+    link. So each host has a holder process (`unshare --ipc --pid`, inside the network
+    namespace) whose child, `sleep`, is the init of the host's pid namespace; every process
+    of the host is started in its namespaces by nsenter. Killing the holder kills its init
+    (--kill-child), and the kernel then kills every process of the host."""
 
     def __init__(self, hosts, name, addr):
         self._hosts = hosts
-        self.name = name  # the namespace
+        self.name = name  # the network namespace
         self.addr = addr  # its eth0 address, reachable from every other host
+        self._holder = subprocess.Popen(
+            ["ip", "netns", "exec", name, "unshare", "--ipc", "--pid", "--fork", "--kill-child",
+             "--mount-proc", "sleep", "infinity"], stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not _children(self._holder.pid):
+            if self._holder.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: the host's namespace holder did not start")
+            time.sleep(0.005)
+        self._init = _children(self._holder.pid)[0]
+
+    def wrap(self, args):
+        """The command line that runs `args` on this host."""
+        return ["nsenter", "-t", str(self._init), "--net", "--ipc", "--pid", "--mount",
+                f"--wd={os.getcwd()}", "--", *map(str, args)]
 
     def popen(self, args, env=None, **kw):
         """Starts `args` on this host (stdout and stderr piped, text), killed by close()."""
         full_env = dict(os.environ if env is None else env)
-        full_env.setdefault("PYTHONPATH", os.pathsep.join(
-            [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "python")]))
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "python")] +
+            [os.path.abspath(p) for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         kw.setdefault("text", True)
-        # `ip netns exec` execs the command: the Popen's pid is the command's own.
-        proc = subprocess.Popen(["ip", "netns", "exec", self.name, *args], env=full_env, **kw)
+        proc = HostProcess(self.wrap(args), env=full_env, **kw)
         self._hosts._procs.append(proc)
         return proc
 
@@ -109,9 +181,13 @@ class Host:
         return self.popen([sys.executable, "-c", code, *map(str, args)], **kw)
 
     def run(self, args, timeout=60):
-        r = subprocess.run(["ip", "netns", "exec", self.name, *args], capture_output=True,
-                           text=True, timeout=timeout)
-        return r
+        return subprocess.run(self.wrap(args), capture_output=True, text=True, timeout=timeout)
+
+    def stop(self):
+        """Kills every process of the host (its init first: the kernel kills the rest)."""
+        if self._holder.poll() is None:
+            self._holder.kill()
+        self._holder.wait()
 
     def __repr__(self):
         return f"Host({self.name}, {self.addr})"
@@ -177,6 +253,10 @@ class Hosts:
     def restore(self, host):
         """Reconnects a host cut off by cut()."""
         _ip("-n", self.switch, "link", "set", self._port(host), "up")
+        # Addresses that went unanswered during the cut are cached as unreachable (and
+        # refused at once for a while): forget them on every host.
+        for h in self.hosts:
+            _ip("-n", h.name, "neigh", "flush", "all", check=False)
         # The host's eth0 gets its carrier back asynchronously: wait until it is up.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -188,6 +268,8 @@ class Hosts:
 
     def close(self):
         """Kills every process started on the hosts and deletes the namespaces."""
+        for h in self.hosts:
+            h.stop()
         for proc in self._procs:
             if proc.poll() is None:
                 proc.kill()

@@ -129,8 +129,8 @@ time.sleep(600)
         p.wait()
     hosts_mod.remove_stale()
     assert not set(names) & set(_netns_list())
-    time.sleep(0.1)
-    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in leftover)
+    alive = [pid for pid in leftover if os.path.exists(f"/proc/{pid}") and not _zombie(pid)]
+    assert not alive, [open(f"/proc/{pid}/stat").read() for pid in alive]
 
 
 def _zombie(pid):
@@ -139,3 +139,16 @@ def _zombie(pid):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_processes_of_one_host_share_its_namespaces_and_other_hosts_do_not(hosts):
+    a, b = hosts
+    show = "import os; print(*(os.readlink(f'/proc/self/ns/{n}') for n in ('net', 'ipc', 'pid')))"
+    a1, a2, b1 = (h.python(show).communicate(timeout=30)[0].split() for h in (a, a, b))
+    assert a1 == a2
+    assert all(x != y for x, y in zip(a1, b1))
+    assert a1 != open_ns()
+
+
+def open_ns():
+    return [os.readlink(f"/proc/self/ns/{n}") for n in ("net", "ipc", "pid")]
