@@ -2,7 +2,9 @@
 peers in separate network namespaces, reaching each other over TCP on a veth link."""
 import json
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -79,3 +81,81 @@ def test_two_producers_on_two_hosts_feed_one_consumer(three_hosts):
     # Every datapoint of each producer arrived once, in that producer's order.
     assert got == {"b": list(range(200)), "c": list(range(200))}
     assert results(p1) == [{"sent": 200}] and results(p2) == [{"sent": 200}]
+
+
+# ---- liveness: a peer whose host vanished (the link cut silently) --------------------
+
+def wait_for_cut(hosts, port, liveness):
+    """A client on host 1 waiting in recv() when its link is cut: what each side raised."""
+    a, b = hosts
+    extra = [] if liveness is None else ["--liveness", liveness]
+    client = peer(b, "pipe-wait", a.addr, port, *extra, stdin=subprocess.PIPE)
+    assert first_line(client, "connected") == "tcp/eth0"
+    hosts.cut(b)
+    start = time.monotonic()
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    (seen,) = results(client, timeout=120)
+    return seen, time.monotonic() - start
+
+
+@pytest.mark.parametrize("liveness", [None, 2.0], ids=["default", "2s"])
+def test_a_cut_link_fails_both_ends_within_the_liveness_timeout(hosts, liveness):
+    bound = 10.0 if liveness is None else liveness
+    extra = [] if liveness is None else ["--liveness", liveness]
+    server = peer(hosts[0], "pipe-server", 2, *extra)
+    port = first_line(server, "port")
+    seen, _ = wait_for_cut(hosts, port, liveness)
+    assert seen["error"] == "ClosedError" and "no heartbeat from" in seen["message"], seen
+    assert f"liveness_timeout {bound:.1f} s" in seen["message"]
+    # Not before the peer could have been silent for most of the bound, not after it
+    # (a second of slack for a loaded machine).
+    assert bound * 0.5 <= seen["after"] <= bound + 1.0, seen
+    served = json.loads(server.stdout.readline())
+    assert "no heartbeat from" in served["error"] and served["echoed"] == 0, served
+    # The link back: the server goes on serving, a new client from the same host is served.
+    hosts.restore(hosts[1])
+    again = peer(hosts[1], "pipe-client", hosts[0].addr, port, 3, 16, *extra)
+    assert results(again)[0]["checked"] == 3
+    assert results(server)[0]["echoed"] == 3
+
+
+def test_an_idle_peer_is_not_taken_for_gone(hosts):
+    # The client does not call its pipe for four liveness timeouts: its heartbeats go on.
+    a, b = hosts
+    server = peer(a, "pipe-server", 1, "--liveness", 1.0)
+    port = first_line(server, "port")
+    idle = peer(b, "pipe-idle", a.addr, port, 4.0, "--liveness", 1.0)
+    assert results(idle) == [{"echo": 7}]
+    (served,) = results(server)
+    assert served["echoed"] == 1 and served["error"] is None, served
+
+
+def test_a_cut_shorter_than_the_liveness_timeout_is_survived(hosts):
+    # TCP retransmits across the gap; the heartbeats lost in it are within the bound.
+    a, b = hosts
+    server = peer(a, "pipe-server", 1, "--liveness", 6.0)
+    port = first_line(server, "port")
+    client = peer(b, "pipe-idle", a.addr, port, 4.0, "--liveness", 6.0)
+    assert first_line(client, "connected") == "tcp/eth0"
+    hosts.cut(b)
+    time.sleep(2.0)
+    hosts.restore(b)
+    assert results(client) == [{"echo": 7}]
+    (served,) = results(server)
+    assert served["echoed"] == 1 and served["error"] is None, served
+
+
+def test_a_producer_cut_off_for_a_while_resumes_and_nothing_is_lost(three_hosts):
+    a, b, c = three_hosts
+    consumer = peer(a, "consumer", a.addr, 4000)
+    endpoint = first_line(consumer, "endpoint")
+    p1 = peer(b, "producer", endpoint, 2000, "b")
+    p2 = peer(c, "producer", endpoint, 2000, "c")
+    time.sleep(0.5)
+    three_hosts.cut(c)
+    time.sleep(3.0)
+    three_hosts.restore(c)
+    got = results(consumer, timeout=120)[0]["by_producer"]
+    assert got == {"b": list(range(2000)), "c": list(range(2000))}
+    assert results(p1) == [{"sent": 2000}] and results(p2) == [{"sent": 2000}]

@@ -10,6 +10,9 @@
     host_peer.py pipe-wait HOST PORT [--liveness S]
         Connects, prints "connected <transports>", then waits in recv() with no timeout and
         prints {"error": type, "message", "after": seconds since the first line of stdin}.
+    host_peer.py pipe-idle HOST PORT SECONDS [--liveness S]
+        Connects, prints "connected <transports>", does nothing for SECONDS, then sends one
+        dict and prints {"echo": x}.
     host_peer.py consumer ADDR COUNT
         A RemoteDataZMQ bound on tcp://ADDR:*: prints "endpoint E", receives COUNT
         datapoints and prints {"by_producer": {tag: [i, ...]}}.
@@ -95,6 +98,17 @@ def pipe_wait(a):
         out(json.dumps({"error": type(e).__name__, "message": str(e), "after": time.monotonic() - start}))
 
 
+def pipe_idle(a):
+    host, port, idle = a.args[0], int(a.args[1]), float(a.args[2])
+    pipe = tw.TensorDictPipe.connect(host, port, timeout=30, **pipe_kwargs(a))
+    out("connected", pipe.transports)
+    time.sleep(idle)  # no call on the pipe: only the liveness thread speaks for it
+    pipe.send(tw.TensorDict({"x": np.full(8, 7, np.uint8), "i": np.array([0])}, batch_size=[]), timeout=30)
+    back = pipe.recv(timeout=30)
+    out(json.dumps({"echo": int(back["x"][0])}))
+    pipe.close()
+
+
 def consumer(a):
     addr, count = a.args[0], int(a.args[1])
     r = tw.dataflow.RemoteDataZMQ(f"tcp://{addr}:*")
@@ -141,7 +155,7 @@ def main():
     a = ap.parse_args()
     if a.cmd == "pipe-server":
         a.args = [int(x) for x in a.args]
-    {"pipe-server": pipe_server, "pipe-client": pipe_client, "pipe-wait": pipe_wait,
+    {"pipe-server": pipe_server, "pipe-client": pipe_client, "pipe-wait": pipe_wait, "pipe-idle": pipe_idle,
      "consumer": consumer, "producer": producer}[a.cmd](a)
 
 
