@@ -85,10 +85,10 @@ def test_two_producers_on_two_hosts_feed_one_consumer(three_hosts):
 
 # ---- liveness: a peer whose host vanished (the link cut silently) --------------------
 
-def wait_for_cut(hosts, port, liveness):
+def wait_for_cut(hosts, port, liveness, *flags):
     """A client on host 1 waiting in recv() when its link is cut: what each side raised."""
     a, b = hosts
-    extra = [] if liveness is None else ["--liveness", liveness]
+    extra = ([] if liveness is None else ["--liveness", liveness]) + list(flags)
     client = peer(b, "pipe-wait", a.addr, port, *extra, stdin=subprocess.PIPE)
     assert first_line(client, "connected") == "tcp/eth0"
     hosts.cut(b)
@@ -159,3 +159,12 @@ def test_a_producer_cut_off_for_a_while_resumes_and_nothing_is_lost(three_hosts)
     got = results(consumer, timeout=120)[0]["by_producer"]
     assert got == {"b": list(range(2000)), "c": list(range(2000))}
     assert results(p1) == [{"sent": 2000}] and results(p2) == [{"sent": 2000}]
+
+
+def test_a_cut_link_ends_an_asyncio_receive_too(hosts):
+    # The liveness thread wakes the event loop through the pipe's fd.
+    server = peer(hosts[0], "pipe-server", 1, "--liveness", 2.0)
+    port = first_line(server, "port")
+    seen, _ = wait_for_cut(hosts, port, 2.0, "--asyncio")
+    assert seen["error"] == "ClosedError" and "no heartbeat from" in seen["message"], seen
+    assert 1.0 <= seen["after"] <= 3.0, seen

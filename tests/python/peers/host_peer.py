@@ -7,8 +7,8 @@
     host_peer.py pipe-client HOST PORT COUNT NBYTES [--key K] [--liveness S]
         Sends COUNT dicts {"x": uint8[NBYTES] = i % 251, "i": int64[1] = i} and checks
         each echo; prints {"transports", "checked"}.
-    host_peer.py pipe-wait HOST PORT [--liveness S]
-        Connects, prints "connected <transports>", then waits in recv() with no timeout and
+    host_peer.py pipe-wait HOST PORT [--liveness S] [--asyncio]
+        Connects, prints "connected <transports>", then waits in recv() (or arecv()) and
         prints {"error": type, "message", "after": seconds since the first line of stdin}.
     host_peer.py pipe-idle HOST PORT SECONDS [--liveness S]
         Connects, prints "connected <transports>", does nothing for SECONDS, then sends one
@@ -92,7 +92,11 @@ def pipe_wait(a):
     sys.stdin.readline()  # the test cuts the link, then writes a line
     start = time.monotonic()
     try:
-        pipe.recv(timeout=120)
+        if a.asyncio:  # woken through the pipe's fd in the event loop
+            import asyncio
+            asyncio.run(asyncio.wait_for(pipe.arecv(), 120))
+        else:
+            pipe.recv(timeout=120)
         out(json.dumps({"error": None}))
     except Exception as e:  # noqa: BLE001 - reported to the test
         out(json.dumps({"error": type(e).__name__, "message": str(e), "after": time.monotonic() - start}))
@@ -152,6 +156,7 @@ def main():
     ap.add_argument("args", nargs="*")
     ap.add_argument("--key")
     ap.add_argument("--liveness", type=float)
+    ap.add_argument("--asyncio", action="store_true")
     a = ap.parse_args()
     if a.cmd == "pipe-server":
         a.args = [int(x) for x in a.args]
