@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -26,6 +27,8 @@ struct Registry {
   std::condition_variable cv;
   std::vector<Entry> entries;
   bool running = false;
+  bool beating = false;  // the thread is in beat() calls
+  bool exiting = false;  // exit() began: beat no more
   uint64_t generation = os::fork_generation();
 };
 
@@ -62,16 +65,29 @@ void run(Registry* r) {
       next = std::min(next, it->next);
       ++it;
     }
-    if (r->entries.empty()) {
+    if (r->entries.empty() || r->exiting) {
       r->running = false;
       return;
     }
+    r->beating = true;
     lock.unlock();
     for (auto& who : due) who->beat();
     due.clear();  // outside the lock: the last reference may be dropped here
     lock.lock();
+    r->beating = false;
+    r->cv.notify_all();
     r->cv.wait_until(lock, next);
   }
+}
+
+// At exit: no beat may run while libraries (UCX among them) tear down their state after
+// the atexit handlers, so the thread stops here, after the beat in progress if any.
+void stop_at_exit() {
+  Registry& r = registry();
+  std::unique_lock<std::mutex> lock(r.mu);
+  r.exiting = true;
+  r.cv.notify_all();
+  r.cv.wait_for(lock, std::chrono::seconds(2), [&] { return !r.beating; });
 }
 
 }  // namespace
@@ -81,6 +97,9 @@ void keep_alive(std::weak_ptr<Beating> who, std::chrono::milliseconds period) {
   std::lock_guard<std::mutex> lock(r.mu);
   const Clock::duration p = std::max<Clock::duration>(period, std::chrono::milliseconds(10));
   r.entries.push_back({std::move(who), p, Clock::now()});
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(stop_at_exit); });
+  if (r.exiting) return;
   if (!r.running) {
     r.running = true;
     std::thread(run, &r).detach();

@@ -6,7 +6,8 @@
 //
 // The thread starts at the first registration and ends when no registered object is left.
 // A forked child starts its own: what its parent registered is dropped there (objects
-// inherited through fork() are unusable anyway).
+// inherited through fork() are unusable anyway). At exit() the thread stops (an atexit
+// handler waits for the beat in progress), so no beat runs while libraries tear down.
 #pragma once
 
 #include <chrono>

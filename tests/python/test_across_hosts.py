@@ -168,3 +168,25 @@ def test_a_cut_link_ends_an_asyncio_receive_too(hosts):
     seen, _ = wait_for_cut(hosts, port, 2.0, "--asyncio")
     assert seen["error"] == "ClosedError" and "no heartbeat from" in seen["message"], seen
     assert 1.0 <= seen["after"] <= 3.0, seen
+
+
+def test_a_program_that_exits_with_cross_host_pipes_open_exits_cleanly(hosts):
+    # The liveness thread stops at exit, before UCX tears down its state.
+    a, b = hosts
+    server = peer(a, "pipe-server", 3, "--liveness", 0.2)
+    port = first_line(server, "port")
+    code = """
+import sys, time
+import tensorwire as tw
+pipes = [tw.TensorDictPipe.connect(sys.argv[1], int(sys.argv[2]), liveness_timeout=0.2) for _ in range(3)]
+time.sleep(0.5)  # beats every 10 ms: one is likely in progress at exit
+print("exiting", flush=True)
+"""
+    client = b.python(code, a.addr, port)
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 0 and out.strip() == "exiting", err
+    # The server's pipes end, closed by the peer or (a pipe still open when the client's
+    # liveness thread stopped, 0.2 s before its exit ended) failed for want of heartbeats.
+    served = results(server)
+    assert len(served) == 3, served
+    assert all(s["error"] is None or s["error"].startswith("ClosedError") for s in served), served
