@@ -1,18 +1,21 @@
 """Simulated hosts for tests: Linux network namespaces joined by a switch.
 
-    with Hosts(2) as (a, b):            # or the `hosts` / `three_hosts` fixtures
-        server = a.python("...")          # a process on host a (ip netns exec)
-        client = b.python(f"... {a.addr} ...")
+    with Hosts(2) as hosts:             # or the `hosts` / `three_hosts` fixtures
+        a, b = hosts
+        server = a.python("...")          # a process on host a (nsenter: Host.wrap)
+        client = b.popen([...])           # its kill() reaches the command itself
         hosts.cut(b)                      # b's link goes silent: no FIN, no RST
         hosts.restore(b)
 
-Each host is a network namespace (with IPC and pid namespaces of its own: see Host) with its loopback up and one interface, eth0, with its own
-link-local address (169.254.0.1, .2, ...). The eth0s are the ends of veth pairs whose other
-ends are ports of a bridge in a further namespace, the switch; so any number of hosts see
-each other, and a link is cut at the switch (its port set down: the host's eth0 loses its
-carrier, packets on either side vanish, neither kernel sends a FIN or an RST, and the host's
-own address and routes stay). Nothing is added to the machine's own network namespace, and no
-address is used that is not one of these namespaces' (or loopback).
+Each host has its own network, IPC and pid namespaces (see Host: UCX would otherwise carry
+"remote" bytes by shared memory or CMA), its loopback up and one interface, eth0, with its
+own link-local address (169.254.0.1, .2, ...); processes of one host share them. The eth0s
+are the ends of veth pairs whose other ends are ports of a bridge in a further namespace,
+the switch; so any number of hosts see each other, and a link is cut at the switch (its
+port set down: the host's eth0 loses its carrier, packets on either side vanish, neither
+kernel sends a FIN or an RST, and the host's own address and routes stay). Nothing is added
+to the machine's own network namespace, and no address is used that is not one of these
+namespaces' (or loopback).
 
 Names carry this process's pid (twh<pid>x<n>...), so parallel runs do not collide. close()
 (the context manager, the fixtures, and atexit for an interrupted run) kills every process
