@@ -15,6 +15,7 @@ APT_PACKAGES=(
   clang-format
   libssl-dev                      # HMAC-SHA256 for pipe authentication
   libcli11-dev                    # command-line parsing of the tensorwire command
+  iproute2                        # `ip netns`: the simulated hosts of the cross-host tests
 )
 # Python packages. torch==2.13.0 installs a CPU build from a file on the machine; a newer
 # torch would download gigabytes. tensordict / torchrl / tensorpack are test and benchmark

@@ -9,6 +9,7 @@
 #include "gil.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
+#include "tensorwire/runtime/liveness.h"
 
 namespace tensorwire::py {
 
@@ -24,7 +25,7 @@ uint16_t port_of(int64_t port) {
 }
 
 PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect_timeout,
-                         uint64_t max_message_bytes) {
+                         uint64_t max_message_bytes, Seconds liveness_timeout) {
   PipeOptions o;
   o.consolidated = consolidated;
   // A key as str (its UTF-8 bytes) or bytes, as people keep secrets.
@@ -41,6 +42,7 @@ PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect
     throw ValueError("auth_key must not be empty (pass None for no authentication)");
   o.connect_timeout = Timeout::seconds(connect_timeout);
   if (max_message_bytes) o.limits.max_message_bytes = max_message_bytes;
+  o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
   return o;
 }
 
@@ -93,12 +95,13 @@ void bind_acceptor(nb::module_& m, const char* name) {
       .def(
           "__init__",
           [](T* self, int64_t port, bool consolidated, nb::handle auth_key, Seconds timeout,
-             uint64_t max_message_bytes) {
-            new (self)
-                T(port_of(port), make_options(consolidated, auth_key, timeout, max_message_bytes));
+             uint64_t max_message_bytes, Seconds liveness_timeout) {
+            new (self) T(port_of(port), make_options(consolidated, auth_key, timeout,
+                                                     max_message_bytes, liveness_timeout));
           },
           nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
-          nb::arg("timeout").none(), nb::arg("max_message_bytes"))
+          nb::arg("timeout").none(), nb::arg("max_message_bytes"),
+          nb::arg("liveness_timeout").none() = nb::none())
       .def("accept", accept, nb::arg("timeout").none() = nb::none(),
            nb::arg("throw_on_refusal") = false)
       .def_prop_ro("port", &T::port)
@@ -152,6 +155,11 @@ void bind_pipe(nb::module_& m) {
       .def_prop_ro("peer", [](PyPipe& self) { return self.pipe.peer(); })
       .def_prop_ro("transports", [](PyPipe& self) { return self.pipe.transports(); })
       .def_prop_ro("consolidated", [](PyPipe& self) { return self.pipe.options().consolidated; })
+      .def_prop_ro(
+          "liveness_timeout",
+          [](PyPipe& self) {
+            return std::chrono::duration<double>(self.pipe.options().liveness_timeout).count();
+          })
       .def_prop_ro("closed", [](PyPipe& self) { return self.pipe.closed(); })
       .def_prop_ro("failed", [](PyPipe& self) { return self.pipe.failed(); })
       .def_prop_ro("closed_by_peer", [](PyPipe& self) { return self.pipe.closed_by_peer(); })
@@ -161,14 +169,16 @@ void bind_pipe(nb::module_& m) {
   m.def(
       "_connect",
       [](const std::string& host, int64_t port, bool consolidated, nb::handle auth_key,
-         Seconds timeout, uint64_t max_message_bytes) {
-        PipeOptions o = make_options(consolidated, auth_key, timeout, max_message_bytes);
+         Seconds timeout, uint64_t max_message_bytes, Seconds liveness_timeout) {
+        PipeOptions o =
+            make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
         uint16_t p = port_of(port);
         NoGil nogil;
         return PyPipe{TensorDictPipe::connect(host, p, o), {}};
       },
       nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
-      nb::arg("timeout").none(), nb::arg("max_message_bytes"));
+      nb::arg("timeout").none(), nb::arg("max_message_bytes"),
+      nb::arg("liveness_timeout").none() = nb::none());
 
   bind_acceptor<PipeListener>(m, "_PipeListener");
   bind_acceptor<TensorDictServer>(m, "_Server");

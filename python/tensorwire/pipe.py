@@ -132,14 +132,23 @@ class TensorDictPipe:
     # -- connecting ---------------------------------------------------------------
     @classmethod
     def connect(cls, host: str, port: int, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+                timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
+                liveness_timeout: Optional[float] = None) -> "TensorDictPipe":
         """Connects to a PipeListener or TensorDictServer on ``host:port``, handshake included.
 
         ``consolidated`` and ``auth_key`` must match the other side's (else RuntimeError
         naming the mismatch). ``timeout``: seconds for the whole connection (None: no
         limit; TimeoutError when it passes). ``max_message_bytes`` bounds what the peer may
-        send. ConnectionRefusedError when nothing listens on ``host:port``."""
-        return cls(_C._connect(host, port, consolidated, auth_key, timeout, max_message_bytes))
+        send. ConnectionRefusedError when nothing listens on ``host:port``.
+
+        ``liveness_timeout``: seconds a peer on another host may stay silent (its host or
+        the link to it gone, without a word) before the pipe fails with ClosedError; both
+        sides exchange small heartbeats from a helper thread, so an idle program is never
+        taken for gone. None: the default, 10 s or the environment variable
+        ``TENSORWIRE_LIVENESS_TIMEOUT``; 0: no check. A peer on this host is watched
+        through its process instead."""
+        return cls(_C._connect(host, port, consolidated, auth_key, timeout, max_message_bytes,
+                               liveness_timeout))
 
     @classmethod
     async def aconnect(cls, host: str, port: int, **kwargs) -> "TensorDictPipe":
@@ -149,10 +158,11 @@ class TensorDictPipe:
     @classmethod
     def listen(cls, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
                on_listening: Optional[Callable[[int], None]] = None, timeout: Optional[float] = None,
-               max_message_bytes: int = _DEFAULT_MAX_MESSAGE) -> "TensorDictPipe":
+               max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
+               liveness_timeout: Optional[float] = None) -> "TensorDictPipe":
         """Waits for the first client on ``port`` (0: a free port, passed to ``on_listening``)."""
         with PipeListener(port, consolidated=consolidated, auth_key=auth_key,
-                          max_message_bytes=max_message_bytes) as listener:
+                          max_message_bytes=max_message_bytes, liveness_timeout=liveness_timeout) as listener:
             if on_listening is not None:
                 on_listening(listener.port)
             return listener.accept(timeout=timeout, _single=True)
@@ -293,6 +303,11 @@ class TensorDictPipe:
         return self._impl.peer
 
     @property
+    def liveness_timeout(self) -> float:
+        """Seconds a peer on another host may stay silent before the pipe fails (0: no check)."""
+        return self._impl.liveness_timeout
+
+    @property
     def transports(self) -> str:
         """The UCX transports the data moves over, e.g. ``"sysv/memory"`` between
         processes of one host, ``"tcp/lo"`` over loopback TCP ("" once closed)."""
@@ -361,8 +376,10 @@ class PipeListener(_Acceptor):
     """Listens on a port (0: a free one, see ``.port``); each accepted client is a pipe."""
 
     def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
-        self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes)
+                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
+                 liveness_timeout: Optional[float] = None):
+        self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes,
+                                      liveness_timeout)
 
     def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
         """Waits for the next client and returns its connected pipe.
@@ -397,12 +414,15 @@ class TensorDictServer(_Acceptor):
     (and keeps, in ``handler_errors``) any exception a handler raises; ``async for pipe in
     server`` yields the pipes instead. A client that fails or abandons its handshake is
     counted in ``refused`` (and logged at debug level); the server goes on. ``close()``
-    stops accepting and closes every pipe the server handed out.
+    stops accepting and closes every pipe the server handed out. ``liveness_timeout`` applies
+    to every client's pipe (see ``TensorDictPipe.connect``).
     """
 
     def __init__(self, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,
-                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE):
-        self._impl = _C._Server(port, consolidated, auth_key, timeout, max_message_bytes)
+                 timeout: Optional[float] = 10.0, max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
+                 liveness_timeout: Optional[float] = None):
+        self._impl = _C._Server(port, consolidated, auth_key, timeout, max_message_bytes,
+                                liveness_timeout)
         self._waiter = _FdWaiter([self._impl.fd])
         self._tasks: set = set()
         self.handler_errors: list = []

@@ -22,7 +22,8 @@ wire::Mode mode_of(const PipeOptions& o) {
 }
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
-  return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key};
+  return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key,
+          heartbeat_ms(o.liveness_timeout)};
 }
 
 // Runs `batch` (a few polls; true once one succeeded) until it succeeds or `budget` has
@@ -119,7 +120,8 @@ void PipeImpl::handshake(bool as_server) {
     throw;
   }
   // The peer's pidfd first, so that a peer dying during the switch below ends it at once.
-  if (peer.same_host() && peer.pid > 0) {
+  // Its pid means the same process here only in the same pid namespace.
+  if (peer.same_namespaces() && peer.pid > 0) {
     try {
       peer_watch_.emplace(peer.pid);
     } catch (const SystemError&) {
@@ -131,6 +133,7 @@ void PipeImpl::handshake(bool as_server) {
     retire_first_endpoint(deadline);
   }
   connected_ = true;
+  start_liveness(peer);
 }
 
 // Whether the connection's other end is this machine by its address too (a loopback
@@ -657,6 +660,7 @@ void PipeImpl::close() {
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
+  heartbeat_req_ = ucx::Request();
   sending_ = false;
   sending_td_ = nullptr;
   if (first_ep_) {  // closed during the switch to a direct endpoint

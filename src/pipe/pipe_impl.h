@@ -19,6 +19,7 @@
 
 #include "os/process.h"
 #include "os/unix_socket.h"
+#include "runtime/heartbeat.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
@@ -31,10 +32,15 @@ namespace tensorwire::detail {
 inline constexpr uint64_t kFrameTag = 1;
 inline constexpr uint64_t kPayloadTag = 2;
 inline constexpr uint64_t kControlTag = 3;
+inline constexpr uint64_t kHeartbeatTag = 4;  // liveness (pipe_liveness.cpp)
 inline constexpr size_t kInlineMax = 64 * 1024;
 // A frame (header, metadata, inline payload) is sent eagerly when it fits: send() then
 // returns without waiting for the peer (docs/pipe.md).
 static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
+
+// The heartbeat interval (ms) a pipe with this liveness timeout asks of its peer in the
+// handshake: a quarter of it, so three lost heartbeats in a row are survived; 0: none.
+int64_t heartbeat_ms(std::chrono::milliseconds liveness_timeout);
 
 // Why a pipe became unusable, which decides who is told and what is thrown.
 enum class Fault {
@@ -44,7 +50,7 @@ enum class Fault {
   LocalFailure,       // this side cannot go on: tell the peer; ClosedError
 };
 
-class PipeImpl {
+class PipeImpl : public runtime::Beating {
  public:
   // Client side.
   PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options);
@@ -80,6 +86,10 @@ class PipeImpl {
   std::string transports();
   const PipeOptions& options() const { return options_; }
 
+  // Liveness (pipe_liveness.cpp): heartbeats to and from a peer on another host, on the
+  // process's liveness thread.
+  void beat() noexcept override;
+
  private:
   TensorDict* step_recv(TensorDict* into);                         // under mu_
   bool step_send();                                                // under mu_
@@ -108,6 +118,8 @@ class PipeImpl {
   void ensure_frame_capacity(size_t n);
   ucx::Request post_control(const Json& body);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
+  void start_liveness(const wire::PeerIdentity& peer);  // after the handshake
+  void drain_heartbeats();                              // under mu_
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
@@ -131,6 +143,15 @@ class PipeImpl {
   std::string failure_;     // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
   std::atomic<bool> closed_by_peer_{false};
+
+  // liveness state, under mu_ (pipe_liveness.cpp)
+  std::chrono::steady_clock::duration heartbeat_every_{};  // send this often (0: never)
+  bool check_peer_ = false;  // the peer sends heartbeats and we check them
+  std::chrono::steady_clock::duration silence_limit_{};  // longer: the peer is gone
+  std::chrono::steady_clock::time_point next_heartbeat_{};
+  std::chrono::steady_clock::time_point last_heard_{};
+  ucx::Request heartbeat_req_;
+  std::vector<std::byte> heartbeat_buf_;
 
   wire::Encoder encoder_;
   wire::Decoder decoder_;

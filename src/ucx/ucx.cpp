@@ -193,6 +193,11 @@ bool Worker::arm() {
   return true;
 }
 
+void Worker::signal() {
+  ucs_status_t st = ucp_worker_signal(worker_);
+  if (st != UCS_OK) throw_status("ucp_worker_signal", st);
+}
+
 void Worker::wait(std::chrono::milliseconds timeout) {
   if (progress()) return;
   if (!arm()) return;

@@ -90,6 +90,9 @@ class Worker {
   // Arms the wake-up fd: true when it is safe to sleep on efd(), false when events are
   // already pending (progress again instead).
   bool arm();
+  // Makes efd() readable (from any thread): wakes whoever sleeps on it, e.g. after another
+  // thread's progress took the event it was waiting for.
+  void signal();
   // Progress, then sleep on efd() for at most `timeout` if nothing happened.
   void wait(std::chrono::milliseconds timeout);
   // This worker's address (every transport it can be reached by), for a peer's

@@ -16,6 +16,8 @@ namespace tensorwire::wire {
 namespace {
 
 constexpr int kVersion = 1;
+// A peer may ask for heartbeats at most this rarely (1 h); 0 asks for none.
+constexpr int64_t kMaxHeartbeatMs = 3600 * 1000;
 
 std::string nonce() {
   unsigned char buf[16];
@@ -68,19 +70,23 @@ PeerIdentity identity_of(const Json& hello) {
     p.pid = it->get<int>();
   p.boot_id = str_field(hello, "boot_id");
   p.namespaces = str_field(hello, "namespaces");
+  if (auto it = hello.find("heartbeat_ms"); it != hello.end() && it->is_number_integer())
+    p.heartbeat_ms = it->get<int64_t>();  // its range is checked by check_hello
   return p;
 }
 
 Json hello(const HandshakeConfig& c, const char* role, const std::string& my_nonce) {
-  return {{"tensorwire", kVersion},
-          {"role", role},
-          {"protocol", c.protocol},
-          {"mode", c.mode},
-          {"auth", !c.auth_key.empty()},
-          {"nonce", my_nonce},
-          {"pid", static_cast<int>(::getpid())},
-          {"boot_id", boot_id()},
-          {"namespaces", namespaces()}};
+  Json h = {{"tensorwire", kVersion},
+            {"role", role},
+            {"protocol", c.protocol},
+            {"mode", c.mode},
+            {"auth", !c.auth_key.empty()},
+            {"nonce", my_nonce},
+            {"pid", static_cast<int>(::getpid())},
+            {"boot_id", boot_id()},
+            {"namespaces", namespaces()}};
+  if (c.heartbeat_ms >= 0) h["heartbeat_ms"] = c.heartbeat_ms;
+  return h;
 }
 
 // What is wrong with the peer's hello, or "" when nothing is.
@@ -91,6 +97,11 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
   if (str_field(h, "protocol") != c.protocol)
     return "protocol mismatch: this side is a '" + c.protocol + "', the peer a '" +
            str_field(h, "protocol") + "'";
+  if (auto it = h.find("heartbeat_ms");
+      it != h.end() &&
+      (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxHeartbeatMs))
+    return "heartbeat_ms must be an integer from 0 to " + std::to_string(kMaxHeartbeatMs) +
+           ", got " + it->dump();
   if (str_field(h, "mode") != c.mode)
     return "mode mismatch: this side uses consolidated=" +
            std::string(c.mode == "consolidated" ? "True" : "False") + ", the peer consolidated=" +

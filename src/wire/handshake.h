@@ -4,15 +4,16 @@
 // can be watched through a pidfd).
 //
 //   server -> client  {"tensorwire":1, "role":"server", "protocol", "mode", "auth", "nonce", "pid",
-//   "boot_id", "namespaces"} client -> server  {... "role":"client", "nonce", "mac": HMAC(key,
-//   "client:" + server nonce) | null} server -> client  {"ok": true, "mac": HMAC(key, "server:" +
-//   client nonce) | null}
+//   "boot_id", "namespaces", ["heartbeat_ms"]} client -> server  {... "role":"client", "nonce",
+//   "mac": HMAC(key, "client:" + server nonce) | null} server -> client  {"ok": true, "mac":
+//   HMAC(key, "server:" + client nonce) | null}
 //                     or {"ok": false, "error": "..."}
 //
 // Without a key the handshake authenticates nothing: for trusted networks only.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -25,12 +26,16 @@ struct HandshakeConfig {
   std::string protocol;  // e.g. "pipe"; both sides must agree
   std::string mode;      // e.g. "consolidated"; both sides must agree
   std::string auth_key;  // empty: no authentication
+  // How often (ms) this side wants the peer's heartbeats; 0: it checks none (but sends them
+  // when the peer asks); -1: this side does not speak heartbeats (not announced).
+  int64_t heartbeat_ms = -1;
 };
 
 struct PeerIdentity {
   int pid = -1;
-  std::string boot_id;     // equal boot ids: the peer runs on this machine
-  std::string namespaces;  // its pid and IPC namespaces, as /proc/self/ns names them
+  std::string boot_id;        // equal boot ids: the peer runs on this machine
+  std::string namespaces;     // its pid and IPC namespaces, as /proc/self/ns names them
+  int64_t heartbeat_ms = -1;  // as HandshakeConfig::heartbeat_ms, from the peer's hello
   bool same_host() const;
   // On this machine and in this process's pid and IPC namespaces (not another container):
   // shared memory and cross-memory attach between the two work.

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,7 +47,9 @@ struct Outcome {
   std::string server_error, client_error;
 };
 
-Outcome run(const wire::HandshakeConfig& server, const wire::HandshakeConfig& client) {
+// `tamper` edits each message the client sends (a peer that breaks the rules).
+Outcome run(const wire::HandshakeConfig& server, const wire::HandshakeConfig& client,
+            const std::function<void(tw::Json&)>& tamper = {}) {
   Queue to_client, to_server;
   Outcome o;
   std::thread s([&] {
@@ -59,7 +62,13 @@ Outcome run(const wire::HandshakeConfig& server, const wire::HandshakeConfig& cl
   });
   try {
     o.client_saw = wire::handshake_as_client(
-        client, [&](const tw::Json& j) { to_server.push(j); }, [&] { return to_client.pop(); });
+        client,
+        [&](const tw::Json& j) {
+          tw::Json sent = j;
+          if (tamper) tamper(sent);
+          to_server.push(sent);
+        },
+        [&] { return to_client.pop(); });
   } catch (const std::exception& e) {
     o.client_error = e.what();
   }
@@ -121,4 +130,28 @@ TEST(Handshake, AProtocolMismatchIsRefused) {
   Outcome o = run({"pipe", "consolidated", ""}, {"dataflow", "consolidated", ""});
   EXPECT_NE(o.server_error.find("protocol mismatch"), std::string::npos) << o.server_error;
   EXPECT_FALSE(o.client_error.empty());
+}
+
+TEST(Handshake, EachSideLearnsHowOftenThePeerWantsHeartbeats) {
+  Outcome o = run({"pipe", "consolidated", "", 2500}, {"pipe", "consolidated", "", 0});
+  EXPECT_EQ(o.server_error + o.client_error, "");
+  EXPECT_EQ(o.server_saw.heartbeat_ms, 0);
+  EXPECT_EQ(o.client_saw.heartbeat_ms, 2500);
+  Outcome silent = run({"pipe", "consolidated", ""}, {"pipe", "consolidated", "", 500});
+  EXPECT_EQ(silent.server_saw.heartbeat_ms, 500);
+  EXPECT_EQ(silent.client_saw.heartbeat_ms, -1) << "a side that does not announce knows none";
+}
+
+TEST(Handshake, AHeartbeatIntervalOutOfRangeIsRefusedNamingIt) {
+  for (tw::Json bad : {tw::Json(-1), tw::Json(3600001), tw::Json("often"), tw::Json(2.5)}) {
+    Outcome o =
+        run({"pipe", "consolidated", "", 100}, {"pipe", "consolidated", "", 100}, [&](tw::Json& j) {
+          if (j.contains("heartbeat_ms")) j["heartbeat_ms"] = bad;
+        });
+    EXPECT_NE(
+        o.server_error.find("heartbeat_ms must be an integer from 0 to 3600000, got " + bad.dump()),
+        std::string::npos)
+        << o.server_error;
+    EXPECT_FALSE(o.client_error.empty());
+  }
 }

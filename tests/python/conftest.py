@@ -92,3 +92,22 @@ def pytest_sessionfinish(session, exitstatus):
         else:
             print("\n".join(lines))
         session.exitstatus = 1
+
+
+# ---- simulated hosts (tests/python/hosts.py) ------------------------------------------
+# Network namespaces joined by a switch, removed after the test whatever happens.
+
+@pytest.fixture
+def hosts():
+    """Two simulated hosts, hosts[0] and hosts[1] (hosts.py)."""
+    from hosts import Hosts
+    with Hosts(2) as h:
+        yield h
+
+
+@pytest.fixture
+def three_hosts():
+    """Three simulated hosts on one switch (hosts.py)."""
+    from hosts import Hosts
+    with Hosts(3) as h:
+        yield h

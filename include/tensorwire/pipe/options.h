@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "tensorwire/runtime/liveness.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/limits.h"
 
@@ -20,6 +21,13 @@ struct PipeOptions {
   wire::Limits limits;
   // How long connect() (and, on the accepting side, each client's handshake) may take.
   Timeout connect_timeout = std::chrono::seconds(10);
+  // A peer on another host (or in another container) that stays silent this long (its
+  // host or the link to it gone, no FIN, no RST) fails the pipe with ClosedError. Both sides
+  // send heartbeats (a tiny message every quarter of the peer's timeout) from a helper
+  // thread, so an idle program is never taken for gone. Default: 10 s, or
+  // TENSORWIRE_LIVENESS_TIMEOUT; 0 turns the check off (heartbeats the peer asks for are
+  // still sent). Peers on this host are watched through their pidfd instead.
+  std::chrono::milliseconds liveness_timeout = default_liveness_timeout();
 };
 
 }  // namespace tensorwire
