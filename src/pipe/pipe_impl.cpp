@@ -1,6 +1,7 @@
 #include "pipe_impl.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -26,14 +27,20 @@ wire::HandshakeConfig handshake_config(const PipeOptions& o) {
           heartbeat_ms(o.liveness_timeout)};
 }
 
-// Runs `batch` (a few polls; true once one succeeded) until it succeeds or `budget` has
-// passed, reading the clock once per batch: on a VM a clock read costs about as much as an
-// idle progress call, and a reply on one host is about 1 us away.
-template <class Batch>
-bool spin_for(Clock::duration budget, Batch&& batch) {
+// Runs `poll` (one attempt; true once it succeeded) until it succeeds or `budget` has
+// passed, yielding the CPU after each failed attempt. Spinning only pays while the peer
+// runs on another CPU. On a loaded machine the scheduler often puts the two ends of a
+// ping-pong on one CPU (a loopback wake-up is "sync": the woken process goes to the
+// waker's CPU), and a plain spin then keeps the peer from running until the spin ends:
+// each hop cost the whole 50 us spin plus a wake-up (1 KiB round trip 72 us one way over
+// TCP, 58-128 us over shared memory, against 1-11 us; docs/benchmarks.md). sched_yield()
+// hands the CPU to a peer that is runnable here at once, and is one system call otherwise.
+template <class Poll>
+bool spin_for(Clock::duration budget, Poll&& poll) {
   const auto until = Clock::now() + budget;
   do {
-    if (batch()) return true;
+    if (poll()) return true;
+    ::sched_yield();
   } while (Clock::now() < until);
   return false;
 }
@@ -381,12 +388,9 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
 // Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd, the
 // wake-up eventfd and the peer's pidfd until `slice` passes.
 void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
-  // The lock is taken once per batch of progress calls too.
   if (spin_for(std::chrono::microseconds(50), [&] {
         std::lock_guard<std::mutex> lock(mu_);
-        for (int i = 0; i < 16; ++i)
-          if (worker_->progress()) return true;
-        return false;
+        return worker_->progress() != 0;
       }))
     return;
   if (slice.passed()) return;
@@ -462,11 +466,7 @@ bool PipeImpl::poll_send(std::chrono::microseconds spin) {
     return !sending_ || step_send();
   };
   if (once()) return true;
-  return spin.count() > 0 && spin_for(spin, [&] {
-           for (int i = 0; i < 16; ++i)
-             if (once()) return true;
-           return false;
-         });
+  return spin.count() > 0 && spin_for(spin, once);
 }
 
 void PipeImpl::send(const TensorDict& td, Timeout timeout) {
@@ -583,11 +583,7 @@ TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin
   };
   TensorDict* got = once();
   if (got || spin.count() <= 0) return got;
-  spin_for(spin, [&] {
-    for (int i = 0; i < 16; ++i)
-      if ((got = once())) return true;
-    return false;
-  });
+  spin_for(spin, [&] { return (got = once()) != nullptr; });
   return got;
 }
 
