@@ -10,7 +10,7 @@ FUZZ_SECONDS ?= 60
 CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
-.PHONY: all deps build demo test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
+.PHONY: all deps build demo typecheck test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
 
 all: build
 
@@ -28,7 +28,7 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	@PYTHONPATH=python $(BUILD)/tools/tensorwire demo
 
-test: build format-check test-cpp test-python test-sanitize fuzz
+test: build format-check test-cpp test-python typecheck test-sanitize fuzz
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -37,6 +37,11 @@ test-cpp: build
 test-python: build
 	@PYTHONPATH=python TENSORWIRE_BIN=$(abspath $(BUILD))/tools/tensorwire \
 	  $(PY) -m pytest -q tests/python
+
+# mypy on the Python examples and the drop-in modules, against the extension's stubs that
+# `make build` generates (python/tensorwire/_C.pyi); what it checks: [tool.mypy] in pyproject.toml.
+typecheck: build
+	@$(VENV)/bin/mypy
 
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize: deps

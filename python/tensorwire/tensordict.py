@@ -24,6 +24,7 @@ from tensordict._ucxx import TensorDictServer as _ReferenceServer
 
 from . import _C
 from . import pipe as _pipe
+from ._interop import from_tensordict
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
 
@@ -61,7 +62,7 @@ class TensorDictPipe(_ReferencePipe):
             self._out_cache = (storage, metadata, tw)
             return tw
         _check_non_tensors(td)
-        return _C.TensorDict.from_tensordict(td)
+        return from_tensordict(td)
 
     def _from_wire(self, tw) -> TensorDictBase:
         received, converted = self._in_cache
