@@ -10,7 +10,7 @@ FUZZ_SECONDS ?= 60
 CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
-.PHONY: all deps build demo typecheck test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
+.PHONY: all deps build demo docs typecheck test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
 
 all: build
 
@@ -28,7 +28,7 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	@PYTHONPATH=python $(BUILD)/tools/tensorwire demo
 
-test: build format-check test-cpp test-python typecheck test-sanitize fuzz
+test: build format-check test-cpp test-python typecheck docs test-sanitize fuzz
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -42,6 +42,11 @@ test-python: build
 # `make build` generates (python/tensorwire/_C.pyi); what it checks: [tool.mypy] in pyproject.toml.
 typecheck: build
 	@$(VENV)/bin/mypy
+
+# The documentation site in build/site, with the API reference from the docstrings and the
+# extension's stubs (mkdocs.yml); --strict: a broken link or reference fails the build.
+docs: build
+	@$(VENV)/bin/mkdocs build --strict -q && echo "docs: build/site/index.html"
 
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize: deps
