@@ -35,7 +35,9 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$
   echo "test-wheel: creating $VENV with the wheel's test dependencies (once per machine)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "${DEPS[@]}" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+  # Byte-compiled at install: with PYTHONDONTWRITEBYTECODE set (it is on this machine), every
+  # test process would otherwise compile torch and tensordict anew (15 s an import).
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${DEPS[@]}" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   echo "$want" > "$stamp"
 fi
 echo "test-wheel: installing $WHEEL into $VENV"
