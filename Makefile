@@ -8,9 +8,11 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 # ccache, where the machine has it, makes rebuilds in fresh build folders cheap.
 CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+WHEEL_CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+DIST := dist
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
-.PHONY: all deps build demo test test-cpp test-python test-sanitize test-tsan fuzz format format-check bench clean
+.PHONY: all deps build demo docs typecheck test test-cpp test-python test-wheel wheel test-sanitize test-tsan fuzz format format-check bench clean
 
 all: build
 
@@ -24,11 +26,14 @@ $(BUILD)/build.ninja: CMakeLists.txt | deps
 build: deps $(BUILD)/build.ninja
 	@cmake --build $(BUILD) -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
 	@test -x $(BUILD)/tools/tensorwire
+	@$(PY) scripts/editable-install.py
 
 demo: build
 	@PYTHONPATH=python $(BUILD)/tools/tensorwire demo
 
-test: build format-check test-cpp test-python test-sanitize fuzz
+# The Python suite runs against the installed wheel (test-wheel), as a user gets the package;
+# `make test-python` runs it against the source tree.
+test: build format-check test-cpp test-wheel typecheck docs test-sanitize fuzz
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -37,6 +42,30 @@ test-cpp: build
 test-python: build
 	@PYTHONPATH=python TENSORWIRE_BIN=$(abspath $(BUILD))/tools/tensorwire \
 	  $(PY) -m pytest -q tests/python
+
+# A manylinux wheel and an sdist in dist/: scikit-build-core builds (build-wheel/, incremental),
+# then scripts/repair-wheel.py bundles the native libraries (auditwheel) and UCX's modules.
+wheel: deps
+	@rm -rf $(DIST) && mkdir -p $(DIST)/raw
+	@set -o pipefail; CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m build --no-isolation --sdist --wheel \
+	  --outdir $(DIST)/raw $(WHEEL_CCACHE) . 2>&1 | { grep -v -E "^\[[0-9]+/[0-9]+\]|^\*|^-- " || true; }
+	@ls $(DIST)/raw/tensorwire-*.whl $(DIST)/raw/tensorwire-*.tar.gz >/dev/null
+	@$(PY) scripts/repair-wheel.py $(DIST)/raw/tensorwire-*.whl $(DIST)
+	@mv $(DIST)/raw/tensorwire-*.tar.gz $(DIST)/ && rm -rf $(DIST)/raw
+
+# The wheel installed into a virtual environment of its own, and the Python suite run there.
+test-wheel: build wheel
+	@scripts/test-wheel.sh
+
+# mypy on the Python examples and the drop-in modules, against the extension's stubs that
+# `make build` generates (python/tensorwire/_C.pyi); what it checks: [tool.mypy] in pyproject.toml.
+typecheck: build
+	@$(VENV)/bin/mypy
+
+# The documentation site in build/site, with the API reference from the docstrings and the
+# extension's stubs (mkdocs.yml); --strict: a broken link or reference fails the build.
+docs: build
+	@$(VENV)/bin/mkdocs build --strict -q && echo "docs: build/site/index.html"
 
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize: deps
@@ -77,4 +106,4 @@ bench: build
 	@PYTHONPATH=python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz python/tensorwire/_C*.so
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz $(BUILD)-wheel $(DIST) python/tensorwire/_C*.so

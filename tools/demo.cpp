@@ -2,11 +2,13 @@
 // consolidate it, save it, memory-map it back, and show what happened.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cli.h"
 #include "commands.h"
@@ -36,6 +38,21 @@ TensorDict make_demo_td() {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The table the demo ends with: one row per part, one screen.
+void print_summary(const std::vector<DemoRow>& rows) {
+  size_t w_part = 4, w_measured = 8;
+  for (const DemoRow& r : rows) {
+    w_part = std::max(w_part, r.part.size());
+    w_measured = std::max(w_measured, r.measured.size());
+  }
+  std::printf("\n== summary ==\n\n  %-*s  %-*s  %s\n", static_cast<int>(w_part), "part",
+              static_cast<int>(w_measured), "measured", "checked");
+  for (const DemoRow& r : rows)
+    std::printf("  %-*s  %-*s  %s: %s\n", static_cast<int>(w_part), r.part.c_str(),
+                static_cast<int>(w_measured), r.measured.c_str(), r.ok ? "ok" : "FAILED",
+                r.checked.c_str());
 }
 
 }  // namespace
@@ -85,10 +102,17 @@ int demo(int argc, char** argv) {
   bool same = equal(td, back, &why);
   std::printf("round trip: %s%s\n", same ? "equal" : "DIFFERENT: ", why.c_str());
   if (own_dir) fs::remove_all(dir);
-  const int streaming = demo_pipe();
-  const int loading = demo_dataflow();
-  const int inference = demo_infer();
-  return same && streaming == 0 && loading == 0 && inference == 0 ? 0 : 1;
+  std::vector<DemoRow> rows = {
+      {"files",
+       strprintf("consolidate %.3f ms, save %.3f ms, mmap load %.3f ms", t_cons, t_save, t_load),
+       same ? "round trip equal" : "round trip DIFFERENT", same}};
+  rows.push_back(demo_pipe());
+  rows.push_back(demo_dataflow());
+  rows.push_back(demo_infer());
+  print_summary(rows);
+  bool ok = true;
+  for (const DemoRow& r : rows) ok = ok && r.ok;
+  return ok ? 0 : 1;
 }
 
 }  // namespace tensorwire::tools

@@ -76,7 +76,7 @@ void progress_bar(int epoch, size_t done, size_t total, double rate, bool final)
 
 }  // namespace
 
-int demo_dataflow() {
+DemoRow demo_dataflow() {
   using clock_type = std::chrono::steady_clock;
   std::printf("\n== data loading: MultiProcessRunnerZMQ, %d worker processes, shared memory ==\n\n",
               kWorkers);
@@ -128,7 +128,11 @@ int demo_dataflow() {
       "  shared memory mapped from the workers: %.1f MiB (bounded by hwm datapoints per worker)\n",
       static_cast<double>(shm) / (1 << 20));
   std::printf("  workers reaped on close: %s\n", reaped ? "yes" : "NO");
-  return bad == 0 && reaped && total == kEpochs * kPerEpoch ? 0 : 1;
+  return {"data loading",
+          strprintf("%zu datapoints, %d workers: %.0f/s, %.0f MB/s", total, kWorkers,
+                    static_cast<double>(total) / secs, mb / secs),
+          strprintf("%zu corrupt, workers %s", bad, reaped ? "reaped" : "NOT reaped"),
+          bad == 0 && reaped && total == kEpochs * kPerEpoch};
 }
 
 }  // namespace tensorwire::tools

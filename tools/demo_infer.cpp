@@ -53,7 +53,7 @@ void progress(uint64_t done, uint64_t total, double seconds) {
 
 }  // namespace
 
-int demo_infer(int actors, int steps) {
+DemoRow demo_infer(int actors, int steps) {
   std::printf("\n== inference: %d actor processes, one batched policy server ==\n\n", actors);
   TensorDict request;
   request.set("pixels", Tensor::zeros({84, 84, 3}, DType::UInt8));
@@ -134,7 +134,12 @@ int demo_infer(int actors, int steps) {
   std::printf(
       "           slots in use after the run: %u; policy version now %ld; actors failed: %d\n",
       transport->slots_in_use(), static_cast<long>(server.policy_version()), failed);
-  return failed == 0 && st.requests == total ? 0 : 1;
+  return {"inference",
+          strprintf("%lu requests, %d actors: %.0f/s, queue p50 %.3f ms",
+                    static_cast<unsigned long>(st.requests), actors,
+                    static_cast<double>(st.requests) / seconds, st.p50_queue_ms),
+          strprintf("%d actors failed, %u slots left in use", failed, transport->slots_in_use()),
+          failed == 0 && st.requests == total};
 }
 
 }  // namespace tensorwire::tools

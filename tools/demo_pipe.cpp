@@ -9,7 +9,7 @@
 
 namespace tensorwire::tools {
 
-int demo_pipe() {
+DemoRow demo_pipe() {
   const int count = 300;
   const size_t bytes = 4 << 20;
   const char* tls_env = std::getenv("UCX_TLS");
@@ -25,7 +25,7 @@ int demo_pipe() {
   auto pipe = listener.accept(std::chrono::seconds(30));
   if (!pipe) {
     std::printf("the sender did not connect\n");
-    return 1;
+    return {"pipe", "-", "the sender did not connect", false};
   }
   const TensorDict* first = nullptr;
   int same = 0;
@@ -52,7 +52,11 @@ int demo_pipe() {
       "TensorDict (one schema, then storage only)\n",
       count, static_cast<double>(bytes) * count / 1e9, secs,
       static_cast<double>(bytes) * count / secs / 1e9, same, count - 1);
-  return same == count - 1 ? 0 : 1;
+  return {"pipe",
+          strprintf("%d x %.0f MiB from a second process: %.2f GB/s", count,
+                    static_cast<double>(bytes) / (1 << 20),
+                    static_cast<double>(bytes) * count / secs / 1e9),
+          strprintf("%d/%d receives in place", same, count - 1), same == count - 1};
 }
 
 }  // namespace tensorwire::tools

@@ -15,4 +15,6 @@ void bind_tensordict(nanobind::module_& m);
 void bind_pipe(nanobind::module_& m);
 void bind_dataflow(nanobind::module_& m);
 void bind_inference(nanobind::module_& m);
+// Reports of the library's own threads to Python's logging (log_py.cpp).
+void bind_log(nanobind::module_& m);
 }  // namespace tensorwire::py

@@ -12,6 +12,7 @@ NB_MODULE(_C, m) {
   m.doc() = "tensorwire C++ core";
   // First: the exception mapping and the interrupt check every other part relies on.
   tensorwire::py::bind_errors(m);
+  tensorwire::py::bind_log(m);
   // A tensorwire object still referenced from a daemon thread at interpreter exit is never
   // collected, by design of Python's shutdown; nanobind would report each as a leak on
   // stderr, in a program that did nothing wrong. TENSORWIRE_LEAK_WARNINGS=1 turns the report

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import sys
 import weakref
+from typing import Any
 
 from . import _C
 from ._C import ClosedError, TensorDict
@@ -118,7 +119,7 @@ def _is_torch_module(obj) -> bool:
 class _Transport:
     """What every transport offers: ``client()`` and, for the server, ``_impl``."""
 
-    _impl = None
+    _impl: Any = None  # the extension's transport (tensorwire._C), set by each subclass
     _tensordict_specs = False
     _response_keys = None
 

@@ -22,7 +22,7 @@ try:  # the base classes only: importing tensorpack.dataflow does not need Tenso
 except Exception:  # tensorpack not installed
     _TensorpackDataFlow = _df.DataFlow
 
-    class DataFlowTerminated(BaseException):
+    class DataFlowTerminated(BaseException):  # type: ignore[no-redef]  # tensorpack's, when it is there
         """tensorpack's: the dataflow cannot produce more data."""
 
 
@@ -45,7 +45,7 @@ class _TensorpackReset:
     def reset_state(self):
         assert not self._reset_done, "reset_state() was called twice! This violates the API of DataFlow!"
         self._reset_done = True
-        super().reset_state()
+        super().reset_state()  # type: ignore[misc]  # a mixin: the next class in the MRO has it
 
 
 class MultiProcessRunnerZMQ(_TensorpackReset, _df.MultiProcessRunnerZMQ, _TensorpackDataFlow):

@@ -54,7 +54,7 @@ class SharedMemoryTransport(InferenceTransport):
         self._impl = self._tw._impl
         self._response_keys = self._tw.response_keys
         self._request_batch = tuple(self._impl.request_spec.batch_size)
-        self._default_client = None
+        self._default_client: _inference.InferenceClient | None = None
 
     # -- actor side ---------------------------------------------------------------------
 

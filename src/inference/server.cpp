@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "os/fork.h"
 #include "runtime/wait.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::inference {
 
@@ -105,7 +105,7 @@ void InferenceServer::State::run() {
     } catch (const std::exception& e) {
       // Not the policy's fault (serve() catches those): a transport failure. Fail what
       // was drained and keep serving.
-      std::fprintf(stderr, "tensorwire: InferenceServer: %s\n", e.what());
+      log_message(LogLevel::Error, std::string("InferenceServer: ") + e.what());
       if (!d.empty()) {
         std::vector<size_t> all(d.size());
         for (size_t k = 0; k < all.size(); ++k) all[k] = k;
@@ -121,7 +121,7 @@ void InferenceServer::State::run() {
   try {
     transport->close_server("InferenceServer is shutting down.", true);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tensorwire: InferenceServer shutdown: %s\n", e.what());
+    log_message(LogLevel::Error, std::string("InferenceServer shutdown: ") + e.what());
   }
   std::lock_guard<std::mutex> lock(done_mu);
   finished = true;

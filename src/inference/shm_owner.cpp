@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <optional>
 
 #include "os/fork.h"
 #include "os/process.h"
 #include "shm_handshake.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::inference::detail {
 
@@ -68,8 +68,9 @@ void ShmOwner::run() noexcept {
     int r = ::poll(fds.data(), fds.size(), -1);
     if (r < 0) {
       if (errno == EINTR) continue;
-      std::fprintf(stderr, "tensorwire: shared-memory transport watcher: poll failed (errno %d)\n",
-                   errno);
+      log_message(LogLevel::Error, "shared-memory transport watcher: poll failed (errno " +
+                                       std::to_string(errno) +
+                                       "); dead clients are no longer noticed");
       return;
     }
     if (fds[0].revents) return;

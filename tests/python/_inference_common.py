@@ -6,9 +6,7 @@ import time
 import numpy as np
 
 import tensorwire as tw
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON_DIR = os.path.join(ROOT, "python")
+from conftest import PYTHONPATH as PYTHON_DIR  # python/ for the source tree, nothing for a wheel
 
 
 def request_spec():

@@ -6,6 +6,14 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The PYTHONPATH for the Python processes tests start: the source tree's python/ when the suite
+# runs against it (`make test-python`), nothing when it runs against an installed wheel
+# (`make test-wheel`), whose children must import the installed package as this process did.
+import tensorwire  # noqa: E402
+
+PYTHONPATH = os.path.join(ROOT, "python") \
+    if os.path.realpath(os.path.dirname(tensorwire.__file__)) == os.path.realpath(os.path.join(ROOT, "python", "tensorwire")) \
+    else ""
 
 
 @pytest.fixture(scope="session")

@@ -145,7 +145,7 @@ def ends_within(pid, seconds):
 
 def python(script, **kw):
     """Runs `script` in a fresh interpreter with tensorwire importable; a Popen."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
-               os.path.join(ROOT, "tests", "python"))
+    from conftest import PYTHONPATH
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (PYTHONPATH, os.path.join(ROOT, "tests", "python")) if p))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, **kw)

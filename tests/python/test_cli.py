@@ -10,6 +10,13 @@ def test_demo_runs_and_round_trips(tensorwire_bin):
     r = run([tensorwire_bin, "demo"])
     assert r.returncode == 0, r.stderr
     assert "consolidated" in r.stdout and "round trip: equal" in r.stdout
+    # It ends with a one-screen table: a header and one row per part, each checked.
+    table = r.stdout[r.stdout.rindex("== summary =="):].splitlines()[2:]
+    assert table[0].split() == ["part", "measured", "checked"]
+    parts = [row.split("  ")[1].strip() for row in table[1:]]
+    assert parts == ["files", "pipe", "data loading", "inference"], table
+    assert all("ok:" in row and "FAILED" not in row for row in table[1:]), table
+    assert "GB/s" in table[2] and "/s" in table[3] and "requests" in table[4], table
 
 
 def test_inspect_prints_structure_of_a_saved_tensordict(tensorwire_bin, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import ROOT
+from conftest import PYTHONPATH, ROOT
 
 PY_PEER = os.path.join(os.path.dirname(__file__), "peers", "py_pipe_peer.py")
 
@@ -33,7 +33,7 @@ _spawned = []
 
 
 def spawn(args, **kw):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
     _spawned.append(proc)
     return proc

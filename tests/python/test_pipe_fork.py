@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from conftest import PYTHONPATH
 
 PARENT = textwrap.dedent('''
     import multiprocessing as mp
@@ -80,7 +80,7 @@ PARENT = textwrap.dedent('''
 def run(tmp_path, method, scenario):
     path = tmp_path / "parent.py"
     path.write_text(PARENT)
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     r = subprocess.run([sys.executable, str(path), method, scenario], capture_output=True, text=True,
                        env=env, timeout=180)
     assert r.returncode == 0, r.stderr
@@ -119,6 +119,6 @@ def test_pipes_listeners_and_servers_cannot_be_pickled_for_a_spawned_child(tmp_p
                 except (TypeError, pickle.PicklingError):
                     print("refused")
     '''))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["refused", "refused"], r.stderr

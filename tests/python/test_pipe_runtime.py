@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import ROOT
+from conftest import PYTHONPATH
 
-ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
 
 
 def small(v=1.0):

