@@ -147,7 +147,7 @@ std::string ShmConnection::gone_message() const {
 
 std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline deadline) {
   auto c = std::make_shared<ShmConnection>();
-  c->socket = connect_by_name(name, deadline);
+  c->socket = os::UnixSocket::connect(name, deadline);
   Welcome w = receive_welcome(c->socket, deadline);
   c->region = std::move(w.region);
   c->id = w.client_id;

@@ -16,7 +16,7 @@ std::string encode_spec(const TensorDict& spec) {
 }
 
 os::Message expect(os::UnixSocket& socket, Deadline deadline, const char* what) {
-  auto m = recv_until(socket, deadline);
+  auto m = socket.recv(deadline);
   if (!m)
     throw TimeoutError(std::string("shared-memory transport: no ") + what +
                        " from the owner in time (attach timeout)");
@@ -30,10 +30,16 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
                 {"client_id", client_id},
                 {"num_slots", region.num_slots},
                 {"owner_pid", region.header->owner_pid}};
-  socket.send(hello.dump(), {region.control_segment.fd(), region.request_segment.fd(),
-                             region.response_segment.fd()});
-  socket.send(encode_spec(region.request.spec()));
-  socket.send(encode_spec(region.response.spec()));
+  // Bounded: a client that connected and stopped reading must not hold the owner's thread.
+  const Deadline deadline = Deadline::after(kWelcomeTimeout);
+  if (!socket.send(
+          hello.dump(),
+          {region.control_segment.fd(), region.request_segment.fd(), region.response_segment.fd()},
+          deadline) ||
+      !socket.send(encode_spec(region.request.spec()), {}, deadline) ||
+      !socket.send(encode_spec(region.response.spec()), {}, deadline))
+    throw TimeoutError("shared-memory transport: the client did not take its welcome within " +
+                       Timeout(kWelcomeTimeout).str());
 }
 
 Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
