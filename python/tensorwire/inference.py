@@ -59,6 +59,17 @@ def _name(value, none_ok: bool = True):
     return value
 
 
+def _uids(value) -> list:
+    """An allowed_uids argument: an iterable of non-negative integer uids."""
+    try:
+        uids = list(value)
+    except TypeError:
+        raise TypeError(f"allowed_uids must be an iterable of uids, got {type(value).__name__}") from None
+    for u in uids:
+        _count("allowed_uids entry", u, minimum=0)
+    return uids
+
+
 def _client_for(kind: str, address: str) -> InferenceClient:
     return InferenceClient(_C._inference_client_for(kind, address))
 
@@ -198,6 +209,10 @@ class SharedMemoryTransport(_Transport):
             request reuses the slot (read or copy them before submitting again).
         name: the abstract socket name other processes attach to (default: unique).
         spin: the most pause iterations a waiter spins before sleeping on a futex.
+        allowed_uids: users admitted besides this process's own. Every attaching process's
+            uid is checked (the socket is abstract: it has no file permissions); one of
+            another user gets a PermissionError before any memory is shared with it, and
+            ``refused`` counts it here.
 
     Only declared keys travel: extra keys are dropped, a missing one raises KeyError, a
     leaf of the wrong shape or dtype raises ValueError naming the key, expected and given.
@@ -206,12 +221,12 @@ class SharedMemoryTransport(_Transport):
     """
 
     def __init__(self, request_spec, response_spec, *, num_slots: int, copy_result: bool = True,
-                 name: str | None = None, spin: int | None = None):
+                 name: str | None = None, spin: int | None = None, allowed_uids=()):
         _count("num_slots", num_slots)
         self._tensordict_specs = _is_tensordict(request_spec)
         self._impl = _C._SharedMemoryTransport.create(
             _as_tensorwire(request_spec, "request_spec"), _as_tensorwire(response_spec, "response_spec"),
-            num_slots, bool(copy_result), _name(name), spin)
+            num_slots, bool(copy_result), _name(name), spin, _uids(allowed_uids))
         self._response_keys = self._impl.response_keys
 
     @classmethod
@@ -232,6 +247,10 @@ class SharedMemoryTransport(_Transport):
 
     name = property(lambda self: self._impl.name, doc="The name other processes attach to.")
     num_slots = property(lambda self: self._impl.num_slots)
+    refused = property(lambda self: self._impl.refused,
+                       doc="Attachments refused: their user is not admitted (see allowed_uids).")
+    last_refusal = property(lambda self: self._impl.last_refusal,
+                            doc="Why the last attachment was refused ('' when none was).")
     copy_result = property(lambda self: self._impl.copy_result)
     request_keys = property(lambda self: self._impl.request_keys)
     response_keys = property(lambda self: self._impl.response_keys)
@@ -250,14 +269,21 @@ class SharedMemoryTransport(_Transport):
 class SocketTransport(_Transport):
     """Requests of any structure from any process, over a Unix socket (wire codec)."""
 
-    def __init__(self, *, name: str | None = None):
-        self._impl = _C._SocketTransport.create(_name(name))
+    def __init__(self, *, name: str | None = None, allowed_uids=()):
+        """``allowed_uids``: users admitted besides this process's own. Every connection's
+        uid is checked (the socket is abstract: it has no file permissions); a client of
+        another user gets a PermissionError, and ``refused`` counts it here."""
+        self._impl = _C._SocketTransport.create(_name(name), _uids(allowed_uids))
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
         return _client_for("socket", _name(name, none_ok=False))
 
     name = property(lambda self: self._impl.name)
+    refused = property(lambda self: self._impl.refused,
+                       doc="Connections refused: their user is not admitted (see allowed_uids).")
+    last_refusal = property(lambda self: self._impl.last_refusal,
+                            doc="Why the last connection was refused ('' when none was).")
 
 
 class ThreadTransport(_Transport):

@@ -42,12 +42,23 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
                        Timeout(kWelcomeTimeout).str());
 }
 
+void send_refusal(os::UnixSocket& socket, const std::string& why) {
+  try {
+    socket.post(Json{{"refused", why}}.dump());
+  } catch (const Error&) {
+  }
+}
+
 Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
   os::Message hello = expect(socket, deadline, "welcome");
   wire::Limits limits;
   Json j = wire::parse_untrusted_json(
       std::as_bytes(std::span<const char>(hello.bytes.data(), hello.bytes.size())), limits,
       "shared-memory welcome");
+  if (j.is_object() && j.contains("refused")) {
+    const Json& why = j["refused"];
+    throw SystemError(why.is_string() ? why.get<std::string>() : why.dump(), EACCES);
+  }
   auto field = [&](const char* name) -> uint64_t {
     auto it = j.find(name);
     if (it == j.end() || !it->is_number_unsigned())

@@ -3,6 +3,11 @@
 //   kind 0, client -> owner: a request, body = one wire-codec message
 //   kind 1, owner -> client: its response, body = one wire-codec message
 //   kind 2, owner -> client: its failure, body = JSON {"type", "message", "closed"}
+//   kind 3, owner -> client: welcome (id 0, empty body), the first frame of a connection
+// The owner checks a new client's uid (SO_PEERCRED) before anything else: a client it does
+// not admit gets a kind 2 frame with id 0, type "PermissionError" and closed true, in place
+// of the welcome, and the connection is closed. A client waits for the welcome before it
+// sends, and checks the owner's uid too (its own user or root).
 // A frame is at most kMaxMessageBytes (64 MiB, the Unix-socket layer's limit): a larger
 // request is refused at submit, a larger response fails its request, both with a
 // ValueError naming the limit.
@@ -24,6 +29,7 @@
 #include "attach.h"
 #include "client_impl.h"
 #include "os/fork.h"
+#include "os/peer.h"
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "request_queue.h"
@@ -36,7 +42,7 @@ namespace tensorwire::inference {
 
 namespace {
 
-enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2 };
+enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2, kWelcome = 3 };
 constexpr size_t kPrefix = 9;
 // The largest message os::UnixSocket carries (src/os/unix_socket.cpp).
 constexpr size_t kMaxMessageBytes = size_t{64} << 20;
@@ -180,7 +186,13 @@ struct SocketTransport::Owner {
 
   detail::RequestQueue queue;
 
-  explicit Owner(std::string n) : name(std::move(n)), listener(name) {
+  os::PeerPolicy peers;
+  std::atomic<uint64_t> refused{0};
+  std::mutex refusal_mu;
+  std::string last_refusal;
+
+  Owner(std::string n, os::PeerPolicy policy)
+      : name(std::move(n)), listener(name), peers(std::move(policy)) {
     int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) throw SystemError("eventfd", errno);
     stop = os::Fd(fd);
@@ -215,6 +227,20 @@ struct SocketTransport::Owner {
     }
     r->submitted_ns = detail::now_ns();
     if (auto refused = queue.push(r)) r->fail_closed(*refused);
+  }
+
+  // Tells a client it is not admitted, and closes the connection (it is not kept: its
+  // requests are never read).
+  void refuse(os::UnixSocket& s, const std::string& why) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(refusal_mu);
+      last_refusal = why;
+    }
+    try {
+      s.post(failure_frame(0, "PermissionError", why, true));
+    } catch (const Error&) {
+    }
   }
 
   void run() noexcept {
@@ -258,6 +284,13 @@ struct SocketTransport::Owner {
       if (fds[1].revents) {
         try {
           if (auto s = listener.accept(os::Millis{0})) {
+            // Who it is, before anything is read from or written to it.
+            const os::PeerCredentials who = os::peer_credentials(s->fd());
+            if (std::string why = peers.refusal(who, name); !why.empty()) {
+              refuse(*s, why);
+              continue;
+            }
+            s->post(frame(kWelcome, 0));
             auto c = std::make_shared<Conn>();
             c->socket = std::move(*s);
             c->wake_fd = wake.get();
@@ -346,8 +379,26 @@ struct SockConn {
 
 std::shared_ptr<SockConn> connect_socket(const std::string& name) {
   auto c = std::make_shared<SockConn>();
-  c->socket = os::UnixSocket::connect(name, Deadline::after(detail::kConnectTimeout));
-  c->owner_pid = c->socket.peer_pid();
+  const Deadline deadline = Deadline::after(detail::kConnectTimeout);
+  c->socket = os::UnixSocket::connect(name, deadline);
+  const os::PeerCredentials owner = os::peer_credentials(c->socket.fd());
+  os::check_server(owner, name);
+  // The owner's first frame: the welcome, or why this process is refused.
+  std::optional<os::Message> m = c->socket.recv(deadline);
+  Kind kind;
+  uint64_t id;
+  if (!m) throw TimeoutError("the inference server at '" + name + "' sent no welcome in time");
+  if (!parse_frame(m->bytes, kind, id) || (kind != kWelcome && kind != kFailure))
+    throw ProtocolError("the inference server at '" + name + "' did not start with a welcome");
+  if (kind == kFailure) {
+    wire::Limits limits;
+    Json j = wire::parse_untrusted_json(body_of(m->bytes), limits, "refusal");
+    const std::string why = j.is_object() ? j.value("message", std::string()) : std::string();
+    if (j.is_object() && j.value("type", std::string()) == "PermissionError")
+      throw SystemError(why, EACCES);
+    throw ClosedError("the inference server at '" + name + "' refused the connection: " + why);
+  }
+  c->owner_pid = owner.pid;
   try {
     c->owner.emplace(c->owner_pid);
   } catch (const SystemError&) {
@@ -486,8 +537,9 @@ class SocketClient final : public detail::ClientImpl {
 std::shared_ptr<SocketTransport> SocketTransport::create(SocketOptions options) {
   // The owner first: when its name is taken, no transport exists whose destructor would
   // find no owner.
-  auto owner = std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket")
-                                                            : options.name);
+  auto owner =
+      std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket") : options.name,
+                              os::PeerPolicy(std::move(options.allowed_uids)));
   std::shared_ptr<SocketTransport> t(new SocketTransport());
   t->o_ = std::move(owner);
   return t;
@@ -504,6 +556,13 @@ SocketTransport::~SocketTransport() {
 
 const std::string& SocketTransport::name() const noexcept {
   return o_->name;
+}
+uint64_t SocketTransport::refused() const noexcept {
+  return o_->refused.load(std::memory_order_relaxed);
+}
+std::string SocketTransport::last_refusal() const {
+  std::lock_guard<std::mutex> lock(o_->refusal_mu);
+  return o_->last_refusal;
 }
 Client SocketTransport::client() {
   check_open();
