@@ -147,8 +147,11 @@ void bind_inference(nb::module_& m) {
       .def_static(
           "create",
           [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,
-             bool copy_result, std::optional<std::string> name, std::optional<uint32_t> spin) {
-            inf::SharedMemoryOptions o{.num_slots = num_slots, .copy_result = copy_result};
+             bool copy_result, std::optional<std::string> name, std::optional<uint32_t> spin,
+             std::vector<uint32_t> allowed_uids) {
+            inf::SharedMemoryOptions o{.num_slots = num_slots,
+                                       .copy_result = copy_result,
+                                       .allowed_uids = std::move(allowed_uids)};
             if (name) o.name = *name;
             if (spin) o.spin = *spin;
             TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
@@ -158,7 +161,7 @@ void bind_inference(nb::module_& m) {
           },
           nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
           nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
-          nb::arg("spin").none() = nb::none())
+          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
       .def_static(
           "attach",
           [](const std::string& name, std::optional<double> timeout) {
@@ -172,6 +175,8 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("copy_result", &Shm::copy_result)
       .def_prop_ro("is_owner", &Shm::is_owner)
       .def_prop_ro("slots_in_use", &Shm::slots_in_use)
+      .def_prop_ro("refused", &Shm::refused)
+      .def_prop_ro("last_refusal", &Shm::last_refusal)
       .def_prop_ro("request_keys", [](const Shm& t) { return key_list(t.request_keys()); })
       .def_prop_ro("response_keys", [](const Shm& t) { return key_list(t.response_keys()); })
       .def_prop_ro("request_spec", [](const Shm& t) { return PyTensorDict(t.request_spec()); })
@@ -217,12 +222,15 @@ void bind_inference(nb::module_& m) {
   nb::class_<inf::SocketTransport, inf::Transport>(m, "_SocketTransport")
       .def_static(
           "create",
-          [](std::optional<std::string> name) {
+          [](std::optional<std::string> name, std::vector<uint32_t> allowed_uids) {
             NoGil nogil;
-            return inf::SocketTransport::create({.name = name.value_or("")});
+            return inf::SocketTransport::create(
+                {.name = name.value_or(""), .allowed_uids = std::move(allowed_uids)});
           },
-          nb::arg("name").none() = nb::none())
-      .def_prop_ro("name", &inf::SocketTransport::name);
+          nb::arg("name").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
+      .def_prop_ro("name", &inf::SocketTransport::name)
+      .def_prop_ro("refused", &inf::SocketTransport::refused)
+      .def_prop_ro("last_refusal", &inf::SocketTransport::last_refusal);
 }
 
 }  // namespace tensorwire::py

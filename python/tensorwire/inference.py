@@ -40,6 +40,36 @@ def _is_tensordict(obj) -> bool:
     return td is not None and isinstance(obj, td.TensorDictBase)
 
 
+def _count(name: str, value, minimum: int = 1) -> int:
+    """``value`` checked as an integer argument of at least ``minimum``, by name."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _name(value, none_ok: bool = True):
+    """A transport's name argument: a str (or None for a unique one)."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"name must be a str{' or None' if none_ok else ''}, "
+                        f"got {type(value).__name__}")
+    return value
+
+
+def _uids(value) -> list:
+    """An allowed_uids argument: an iterable of non-negative integer uids."""
+    try:
+        uids = list(value)
+    except TypeError:
+        raise TypeError(f"allowed_uids must be an iterable of uids, got {type(value).__name__}") from None
+    for u in uids:
+        _count("allowed_uids entry", u, minimum=0)
+    return uids
+
+
 def _client_for(kind: str, address: str) -> InferenceClient:
     return InferenceClient(_C._inference_client_for(kind, address))
 
@@ -142,10 +172,7 @@ class _Transport:
         return f"<{type(self).__name__}{f' {name!r}' if name else ''} {state}>"
 
     def clients(self, num_clients: int) -> list:
-        if isinstance(num_clients, bool) or not isinstance(num_clients, int):
-            raise TypeError("num_clients must be an integer")
-        if num_clients < 1:
-            raise ValueError("num_clients must be at least 1")
+        _count("num_clients", num_clients)
         return [self.client() for _ in range(num_clients)]
 
     @property
@@ -167,6 +194,10 @@ class SharedMemoryTransport(_Transport):
             request reuses the slot (read or copy them before submitting again).
         name: the abstract socket name other processes attach to (default: unique).
         spin: the most pause iterations a waiter spins before sleeping on a futex.
+        allowed_uids: users admitted besides this process's own. Every attaching process's
+            uid is checked (the socket is abstract: it has no file permissions); one of
+            another user gets a PermissionError before any memory is shared with it, and
+            ``refused`` counts it here.
 
     Only declared keys travel: extra keys are dropped, a missing one raises KeyError, a
     leaf of the wrong shape or dtype raises ValueError naming the key, expected and given.
@@ -175,34 +206,36 @@ class SharedMemoryTransport(_Transport):
     """
 
     def __init__(self, request_spec, response_spec, *, num_slots: int, copy_result: bool = True,
-                 name: str | None = None, spin: int | None = None):
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int):
-            raise TypeError(f"num_slots must be an integer, got {type(num_slots).__name__}")
-        if num_slots < 1:
-            raise ValueError(f"num_slots must be a positive integer, got {num_slots}")
+                 name: str | None = None, spin: int | None = None, allowed_uids=()):
+        _count("num_slots", num_slots)
         self._tensordict_specs = _is_tensordict(request_spec)
         self._impl = _C._SharedMemoryTransport.create(
-            request_spec, response_spec, num_slots, bool(copy_result), name, spin)
+            request_spec, response_spec, num_slots, bool(copy_result), _name(name), spin,
+            _uids(allowed_uids))
         self._response_keys = self._impl.response_keys
 
     @classmethod
     def attach(cls, name: str, timeout: float = 5.0) -> "SharedMemoryTransport":
         """The transport another process created under ``name``; it makes clients only."""
         self = cls.__new__(cls)
-        self._impl = _C._SharedMemoryTransport.attach(name, timeout)
+        self._impl = _C._SharedMemoryTransport.attach(_name(name, none_ok=False), timeout)
         self._response_keys = self._impl.response_keys
         return self
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
         """A client of the transport named ``name``, connecting on first use."""
-        return _client_for("shared_memory", name)
+        return _client_for("shared_memory", _name(name, none_ok=False))
 
     def __reduce__(self):
         return (SharedMemoryTransport.attach, (self.name,))
 
     name = property(lambda self: self._impl.name, doc="The name other processes attach to.")
     num_slots = property(lambda self: self._impl.num_slots)
+    refused = property(lambda self: self._impl.refused,
+                       doc="Attachments refused: their user is not admitted (see allowed_uids).")
+    last_refusal = property(lambda self: self._impl.last_refusal,
+                            doc="Why the last attachment was refused ('' when none was).")
     copy_result = property(lambda self: self._impl.copy_result)
     request_keys = property(lambda self: self._impl.request_keys)
     response_keys = property(lambda self: self._impl.response_keys)
@@ -221,14 +254,21 @@ class SharedMemoryTransport(_Transport):
 class SocketTransport(_Transport):
     """Requests of any structure from any process, over a Unix socket (wire codec)."""
 
-    def __init__(self, *, name: str | None = None):
-        self._impl = _C._SocketTransport.create(name)
+    def __init__(self, *, name: str | None = None, allowed_uids=()):
+        """``allowed_uids``: users admitted besides this process's own. Every connection's
+        uid is checked (the socket is abstract: it has no file permissions); a client of
+        another user gets a PermissionError, and ``refused`` counts it here."""
+        self._impl = _C._SocketTransport.create(_name(name), _uids(allowed_uids))
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
-        return _client_for("socket", name)
+        return _client_for("socket", _name(name, none_ok=False))
 
     name = property(lambda self: self._impl.name)
+    refused = property(lambda self: self._impl.refused,
+                       doc="Connections refused: their user is not admitted (see allowed_uids).")
+    last_refusal = property(lambda self: self._impl.last_refusal,
+                            doc="Why the last connection was refused ('' when none was).")
 
 
 class ThreadTransport(_Transport):
@@ -326,8 +366,18 @@ class InferenceServer:
                             f"returning a TensorDict, got {type(policy).__name__}")
         if not isinstance(transport, _Transport):
             raise TypeError(f"transport must be a tensorwire transport, got {type(transport).__name__}")
-        if min_batch_size < 1 or max_batch_size < 1:
-            raise ValueError("max_batch_size and min_batch_size must be at least 1")
+        _count("max_batch_size", max_batch_size)
+        _count("min_batch_size", min_batch_size)  # at most max_batch_size: checked in C++
+        _count("stats_window_size", stats_window_size)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if isinstance(policy_version, bool) or not isinstance(policy_version, int):
+            raise TypeError(f"policy_version must be an integer, got {type(policy_version).__name__}")
+        if not (policy_version_key is None or isinstance(policy_version_key, str) or (
+                isinstance(policy_version_key, tuple) and policy_version_key
+                and all(isinstance(k, str) for k in policy_version_key))):
+            raise TypeError("policy_version_key must be None, a str or a non-empty tuple of str, "
+                            f"got {policy_version_key!r}")
         self.policy = policy
         self.transport = transport
         self.max_batch_size = max_batch_size

@@ -63,13 +63,20 @@ Storage Storage::external(void* data, size_t nbytes, std::function<void()> delet
 }
 
 Storage Storage::map_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer for ever; it is refused
+  // below with everything else that is not a regular file.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw SystemError("cannot open '" + path + "'", errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     throw SystemError("cannot stat '" + path + "'", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (S_ISDIR(st.st_mode)) throw SystemError("cannot map '" + path + "'", EISDIR);
+    throw ValueError("cannot map '" + path + "': not a regular file");
   }
   size_t size = static_cast<size_t>(st.st_size);
   if (size == 0) {

@@ -42,30 +42,31 @@ void MainLink::open(const std::string& endpoint) {
 shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
   if (sender >= parent_ends.size())
     throw ProtocolError(owner + ": descriptor from unknown sender " + std::to_string(sender));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (true) {
-    std::optional<std::pair<uint32_t, shm::Segment>> m;
-    try {
-      m = recv_segment(parent_ends[sender], Millis(100));
-    } catch (const ClosedError&) {
-      // The worker is gone: say so. Its fds close a moment before its pidfd reports it.
-      for (int i = 0; i < 200; ++i) {
-        workers.check();
-        std::this_thread::sleep_for(Millis(5));
-      }
-      throw;
-    }
-    if (m) {
-      if (m->first == index) return std::move(m->second);
-      throw ProtocolError(owner + ": worker " + std::to_string(sender) + " sent segment " +
-                          std::to_string(m->first) + " where " + std::to_string(index) +
-                          " was expected");
-    }
-    workers.check();
-    if (std::chrono::steady_clock::now() > deadline)
-      throw TimeoutError(owner + ": worker " + std::to_string(sender) + " named segment " +
-                         std::to_string(index) + " but did not send it");
-  }
+  std::optional<std::pair<uint32_t, shm::Segment>> m;
+  // Interruptible, and bounded: the worker sends the segment before naming it.
+  const bool got =
+      runtime::wait_until(Deadline::after(std::chrono::seconds(10)), [&](Deadline slice) {
+        try {
+          m = recv_segment(parent_ends[sender], Millis(slice.poll_ms()));
+        } catch (const ClosedError&) {
+          // The worker is gone: say so. Its fds close a moment before its pidfd reports it.
+          for (int i = 0; i < 200; ++i) {
+            workers.check();
+            std::this_thread::sleep_for(Millis(5));
+          }
+          throw;
+        }
+        if (!m) workers.check();
+        return m.has_value();
+      });
+  if (!got)
+    throw TimeoutError(owner + ": worker " + std::to_string(sender) + " named segment " +
+                       std::to_string(index) + " but did not send it");
+  if (m->first != index)
+    throw ProtocolError(owner + ": worker " + std::to_string(sender) + " sent segment " +
+                        std::to_string(m->first) + " where " + std::to_string(index) +
+                        " was expected");
+  return std::move(m->second);
 }
 
 std::optional<ShmReceiver::Received> MainLink::receive(Deadline deadline) {

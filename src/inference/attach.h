@@ -1,23 +1,18 @@
-// Connecting to a transport's abstract Unix socket by name, for the shared-memory attach
-// handshake and the socket transport's clients: retried while nothing listens yet (a
-// client may be made before its transport), interruptibly, until `deadline`.
+// Attaching a client to a transport by name (the shared-memory attach handshake and the
+// socket transport's clients connect with os::UnixSocket::connect, which tries again while
+// nothing listens yet: a client may be made before its transport).
 #pragma once
 
-#include <string>
-
-#include "os/unix_socket.h"
-#include "tensorwire/runtime/timeout.h"
+#include <chrono>
 
 namespace tensorwire::inference::detail {
 
-// SystemError (connection refused) when nothing listens on `name` by the deadline.
-os::UnixSocket connect_by_name(const std::string& name, Deadline deadline);
-
-// Receives one message, waiting interruptibly until `deadline`; std::nullopt on timeout,
-// ClosedError when the peer closed.
-std::optional<os::Message> recv_until(os::UnixSocket& socket, Deadline deadline);
-
 // How long a client waits for its transport to accept it on first use.
 inline constexpr std::chrono::seconds kConnectTimeout{3};
+
+// How long an owner waits for a client that just connected to take its welcome (a few
+// hundred bytes, which the socket buffer takes at once): a client that connects and then
+// stops (SIGSTOP) or never reads cannot hold the owner's thread longer than this.
+inline constexpr std::chrono::seconds kWelcomeTimeout{2};
 
 }  // namespace tensorwire::inference::detail

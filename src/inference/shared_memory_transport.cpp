@@ -61,7 +61,8 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
   t->name_ = options.name.empty() ? os::unique_name("infer") : options.name;
   t->region_ = ShmRegion::create(request_spec, response_spec, options.num_slots,
                                  options.copy_result, options.spin);
-  t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_);
+  t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_,
+                                         os::PeerPolicy(std::move(options.allowed_uids)));
   return t;
 }
 
@@ -109,6 +110,12 @@ std::vector<Key> SharedMemoryTransport::response_keys() const {
 }
 bool SharedMemoryTransport::is_owner() const noexcept {
   return owner_ && owner_->here();
+}
+uint64_t SharedMemoryTransport::refused() const noexcept {
+  return owner_ ? owner_->refused() : 0;
+}
+std::string SharedMemoryTransport::last_refusal() const {
+  return owner_ ? owner_->last_refusal() : std::string();
 }
 uint32_t SharedMemoryTransport::slots_in_use() const noexcept {
   return region_->slots_in_use();

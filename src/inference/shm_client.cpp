@@ -2,6 +2,7 @@
 
 #include "attach.h"
 #include "os/fork.h"
+#include "os/peer.h"
 #include "runtime/wait.h"
 #include "shm_handshake.h"
 
@@ -147,11 +148,13 @@ std::string ShmConnection::gone_message() const {
 
 std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline deadline) {
   auto c = std::make_shared<ShmConnection>();
-  c->socket = connect_by_name(name, deadline);
+  c->socket = os::UnixSocket::connect(name, deadline);
+  const os::PeerCredentials owner = os::peer_credentials(c->socket.fd());
+  os::check_server(owner, name);
   Welcome w = receive_welcome(c->socket, deadline);
   c->region = std::move(w.region);
   c->id = w.client_id;
-  c->owner_pid = c->socket.peer_pid();
+  c->owner_pid = owner.pid;
   if (w.owner_pid != c->owner_pid)
     throw ProtocolError("shared-memory transport '" + name + "': owner pid " +
                         std::to_string(w.owner_pid) + " announced, peer is pid " +

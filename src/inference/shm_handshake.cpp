@@ -16,7 +16,7 @@ std::string encode_spec(const TensorDict& spec) {
 }
 
 os::Message expect(os::UnixSocket& socket, Deadline deadline, const char* what) {
-  auto m = recv_until(socket, deadline);
+  auto m = socket.recv(deadline);
   if (!m)
     throw TimeoutError(std::string("shared-memory transport: no ") + what +
                        " from the owner in time (attach timeout)");
@@ -30,10 +30,23 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
                 {"client_id", client_id},
                 {"num_slots", region.num_slots},
                 {"owner_pid", region.header->owner_pid}};
-  socket.send(hello.dump(), {region.control_segment.fd(), region.request_segment.fd(),
-                             region.response_segment.fd()});
-  socket.send(encode_spec(region.request.spec()));
-  socket.send(encode_spec(region.response.spec()));
+  // Bounded: a client that connected and stopped reading must not hold the owner's thread.
+  const Deadline deadline = Deadline::after(kWelcomeTimeout);
+  if (!socket.send(
+          hello.dump(),
+          {region.control_segment.fd(), region.request_segment.fd(), region.response_segment.fd()},
+          deadline) ||
+      !socket.send(encode_spec(region.request.spec()), {}, deadline) ||
+      !socket.send(encode_spec(region.response.spec()), {}, deadline))
+    throw TimeoutError("shared-memory transport: the client did not take its welcome within " +
+                       Timeout(kWelcomeTimeout).str());
+}
+
+void send_refusal(os::UnixSocket& socket, const std::string& why) {
+  try {
+    socket.post(Json{{"refused", why}}.dump());
+  } catch (const Error&) {
+  }
 }
 
 Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
@@ -42,6 +55,10 @@ Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
   Json j = wire::parse_untrusted_json(
       std::as_bytes(std::span<const char>(hello.bytes.data(), hello.bytes.size())), limits,
       "shared-memory welcome");
+  if (j.is_object() && j.contains("refused")) {
+    const Json& why = j["refused"];
+    throw SystemError(why.is_string() ? why.get<std::string>() : why.dump(), EACCES);
+  }
   auto field = [&](const char* name) -> uint64_t {
     auto it = j.find(name);
     if (it == j.end() || !it->is_number_unsigned())

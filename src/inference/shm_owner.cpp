@@ -24,10 +24,12 @@ struct Peer {
 
 }  // namespace
 
-ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name)
+ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name, os::PeerPolicy peers)
     : doorbell_wait(region->max_spin),
       region_(std::move(region)),
+      name_(name),
       listener_(name),
+      peers_(std::move(peers)),
       fork_generation_(os::fork_generation()) {
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) throw SystemError("eventfd", errno);
@@ -35,6 +37,11 @@ ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name)
   taken.resize(region_->num_slots);
   order.reserve(region_->num_slots);
   thread_ = std::thread([this] { run(); });
+}
+
+std::string ShmOwner::last_refusal() const {
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  return last_refusal_;
 }
 
 bool ShmOwner::here() const noexcept {
@@ -99,6 +106,19 @@ void ShmOwner::run() noexcept {
     if (fds[1].revents) {
       try {
         std::optional<os::UnixSocket> s = listener_.accept(os::Millis{0});
+        // Who it is, before a client id, a byte or a segment fd is handed over.
+        if (s) {
+          const os::PeerCredentials who = os::peer_credentials(s->fd());
+          if (std::string why = peers_.refusal(who, name_); !why.empty()) {
+            refused_.fetch_add(1, std::memory_order_relaxed);
+            {
+              std::lock_guard<std::mutex> lock(refusal_mu_);
+              last_refusal_ = why;
+            }
+            send_refusal(*s, why);
+            s.reset();
+          }
+        }
         if (s) {
           Peer p;
           p.id = region_->header->next_client_id.fetch_add(1);

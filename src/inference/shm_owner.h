@@ -5,11 +5,13 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "os/peer.h"
 #include "os/unix_socket.h"
 #include "shm_region.h"
 
@@ -17,7 +19,7 @@ namespace tensorwire::inference::detail {
 
 class ShmOwner {
  public:
-  ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name);
+  ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name, os::PeerPolicy peers);
   ~ShmOwner();
   ShmOwner(const ShmOwner&) = delete;
   ShmOwner& operator=(const ShmOwner&) = delete;
@@ -26,6 +28,9 @@ class ShmOwner {
   bool here() const noexcept;
   // Clients currently attached from other processes.
   size_t attached() const noexcept { return attached_.load(std::memory_order_relaxed); }
+  // Attachments refused (a user not admitted), and why the last one was.
+  uint64_t refused() const noexcept { return refused_.load(std::memory_order_relaxed); }
+  std::string last_refusal() const;
 
   // Serving-thread scratch, allocated once.
   uint32_t cursor = 0;
@@ -41,7 +46,12 @@ class ShmOwner {
   void run() noexcept;
 
   std::shared_ptr<ShmRegion> region_;
+  std::string name_;
   os::UnixListener listener_;
+  os::PeerPolicy peers_;
+  std::atomic<uint64_t> refused_{0};
+  mutable std::mutex refusal_mu_;
+  std::string last_refusal_;
   os::Fd stop_;  // eventfd: wakes the watcher thread to exit
   std::thread thread_;
   uint64_t fork_generation_;

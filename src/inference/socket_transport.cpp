@@ -3,6 +3,11 @@
 //   kind 0, client -> owner: a request, body = one wire-codec message
 //   kind 1, owner -> client: its response, body = one wire-codec message
 //   kind 2, owner -> client: its failure, body = JSON {"type", "message", "closed"}
+//   kind 3, owner -> client: welcome (id 0, empty body), the first frame of a connection
+// The owner checks a new client's uid (SO_PEERCRED) before anything else: a client it does
+// not admit gets a kind 2 frame with id 0, type "PermissionError" and closed true, in place
+// of the welcome, and the connection is closed. A client waits for the welcome before it
+// sends, and checks the owner's uid too (its own user or root).
 // A frame is at most kMaxMessageBytes (64 MiB, the Unix-socket layer's limit): a larger
 // request is refused at submit, a larger response fails its request, both with a
 // ValueError naming the limit.
@@ -24,9 +29,11 @@
 #include "attach.h"
 #include "client_impl.h"
 #include "os/fork.h"
+#include "os/peer.h"
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "request_queue.h"
+#include "runtime/wait.h"
 #include "shm_region.h"
 #include "tensorwire/core/json.h"
 #include "wire_message.h"
@@ -35,7 +42,7 @@ namespace tensorwire::inference {
 
 namespace {
 
-enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2 };
+enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2, kWelcome = 3 };
 constexpr size_t kPrefix = 9;
 // The largest message os::UnixSocket carries (src/os/unix_socket.cpp).
 constexpr size_t kMaxMessageBytes = size_t{64} << 20;
@@ -78,22 +85,57 @@ std::string failure_frame(uint64_t id, const std::string& type, const std::strin
 
 // --- owner side ----------------------------------------------------------------------
 
+// What the owner keeps queued for one client that does not read (stopped, or submitting
+// without ever reading) before it drops that client.
+constexpr size_t kMaxQueuedBytes = size_t{1} << 30;
+
+// Wakes a thread blocked in poll(): one eventfd, written to, drained by the poller.
+void kick(int fd) noexcept {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+}
+
 struct Conn {
   os::UnixSocket socket;
   std::optional<os::ProcessWatch> watch;
-  wire::Decoder decoder;                               // watcher thread only
+  int wake_fd = -1;                                    // the I/O thread's eventfd
+  wire::Decoder decoder;                               // I/O thread only
   wire::Encoder encoder{wire::Mode::NonConsolidated};  // under send_mu
   std::mutex send_mu;
+  std::atomic<bool> backlog{false};  // bytes queued: the I/O thread writes them when it can
   std::atomic<bool> dead{false};
 
+  // Never blocks (the serving thread answers every client): what the client's socket does
+  // not take now is queued and written by the I/O thread once the client reads again.
   void send(const std::string& bytes) noexcept {
     if (dead.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(send_mu);
     try {
-      socket.send(bytes);
+      socket.post(bytes);
+      after_write();
     } catch (const Error&) {
       dead = true;
     }
+  }
+  // I/O thread, when the socket is writable.
+  void flush() noexcept {
+    std::lock_guard<std::mutex> lock(send_mu);
+    try {
+      socket.flush(Deadline::after(Timeout::poll()));
+      after_write();
+    } catch (const Error&) {
+      dead = true;
+    }
+  }
+  // Under send_mu.
+  void after_write() {
+    const size_t queued = socket.queued_bytes();
+    if (queued > kMaxQueuedBytes) {
+      dead = true;  // it reads nothing: its answers would only pile up
+      kick(wake_fd);
+      return;
+    }
+    if ((queued > 0) != backlog.exchange(queued > 0)) kick(wake_fd);
   }
   void kill() noexcept {
     dead = true;
@@ -139,14 +181,24 @@ struct SocketTransport::Owner {
   uint64_t generation = os::fork_generation();
   os::UnixListener listener;
   os::Fd stop;
+  os::Fd wake;  // a connection's queued answers changed: poll for POLLOUT or stop
   std::thread io;
 
   detail::RequestQueue queue;
 
-  explicit Owner(std::string n) : name(std::move(n)), listener(name) {
+  os::PeerPolicy peers;
+  std::atomic<uint64_t> refused{0};
+  std::mutex refusal_mu;
+  std::string last_refusal;
+
+  Owner(std::string n, os::PeerPolicy policy)
+      : name(std::move(n)), listener(name), peers(std::move(policy)) {
     int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) throw SystemError("eventfd", errno);
     stop = os::Fd(fd);
+    fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) throw SystemError("eventfd", errno);
+    wake = os::Fd(fd);
     io = std::thread([this] { run(); });
   }
 
@@ -155,8 +207,7 @@ struct SocketTransport::Owner {
       new std::thread(std::move(io));  // a forked copy: the thread is the parent's
       return;
     }
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(stop.get(), &one, sizeof one);
+    kick(stop.get());
     io.join();
   }
 
@@ -178,6 +229,20 @@ struct SocketTransport::Owner {
     if (auto refused = queue.push(r)) r->fail_closed(*refused);
   }
 
+  // Tells a client it is not admitted, and closes the connection (it is not kept: its
+  // requests are never read).
+  void refuse(os::UnixSocket& s, const std::string& why) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(refusal_mu);
+      last_refusal = why;
+    }
+    try {
+      s.post(failure_frame(0, "PermissionError", why, true));
+    } catch (const Error&) {
+    }
+  }
+
   void run() noexcept {
     std::vector<std::shared_ptr<Conn>> conns;
     std::vector<pollfd> fds;
@@ -185,8 +250,10 @@ struct SocketTransport::Owner {
       fds.clear();
       fds.push_back({stop.get(), POLLIN, 0});
       fds.push_back({listener.fd(), POLLIN, 0});
+      fds.push_back({wake.get(), POLLIN, 0});
       for (const auto& c : conns) {
-        fds.push_back({c->socket.fd(), POLLIN, 0});
+        const short out = c->backlog.load(std::memory_order_acquire) ? POLLOUT : 0;
+        fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | out), 0});
         fds.push_back({c->watch ? c->watch->fd() : -1, POLLIN, 0});
       }
       if (::poll(fds.data(), fds.size(), -1) < 0) {
@@ -194,10 +261,15 @@ struct SocketTransport::Owner {
         return;
       }
       if (fds[0].revents) break;
+      if (fds[2].revents) {
+        uint64_t n;
+        [[maybe_unused]] ssize_t r = ::read(wake.get(), &n, sizeof n);
+      }
       for (size_t i = conns.size(); i-- > 0;) {
         const auto& c = conns[i];
-        bool gone = fds[3 + 2 * i].revents != 0;
-        if (fds[2 + 2 * i].revents) {
+        bool gone = fds[4 + 2 * i].revents != 0;
+        if (fds[3 + 2 * i].revents & POLLOUT) c->flush();
+        if (fds[3 + 2 * i].revents & ~POLLOUT) {
           try {
             while (auto m = c->socket.recv(os::Millis{0})) handle(c, m->bytes);
           } catch (const Error&) {
@@ -212,8 +284,16 @@ struct SocketTransport::Owner {
       if (fds[1].revents) {
         try {
           if (auto s = listener.accept(os::Millis{0})) {
+            // Who it is, before anything is read from or written to it.
+            const os::PeerCredentials who = os::peer_credentials(s->fd());
+            if (std::string why = peers.refusal(who, name); !why.empty()) {
+              refuse(*s, why);
+              continue;
+            }
+            s->post(frame(kWelcome, 0));
             auto c = std::make_shared<Conn>();
             c->socket = std::move(*s);
+            c->wake_fd = wake.get();
             c->watch.emplace(c->socket.peer_pid());
             conns.push_back(std::move(c));
           }
@@ -240,7 +320,7 @@ struct SockConn {
   int owner_pid = 0;
   uint64_t generation = 0;
 
-  std::mutex send_mu;
+  std::timed_mutex send_mu;  // taken in slices: a waiting thread can give up
   wire::Encoder encoder{wire::Mode::NonConsolidated};
   uint64_t next_id = 1;
 
@@ -299,8 +379,26 @@ struct SockConn {
 
 std::shared_ptr<SockConn> connect_socket(const std::string& name) {
   auto c = std::make_shared<SockConn>();
-  c->socket = detail::connect_by_name(name, Deadline::after(detail::kConnectTimeout));
-  c->owner_pid = c->socket.peer_pid();
+  const Deadline deadline = Deadline::after(detail::kConnectTimeout);
+  c->socket = os::UnixSocket::connect(name, deadline);
+  const os::PeerCredentials owner = os::peer_credentials(c->socket.fd());
+  os::check_server(owner, name);
+  // The owner's first frame: the welcome, or why this process is refused.
+  std::optional<os::Message> m = c->socket.recv(deadline);
+  Kind kind;
+  uint64_t id;
+  if (!m) throw TimeoutError("the inference server at '" + name + "' sent no welcome in time");
+  if (!parse_frame(m->bytes, kind, id) || (kind != kWelcome && kind != kFailure))
+    throw ProtocolError("the inference server at '" + name + "' did not start with a welcome");
+  if (kind == kFailure) {
+    wire::Limits limits;
+    Json j = wire::parse_untrusted_json(body_of(m->bytes), limits, "refusal");
+    const std::string why = j.is_object() ? j.value("message", std::string()) : std::string();
+    if (j.is_object() && j.value("type", std::string()) == "PermissionError")
+      throw SystemError(why, EACCES);
+    throw ClosedError("the inference server at '" + name + "' refused the connection: " + why);
+  }
+  c->owner_pid = owner.pid;
   try {
     c->owner.emplace(c->owner_pid);
   } catch (const SystemError&) {
@@ -373,22 +471,37 @@ class SocketPending final : public detail::Pending {
 class SocketClient final : public detail::ClientImpl {
  public:
   explicit SocketClient(std::string name) : name_(std::move(name)) {}
-  std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline) override {
+  // Waits while the server's socket is full (a stopped or overloaded server), at most
+  // until `deadline` and interruptibly; so does a second thread waiting for its turn.
+  std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline deadline) override {
     std::shared_ptr<SockConn> c = connection();
-    uint64_t id;
-    {
-      std::lock_guard<std::mutex> lock(c->send_mu);
-      std::string bytes = frame(kRequest, 0);
-      detail::append_encoded(c->encoder.encode(td), bytes);
-      check_size(bytes, "the request");
-      id = c->next_id++;
-      bytes.replace(0, kPrefix, frame(kRequest, id));
-      try {
-        c->socket.send(bytes);
-      } catch (const ClosedError&) {
-        throw ClosedError("the inference server closed the connection");
-      }
+    std::unique_lock<std::timed_mutex> lock(c->send_mu, std::defer_lock);
+    if (!runtime::wait_until(deadline,
+                             [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
+      throw TimeoutError(not_taken("another thread's request is still being sent", false));
+    std::string bytes = frame(kRequest, 0);
+    detail::append_encoded(c->encoder.encode(td), bytes);
+    check_size(bytes, "the request");
+    const uint64_t id = c->next_id++;
+    bytes.replace(0, kPrefix, frame(kRequest, id));
+    // A request given up half-written stays queued (the stream is never cut): it reaches
+    // the server with the next one, and its answer is discarded.
+    auto given_up = [&] {
+      if (c->socket.queued_bytes() == 0) return false;
+      std::lock_guard<std::mutex> l(c->mu);
+      c->dropped.insert(id);
+      return true;
+    };
+    bool sent = false;
+    try {
+      sent = c->socket.send(bytes, {}, deadline);
+    } catch (const ClosedError&) {
+      throw ClosedError("the inference server closed the connection");
+    } catch (...) {
+      given_up();  // interrupted
+      throw;
     }
+    if (!sent) throw TimeoutError(not_taken("its socket is full", given_up()));
     return std::make_unique<SocketPending>(std::move(c), id);
   }
   const char* kind() const noexcept override { return "socket"; }
@@ -406,6 +519,13 @@ class SocketClient final : public detail::ClientImpl {
     if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_);
     return conn_;
   }
+  std::string not_taken(const char* why, bool partly) const {
+    return "the inference server at '" + name_ + "' did not take the request in time (" + why +
+           ": is the server process stopped or overloaded?); " +
+           (partly ? "part of it was written: the rest goes first with the next request, and "
+                     "its answer is discarded"
+                   : "it was not sent");
+  }
   std::string name_;
   std::mutex mu_;
   std::shared_ptr<SockConn> conn_;
@@ -415,9 +535,13 @@ class SocketClient final : public detail::ClientImpl {
 }  // namespace
 
 std::shared_ptr<SocketTransport> SocketTransport::create(SocketOptions options) {
+  // The owner first: when its name is taken, no transport exists whose destructor would
+  // find no owner.
+  auto owner =
+      std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket") : options.name,
+                              os::PeerPolicy(std::move(options.allowed_uids)));
   std::shared_ptr<SocketTransport> t(new SocketTransport());
-  t->o_ = std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket")
-                                                       : options.name);
+  t->o_ = std::move(owner);
   return t;
 }
 
@@ -432,6 +556,13 @@ SocketTransport::~SocketTransport() {
 
 const std::string& SocketTransport::name() const noexcept {
   return o_->name;
+}
+uint64_t SocketTransport::refused() const noexcept {
+  return o_->refused.load(std::memory_order_relaxed);
+}
+std::string SocketTransport::last_refusal() const {
+  std::lock_guard<std::mutex> lock(o_->refusal_mu);
+  return o_->last_refusal;
 }
 Client SocketTransport::client() {
   check_open();

@@ -1,5 +1,7 @@
 #include "os/unix_socket.h"
 
+#include "os/peer.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/wait.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire::os {
@@ -67,22 +70,29 @@ std::string unique_name(const std::string& tag) {
   return "tensorwire-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + tag;
 }
 
-UnixSocket UnixSocket::connect(const std::string& name, Millis timeout) {
+UnixSocket UnixSocket::connect(const std::string& name, Deadline deadline) {
   socklen_t len;
   sockaddr_un addr = abstract_address(name, len);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UnixSocket out;
+  int last = ECONNREFUSED;
+  const bool connected = runtime::wait_until(deadline, [&](Deadline slice) {
+    // Non-blocking: a blocking connect() waits, uninterruptibly, while the listener's
+    // backlog is full (a stopped server); this one says EAGAIN and is tried again.
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) throw SystemError("socket", errno);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0)
-      return UnixSocket(std::move(fd));
-    int err = errno;
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+      out = UnixSocket(std::move(fd));
+      return true;
+    }
+    last = errno;
     // The listener may not be up yet (ECONNREFUSED) or its backlog is full (EAGAIN).
-    if ((err != ECONNREFUSED && err != EAGAIN && err != ENOENT) ||
-        std::chrono::steady_clock::now() >= deadline)
-      throw SystemError("connect to '" + name + "'", err);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    if (last != ECONNREFUSED && last != EAGAIN && last != ENOENT && last != EINTR)
+      throw SystemError("connect to '" + name + "'", last);
+    std::this_thread::sleep_until(slice.min(Deadline::after(Millis{10})).when());
+    return false;
+  });
+  if (!connected) throw SystemError("connect to '" + name + "'", last);
+  return out;
 }
 
 std::pair<UnixSocket, UnixSocket> UnixSocket::pair() {
@@ -92,50 +102,120 @@ std::pair<UnixSocket, UnixSocket> UnixSocket::pair() {
   return {UnixSocket(Fd(sv[0])), UnixSocket(Fd(sv[1]))};
 }
 
-void UnixSocket::send(const std::string& bytes, const std::vector<int>& fds) {
-  if (!fd_) throw ClosedError("send on a closed socket");
-  if (bytes.size() > kMaxMessage) throw ValueError("unix socket message too large");
-  if (fds.size() > kMaxFds) throw ValueError("too many fds in one message");
-  uint32_t len = static_cast<uint32_t>(bytes.size());
-  unsigned char hdr[4] = {static_cast<unsigned char>(len), static_cast<unsigned char>(len >> 8),
-                          static_cast<unsigned char>(len >> 16),
-                          static_cast<unsigned char>(len >> 24)};
-  iovec iov[2] = {{hdr, 4}, {const_cast<char*>(bytes.data()), bytes.size()}};
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFds)];
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 2;
-  if (!fds.empty()) {
-    msg.msg_control = ctrl;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  size_t total = 4 + bytes.size();
-  size_t sent = 0;
-  while (sent < total) {
-    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+namespace {
+
+void append_message(std::string& out, const std::string& bytes) {
+  if (bytes.size() > kMaxMessage)
+    throw ValueError("unix socket message of " + std::to_string(bytes.size()) +
+                     " bytes is over the limit of " + std::to_string(kMaxMessage));
+  const uint32_t len = static_cast<uint32_t>(bytes.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  out += bytes;
+}
+
+// A write that failed with `err`: returns when it is worth waiting and trying again (the
+// peer's buffer is full), else throws.
+void check_write_error(int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return;
+  if (err == EPIPE || err == ECONNRESET) throw ClosedError("peer closed the socket");
+  throw SystemError("sendmsg", err);
+}
+
+}  // namespace
+
+bool UnixSocket::write_queued() {
+  while (out_sent_ < out_.size()) {
+    ssize_t n = ::send(fd_.get(), out_.data() + out_sent_, out_.size() - out_sent_,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EPIPE || errno == ECONNRESET) throw ClosedError("peer closed the socket");
-      throw SystemError("sendmsg", errno);
+      check_write_error(errno);
+      return false;
     }
-    sent += static_cast<size_t>(n);
-    if (sent == total) break;
-    // Partial write: fds went with the first chunk; send the rest plainly.
-    msg.msg_control = nullptr;
-    msg.msg_controllen = 0;
-    size_t skip = static_cast<size_t>(n);
-    for (auto& v : iov) {
-      size_t d = std::min(skip, v.iov_len);
-      v.iov_base = static_cast<char*>(v.iov_base) + d;
-      v.iov_len -= d;
-      skip -= d;
-    }
+    out_sent_ += static_cast<size_t>(n);
   }
+  out_.clear();
+  out_sent_ = 0;
+  return true;
+}
+
+bool UnixSocket::flush(Deadline deadline) {
+  if (!fd_) throw ClosedError("send on a closed socket");
+  if (write_queued()) return true;  // also empties a queue written whole by the fds' write
+  return runtime::wait_until(deadline, [&](Deadline slice) {
+    if (write_queued()) return true;
+    wait_fd(fd_.get(), POLLOUT, Millis{slice.poll_ms()});
+    return write_queued();
+  });
+}
+
+void UnixSocket::post(const std::string& bytes) {
+  if (!fd_) throw ClosedError("send on a closed socket");
+  append_message(out_, bytes);
+  write_queued();
+}
+
+bool UnixSocket::send(const std::string& bytes, const std::vector<int>& fds, Deadline deadline) {
+  if (!fd_) throw ClosedError("send on a closed socket");
+  if (fds.size() > kMaxFds) throw ValueError("too many fds in one message");
+  // What an earlier send left half-written goes first; until it has, this one waits.
+  if (!flush(deadline)) return false;
+  append_message(out_, bytes);  // the queue was empty: this message starts it
+  // Nothing of this message written yet: it is dropped rather than kept, so a caller that
+  // gives up (timeout, interrupt) has not sent it.
+  auto drop_unstarted = [&] {
+    if (out_sent_ == 0) out_.clear();
+  };
+  try {
+    if (!fds.empty()) {
+      // The first write carries the fds (SCM_RIGHTS); the rest is plain bytes.
+      alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFds)];
+      auto first = [&] {
+        iovec iov{out_.data(), out_.size()};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+        ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          check_write_error(errno);
+          return false;
+        }
+        out_sent_ = static_cast<size_t>(n);
+        return true;
+      };
+      const bool started = runtime::wait_until(deadline, [&](Deadline slice) {
+        if (first()) return true;
+        wait_fd(fd_.get(), POLLOUT, Millis{slice.poll_ms()});
+        return first();
+      });
+      if (!started) {
+        drop_unstarted();
+        return false;
+      }
+    }
+    if (flush(deadline)) return true;
+  } catch (...) {
+    drop_unstarted();
+    throw;
+  }
+  drop_unstarted();
+  return false;
+}
+
+std::optional<Message> UnixSocket::recv(Deadline deadline) {
+  std::optional<Message> m;
+  runtime::wait_until(deadline, [&](Deadline slice) {
+    m = recv(Millis{slice.poll_ms()});
+    return m.has_value();
+  });
+  return m;
 }
 
 std::optional<Message> UnixSocket::recv(Millis timeout) {
@@ -147,7 +227,8 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
                      static_cast<uint8_t>(inbuf_[2]) << 16 |
                      static_cast<uint32_t>(static_cast<uint8_t>(inbuf_[3])) << 24;
       if (len > kMaxMessage)
-        throw ProtocolError("unix socket message of " + std::to_string(len) + " bytes");
+        throw ProtocolError("unix socket message of " + std::to_string(len) +
+                            " bytes is over the limit of " + std::to_string(kMaxMessage));
       if (inbuf_.size() >= 4 + len) {
         Message m;
         m.bytes = inbuf_.substr(4, len);
@@ -170,9 +251,12 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
     msg.msg_iovlen = 1;
     msg.msg_control = ctrl;
     msg.msg_controllen = sizeof ctrl;
-    ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (timeout.count() == 0) return std::nullopt;
+        continue;
+      }
       if (errno == ECONNRESET) throw ClosedError("peer closed the socket");
       throw SystemError("recvmsg", errno);
     }
@@ -192,11 +276,7 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
 }
 
 int UnixSocket::peer_pid() const {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
-    throw SystemError("SO_PEERCRED", errno);
-  return cred.pid;
+  return peer_credentials(fd_.get()).pid;
 }
 
 UnixListener::UnixListener(const std::string& name) : name_(name) {

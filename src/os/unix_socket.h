@@ -2,8 +2,11 @@
 // left behind), carrying small messages and file descriptors (SCM_RIGHTS).
 //
 // Messages are length-prefixed (u32 little-endian) so a reader always gets whole
-// messages. Every blocking call takes a timeout and a peer that closes (or dies: the
-// kernel closes its end) makes it throw ClosedError, never hang.
+// messages. A peer that closes (or dies: the kernel closes its end) makes a call throw
+// ClosedError. Sockets are non-blocking: every wait is a poll, and a wait that can last
+// (a full peer buffer, a peer that sends nothing, a listener that does not accept) takes a
+// Deadline and runs through runtime::wait_until, so Ctrl-C (check_interrupt) and the
+// deadline end it, even while the peer is stopped (SIGSTOP) and never reads.
 //
 // Thread-safety: one thread may send while another receives; two concurrent senders (or
 // receivers) on one socket need external synchronisation.
@@ -13,6 +16,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::os {
 
@@ -51,14 +56,34 @@ class UnixSocket {
   UnixSocket() = default;
   explicit UnixSocket(Fd fd) : fd_(std::move(fd)) {}
 
-  // Connects to an abstract address ("@" is not needed: `name` is the whole name).
-  static UnixSocket connect(const std::string& name, Millis timeout = Millis{5000});
+  // Connects to an abstract address ("@" is not needed: `name` is the whole name), trying
+  // again while nothing listens yet or the listener's backlog is full (a client may be made
+  // before its server), interruptibly, until `deadline`: then SystemError (ECONNREFUSED, or
+  // EAGAIN for a listener that accepts nobody, e.g. a stopped one).
+  static UnixSocket connect(const std::string& name, Deadline deadline);
   // A connected pair (for a parent and the child it is about to fork).
   static std::pair<UnixSocket, UnixSocket> pair();
 
-  void send(const std::string& bytes, const std::vector<int>& fds = {});
-  // Waits up to `timeout`: std::nullopt on timeout, ClosedError on EOF.
-  std::optional<Message> recv(Millis timeout = kForever);
+  // Sends one message, waiting while the peer's buffer is full, interruptibly, until
+  // `deadline`. True when the whole message was written. False when the deadline passed
+  // first (an interrupt throws, with the same state): if none of it was written, it is not
+  // sent at all; if part was, the rest is kept and written first by the next send() or
+  // flush(), so the stream is never cut inside a message (queued_bytes() says so).
+  bool send(const std::string& bytes, const std::vector<int>& fds = {},
+            Deadline deadline = Deadline::never());
+  // Never blocks: queues `bytes` as one message behind what is already queued and writes
+  // what the peer's buffer takes now (a server answering a client that may be stopped; it
+  // calls flush() when fd() is writable and drops a client whose queue grows too long).
+  void post(const std::string& bytes);
+  // Writes queued bytes until none are left (true) or `deadline` passes (false).
+  bool flush(Deadline deadline = Deadline::never());
+  size_t queued_bytes() const noexcept { return out_.size() - out_sent_; }
+
+  // One message, waiting interruptibly until `deadline`: std::nullopt on timeout.
+  std::optional<Message> recv(Deadline deadline);
+  // One step of a wait that the caller loops itself (polling: Millis{0}); not interruptible
+  // by itself, so callers keep `timeout` to one slice.
+  std::optional<Message> recv(Millis timeout);
 
   int fd() const noexcept { return fd_.get(); }
   bool valid() const noexcept { return static_cast<bool>(fd_); }
@@ -67,9 +92,14 @@ class UnixSocket {
   int peer_pid() const;
 
  private:
+  // Writes from the queue without blocking; true when it is empty.
+  bool write_queued();
+
   Fd fd_;
   std::string inbuf_;
   std::vector<Fd> infds_;
+  std::string out_;      // queued bytes (whole messages, the first maybe partly written)
+  size_t out_sent_ = 0;  // bytes of out_ already written
 };
 
 class UnixListener {

@@ -294,6 +294,11 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
         throw bad(where + ": key parts must be non-empty strings");
     auto type = e.find("type");
     if (type == e.end() || !type->is_string()) throw bad(where + ": missing \"type\"");
+    // Received values obey the limit a sender obeys, so what arrives can be sent on.
+    auto too_deep = [&] {
+      return bad(where + " (key " + Key(key->get<std::vector<std::string>>()).str() +
+                 "): " + value_depth_rule(limits_));
+    };
     if (*type == "tensor") {
       auto dt = e.find("dtype");
       if (dt == e.end() || !dt->is_string()) throw bad(where + ": missing \"dtype\"");
@@ -316,7 +321,9 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
       if (b == e.end()) throw bad(where + ": missing \"batch_size\"");
       shape_of(*b, where + " batch_size");
     } else if (*type == "non_tensor") {
-      if (!e.contains("value")) throw bad(where + ": missing \"value\"");
+      auto v = e.find("value");
+      if (v == e.end()) throw bad(where + ": missing \"value\"");
+      if (value_deeper_than(*v, limits_.max_depth)) throw too_deep();
     } else if (*type == "non_tensor_stack") {
       auto b = e.find("batch_size");
       auto v = e.find("values");
@@ -325,6 +332,8 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
           !sd->is_number_integer())
         throw bad(where + ": a non_tensor_stack needs batch_size, stack_dim and values");
       shape_of(*b, where + " batch_size");
+      for (const Json& x : *v)
+        if (value_deeper_than(x, limits_.max_depth)) throw too_deep();
     } else {
       throw bad(where + ": unknown type " + type->dump());
     }

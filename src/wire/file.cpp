@@ -1,6 +1,7 @@
 #include "tensorwire/wire/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,13 +14,13 @@ namespace tensorwire {
 
 namespace {
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
+void write_all(int fd, const void* data, size_t n, const std::string& where) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw SystemError("cannot write '" + path + "'", errno);
+      throw SystemError(where, errno);
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -35,15 +36,20 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
   std::byte trailer[8];
   wire::detail::store_le<uint64_t>(trailer, json.size());
 
+  // Every error names the path the caller gave (the temporary file is ours, not theirs).
+  const std::string where = "cannot save to '" + path + "'";
+  if (path.empty()) throw ValueError("save: the path is empty");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw SystemError(where, EISDIR);
   // Write beside the target and rename: readers never see a half-written file.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw SystemError("cannot create '" + tmp + "'", errno);
+  if (fd < 0) throw SystemError(where + " (creating '" + tmp + "')", errno);
   try {
-    write_all(fd, storage.data(), storage.nbytes(), tmp);
-    write_all(fd, json.data(), json.size(), tmp);
-    write_all(fd, trailer, sizeof trailer, tmp);
-    if (::fsync(fd) != 0) throw SystemError("cannot sync '" + tmp + "'", errno);
+    write_all(fd, storage.data(), storage.nbytes(), where);
+    write_all(fd, json.data(), json.size(), where);
+    write_all(fd, trailer, sizeof trailer, where);
+    if (::fsync(fd) != 0) throw SystemError(where + " (sync)", errno);
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -53,7 +59,7 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw SystemError("cannot rename '" + tmp + "' to '" + path + "'", err);
+    throw SystemError(where + " (renaming '" + tmp + "' into place)", err);
   }
 }
 

@@ -169,6 +169,7 @@ struct Parser {
         bad(p, "a non-tensor entry must be [value, batch_size, device]");
       as_shape(v[1], p, "non-tensor batch_size");
       as_device(v[2], p);
+      if (value_deeper_than(v[0], limits.max_depth)) bad(p, value_depth_rule(limits));
       item.value = v[0];
       out->items.push_back(std::move(item));
     }
@@ -325,6 +326,7 @@ struct Parser {
         const Json& e = *elements[i];
         if (!e.is_array() || e.size() != 3)
           bad(where, "a non-tensor entry must be [value, batch_size, device]");
+        if (value_deeper_than(e[0], limits.max_depth)) bad(where, value_depth_rule(limits));
         st.values.push_back(e[0]);
       }
       st.batch_size = {static_cast<int64_t>(n)};

@@ -1,5 +1,7 @@
 #include "zmq/zmq.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "os/fork.h"
@@ -50,6 +52,15 @@ Socket::~Socket() {
 
 void Socket::bind(const std::string& endpoint) {
   try {
+    // A local (ipc) endpoint admits only this user: the runners bind abstract ipc names,
+    // which carry no file permissions. libzmq checks each connection's SO_PEERCRED and
+    // closes one of another uid before it reads a byte from it.
+    if (endpoint.rfind("ipc://", 0) == 0) {
+      const int uid = static_cast<int>(::geteuid());
+      if (zmq_setsockopt(sock_->handle(), ZMQ_IPC_FILTER_UID, &uid, sizeof uid) != 0)
+        throw SystemError("zmq bind to " + endpoint + ": cannot restrict it to this user",
+                          zmq_errno());
+    }
     sock_->bind(endpoint);
   } catch (const zmq::error_t& e) {
     fail("bind to " + endpoint, e);

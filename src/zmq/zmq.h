@@ -50,6 +50,7 @@ class Socket {
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
 
+  // An ipc:// endpoint admits connections of this user only (ZMQ_IPC_FILTER_UID).
   void bind(const std::string& endpoint);
   void connect(const std::string& endpoint);
   // The endpoint actually bound (tcp://host:* resolves to a port).

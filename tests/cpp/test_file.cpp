@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -136,8 +139,45 @@ TEST_F(File, SaveIsAtomicAndLeavesNoTemporaryFile) {
 }
 
 TEST_F(File, SaveIntoAMissingDirectoryIsASystemErrorAndLeavesNothing) {
-  EXPECT_THROW(save(example(), path("missing/td.bin")), SystemError);
+  try {
+    save(example(), path("missing/td.bin"));
+    FAIL() << "saved";
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.code(), ENOENT);
+    // The caller's path, not only the temporary file's.
+    EXPECT_THAT(e.what(), HasSubstr("cannot save to '" + path("missing/td.bin") + "'"));
+  }
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(File, SaveOverADirectoryIsAnEisdirNamingItAndLeavesNothing) {
+  fs::create_directory(path("d"));
+  try {
+    save(example(), path("d"));
+    FAIL() << "saved";
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.code(), EISDIR);
+    EXPECT_THAT(e.what(), HasSubstr("'" + path("d") + "'"));
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  EXPECT_THROW(save(example(), ""), ValueError);
+}
+
+TEST_F(File, LoadOfADirectoryOrAFifoIsRefusedAndNeverBlocks) {
+  try {
+    load(dir_.string());
+    FAIL() << "loaded a directory";
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.code(), EISDIR);
+  }
+  // Opening a FIFO for reading would wait for a writer for ever.
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  try {
+    load(path("fifo"));
+    FAIL() << "loaded a fifo";
+  } catch (const ValueError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr(path("fifo")), HasSubstr("not a regular file")));
+  }
 }
 
 TEST_F(File, SaveOfAnAlreadyConsolidatedTensorDictWritesItsStorage) {

@@ -248,6 +248,23 @@ TEST(Layout, RejectsNestingDeeperThanMaxDepth) {
   expect_rejected(m, "b.d", "max_depth", limits);
 }
 
+TEST(Layout, RejectsNonTensorValuesNestedDeeperThanMaxDepth) {
+  Limits limits;
+  limits.max_depth = 2;
+  Json m = valid_metadata();
+  m["non_tensors"]["s"][0] = Json::parse("[[1]]");  // 2 levels: at the limit
+  EXPECT_NO_THROW(ConsolidatedLayout::parse(m, limits));
+  m["non_tensors"]["s"][0] = Json::parse(R"([{"a": [1]}])");  // 3 levels
+  expect_rejected(m, "s", "more than 2 levels deep (Limits::max_depth", limits);
+  // The same for an element of a non-tensor stack.
+  Json st = Json::parse(R"({"cls": "NonTensorStack", "leaves": {},
+      "non_tensors": {"0": [1, [], null], "1": [[[[1]]], [], null]},
+      "cls_metadata": {"stack_dim": 0}})");
+  m = valid_metadata();
+  m["st"] = st;
+  expect_rejected(m, "st.1", "more than 2 levels deep", limits);
+}
+
 TEST(Layout, RejectsMoreEntriesThanMaxLeaves) {
   Limits limits;
   limits.max_leaves = 3;  // a, s, b: fine; b.c is the fourth

@@ -198,6 +198,52 @@ TEST_F(NoSilentLoss, DeeplyNestedNonTensorValuesAreRefusedWhereBuilt) {
   expect_equal(td, dec.decode(flatten(enc.encode(td))));
 }
 
+TEST_F(NoSilentLoss, ReceivedValuesNestedDeeperThanTheLimitAreRefusedWhereBytesAreValidated) {
+  // A sender that raised its own limit builds what a default receiver must refuse: what is
+  // received can always be sent on, so the receiver applies the limit a sender applies.
+  Json deep = 1;
+  for (uint32_t i = 0; i <= kMaxDepth; ++i) deep = Json::array({deep});  // kMaxDepth + 1
+  const ConsolidateOptions raised{.max_depth = kMaxDepth + 1};
+  auto names_limit = AllOf(HasSubstr("more than " + std::to_string(kMaxDepth) + " levels deep"),
+                           HasSubstr("max_depth"));
+  TensorDict value;
+  value.set("x", fill(1));
+  value.set({"d", "v"}, NonTensor{deep});
+  TensorDict stack;
+  stack.set("x", fill(1));
+  stack.set("st", NonTensorStack{{2}, 0, {Json(1), deep}});
+  for (const TensorDict* td : {&value, &stack}) {
+    for (Mode mode : {Mode::Consolidated, Mode::NonConsolidated}) {
+      Encoder enc(mode, raised);
+      Bytes msg = flatten(enc.encode(*td));
+      Decoder dec;
+      try {
+        dec.decode(msg);
+        ADD_FAILURE() << "decoder accepted a value " << kMaxDepth + 1 << " levels deep";
+      } catch (const ProtocolError& e) {
+        EXPECT_THAT(e.what(), names_limit);
+        EXPECT_THAT(e.what(), HasSubstr(td == &value ? "v" : "st"));
+      }
+      // Raising the receiver's limit too accepts it.
+      Limits limits;
+      limits.max_depth = kMaxDepth + 1;
+      Decoder wide(limits);
+      expect_equal(*td, wide.decode(msg));
+    }
+    // A file is received bytes too.
+    save(*td, path("deep_value.bin"), raised);
+    try {
+      load(path("deep_value.bin"));
+      ADD_FAILURE() << "load accepted a value " << kMaxDepth + 1 << " levels deep";
+    } catch (const ProtocolError& e) {
+      EXPECT_THAT(e.what(), names_limit);
+    }
+    Limits limits;
+    limits.max_depth = kMaxDepth + 1;
+    expect_equal(*td, load(path("deep_value.bin"), limits));
+  }
+}
+
 // --- metadata is exactly its JSON text ------------------------------------------------
 
 TEST_F(NoSilentLoss, JsonFollowedByANulAndMoreBytesIsRejected) {

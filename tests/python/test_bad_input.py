@@ -29,6 +29,77 @@ def shm_transport():
                                     tw.TensorDict({"act": np.zeros(2, np.float32)}), num_slots=2)
 
 
+def transport(kind):
+    return shm_transport() if kind == "shared_memory" else {
+        "socket": tw.SocketTransport, "thread": tw.ThreadTransport}[kind]()
+
+
+def policy(batch):
+    return batch
+
+
+def server(kind, **kw):
+    return tw.InferenceServer(policy, transport(kind), **kw)
+
+
+def request(kind):
+    return {"obs": np.zeros(4, np.float32)}
+
+
+def server_cases(kind):
+    """An InferenceServer and a client on one transport kind."""
+    return [
+        ("a policy that is not callable", lambda: tw.InferenceServer(42, transport(kind)),
+         TypeError, ["policy"]),
+        ("zero max_batch_size", lambda: server(kind, max_batch_size=0), ValueError,
+         ["max_batch_size", "0"]),
+        ("negative max_batch_size", lambda: server(kind, max_batch_size=-4), ValueError,
+         ["max_batch_size", "-4"]),
+        ("a float max_batch_size", lambda: server(kind, max_batch_size=4.5), TypeError,
+         ["max_batch_size", "float"]),
+        ("a str max_batch_size", lambda: server(kind, max_batch_size="4"), TypeError,
+         ["max_batch_size", "str"]),
+        ("zero min_batch_size", lambda: server(kind, min_batch_size=0), ValueError,
+         ["min_batch_size"]),
+        ("min_batch_size above max_batch_size",
+         lambda: server(kind, max_batch_size=2, min_batch_size=3), ValueError,
+         ["min_batch_size", "max_batch_size"]),
+        ("negative batching timeout", lambda: server(kind, timeout=-1), ValueError, ["timeout"]),
+        ("nan batching timeout", lambda: server(kind, timeout=float("nan")), ValueError,
+         ["timeout"]),
+        ("a str batching timeout", lambda: server(kind, timeout="1"), TypeError, ["timeout"]),
+        ("None batching timeout", lambda: server(kind, timeout=None), TypeError, ["timeout"]),
+        ("zero stats window", lambda: server(kind, stats_window_size=0), ValueError,
+         ["stats_window_size"]),
+        ("a policy_version_key that is not a key", lambda: server(kind, policy_version_key=42),
+         TypeError, ["policy_version_key"]),
+        ("a str policy_version", lambda: server(kind, policy_version="1"), TypeError,
+         ["policy_version"]),
+        ("an unknown input_type", lambda: server(kind, input_type="numpy"), ValueError,
+         ["input_type", "numpy"]),
+        ("a transport that is not one", lambda: tw.InferenceServer(policy, 42), TypeError,
+         ["transport"]),
+        ("negative shutdown timeout", lambda: server(kind).shutdown(timeout=-1), ValueError,
+         ["timeout"]),
+        ("zero clients", lambda: transport(kind).clients(0), ValueError, ["num_clients"]),
+        ("an array as a request",
+         lambda: transport(kind).client()(np.zeros(4, np.float32), timeout=1), TypeError, ["dict"]),
+        ("negative call timeout",
+         lambda: transport(kind).client()(request(kind), timeout=-1), ValueError, ["timeout"]),
+        ("nan submit timeout",
+         lambda: transport(kind).client().submit(request(kind), timeout=float("nan")),
+         ValueError, ["timeout"]),
+    ]
+
+
+def name_in_use(make):
+    t = make("tensorwire-bad-input-busy")
+    try:
+        make("tensorwire-bad-input-busy")
+    finally:
+        t.close()
+
+
 def closed_listener():
     listener = tw.PipeListener(0)
     listener.close()
@@ -47,7 +118,29 @@ CASES = [
     ("negative alignment", lambda: tw.TensorDict({"a": np.ones(3)}).consolidate(alignment=-8),
      ValueError, ["alignment"]),
     ("negative storage cache limit", lambda: tw.set_storage_cache_limit(-5), ValueError, ["nbytes"]),
-    ("load of a missing file", lambda: tw.load("/nonexistent/td.tw"), OSError, ["/nonexistent/td.tw"]),
+    ("load of a missing file", lambda: tw.load("/nonexistent/td.tw"), FileNotFoundError,
+     ["/nonexistent/td.tw"]),
+    ("load of a directory", lambda: tw.load("/tmp"), IsADirectoryError, ["/tmp"]),
+    ("load of a device", lambda: tw.load("/dev/null"), ValueError, ["/dev/null", "regular file"]),
+    ("load of a path that is not a path", lambda: tw.load(42), TypeError, ["path", "int"]),
+    ("load of None", lambda: tw.load(None), TypeError, ["path", "NoneType"]),
+    ("save to a directory", lambda: tw.TensorDict({"a": np.ones(2)}).save("/tmp"),
+     IsADirectoryError, ["'/tmp'"]),
+    ("save into a missing directory",
+     lambda: tw.TensorDict({"a": np.ones(2)}).save("/nonexistent/td.tw"), FileNotFoundError,
+     ["'/nonexistent/td.tw'"]),
+    ("save where nothing can be written",
+     lambda: tw.TensorDict({"a": np.ones(2)}).save("/proc/td.tw"), OSError, ["'/proc/td.tw'"]),
+    ("save to an empty path", lambda: tw.TensorDict({"a": np.ones(2)}).save(""), ValueError,
+     ["path"]),
+    ("save to a path that is not a path", lambda: tw.TensorDict({"a": np.ones(2)}).save(42),
+     TypeError, ["path", "int"]),
+    ("save with a bad alignment",
+     lambda: tw.TensorDict({"a": np.ones(2)}).save("/tmp/x.td", alignment=3), ValueError,
+     ["alignment", "3"]),
+    ("save with a str alignment",
+     lambda: tw.TensorDict({"a": np.ones(2)}).save("/tmp/x.td", alignment="8"), TypeError,
+     ["alignment", "str"]),
     # pipe
     ("port above 65535", lambda: tw.TensorDictPipe.connect("127.0.0.1", 70000), ValueError, ["port"]),
     ("negative port", lambda: tw.PipeListener(-1), ValueError, ["port"]),
@@ -75,6 +168,23 @@ CASES = [
     ("negative submit timeout",
      lambda: shm_transport().client().submit({"obs": np.zeros(4, np.float32)}, timeout=-1),
      ValueError, ["timeout"]),
+    *[(f"{kind}: {name}", call, exc, words) for kind in ("socket", "thread", "shared_memory")
+      for name, call, exc, words in server_cases(kind)],
+    ("socket transport name in use", lambda: name_in_use(lambda n: tw.SocketTransport(name=n)),
+     OSError, ["tensorwire-bad-input-busy", "in use"]),
+    ("shared-memory transport name in use",
+     lambda: name_in_use(lambda n: tw.SharedMemoryTransport(
+         {"obs": np.zeros(4, np.float32)}, {"act": np.zeros(2, np.float32)}, num_slots=2, name=n)),
+     OSError, ["tensorwire-bad-input-busy", "in use"]),
+    ("socket transport name too long", lambda: tw.SocketTransport(name="x" * 200), ValueError,
+     ["name", "too long"]),
+    ("socket transport name not a str", lambda: tw.SocketTransport(name=42), TypeError, ["name"]),
+    ("socket client of a name nobody serves",
+     lambda: tw.SocketTransport.client_for("tensorwire-bad-input-nobody")(
+         {"obs": np.zeros(4, np.float32)}, timeout=5),
+     ConnectionRefusedError, ["tensorwire-bad-input-nobody"]),
+    ("socket client name not a str", lambda: tw.SocketTransport.client_for(42), TypeError,
+     ["name"]),
     # dataflow
     ("zero worker processes", lambda: tw.MultiProcessRunnerZMQ(Flow(), num_proc=0), ValueError, ["num_proc"]),
     ("a map function that is not callable", lambda: tw.MultiProcessMapDataZMQ(Flow(), 1, 42),

@@ -89,6 +89,92 @@ def test_sigint_interrupts_a_blocked_client_promptly_and_leaves_it_usable(kind, 
     assert out.split() == expected and p.returncode == 0, err
 
 
+STOPPED_SERVER = """
+    import sys, time
+    import tensorwire as tw
+    sys.path.insert(0, {tests!r})
+    from _inference_common import double_policy
+    t = tw.SocketTransport(name={name!r})
+    server = tw.InferenceServer(double_policy, t).start()
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+FULL_SOCKET_CLIENT = """
+    import sys, time
+    import numpy as np
+    import tensorwire as tw
+    sys.path.insert(0, {tests!r})
+    from _inference_common import observation
+    c = tw.SocketTransport.client_for({name!r})
+    print(float(c(observation(1), timeout=10)["action"][0]), flush=True)  # connected
+    sys.stdin.readline()  # the server is stopped now
+    big = {{"observation": np.zeros(2 << 20, np.float32)}}  # 8 MiB: more than the socket holds
+    print("sending", flush=True)
+    try:
+        for _ in range(100):
+            c.submit(big)
+        print("not blocked", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", time.monotonic(), flush=True)
+    t0 = time.monotonic()
+    try:
+        c.submit(big, timeout=0.5)
+        print("not blocked", flush=True)
+    except TimeoutError as e:
+        print("timeout", time.monotonic() - t0, "|", e, flush=True)
+    sys.stdin.readline()  # the server runs again
+    print(float(c(observation(3), timeout=30)["action"][0]), flush=True)  # the stream is whole
+"""
+
+
+def test_a_client_sending_to_a_stopped_socket_server_is_interrupted_and_times_out():
+    # The server is stopped (SIGSTOP): it reads nothing, the socket fills, and a send that
+    # blocked without a way out would ignore Ctrl-C and its timeout.
+    name = f"tw-test-stopped-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    tests = os.path.dirname(__file__)
+    server = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(STOPPED_SERVER).format(tests=tests, name=name)],
+        env=env, stdout=subprocess.PIPE, text=True)
+    client = None
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        client = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(FULL_SOCKET_CLIENT).format(tests=tests, name=name)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        assert client.stdout.readline().strip() == "2.0"
+        os.kill(server.pid, signal.SIGSTOP)
+        client.stdin.write("stopped\n")
+        client.stdin.flush()
+        assert client.stdout.readline().strip() == "sending"
+        time.sleep(0.5)  # blocked in the send by now
+        sent = time.monotonic()
+        os.kill(client.pid, signal.SIGINT)
+        line = client.stdout.readline().split()
+        assert line[0] == "interrupted", line
+        took = float(line[1]) - sent
+        print(f"KeyboardInterrupt after {took * 1000:.1f} ms")
+        assert took < 1.0
+        line = client.stdout.readline()
+        assert line.startswith("timeout"), line
+        assert 0.5 <= float(line.split()[1]) < 5.0, line
+        assert "did not take the request in time" in line, line
+        os.kill(server.pid, signal.SIGCONT)
+        client.stdin.write("continued\n")
+        client.stdin.flush()
+        out, err = client.communicate(timeout=60)
+        assert out.split() == ["6.0"] and client.returncode == 0, err
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+        if client is not None:
+            client.kill()
+            client.wait()
+
+
 # --- one rule for requests and timeouts -----------------------------------------------------
 
 @pytest.mark.parametrize("bad", [np.zeros(4, np.float32), [np.zeros(4, np.float32)], 3.0, "obs"])

@@ -1,4 +1,6 @@
 """What a TensorDict holds comes back exactly, or is refused where it is set."""
+import json
+
 import numpy as np
 import pytest
 
@@ -59,3 +61,42 @@ def test_metadata_followed_by_a_nul_is_rejected(tmp_path):
     path.write_bytes(data[:-8 - n] + meta + len(meta).to_bytes(8, "little"))
     with pytest.raises(tw.ProtocolError, match="NUL byte"):
         tw.load(str(path))
+
+
+def deep_list(levels):
+    v = 1
+    for _ in range(levels):
+        v = [v]
+    return v
+
+
+def write_file(path, metadata):
+    meta = json.dumps(metadata).encode()
+    path.write_bytes(meta + len(meta).to_bytes(8, "little"))
+
+
+def metadata_with_value(value):
+    return {"cls": "TensorDict", "leaves": {}, "cls_metadata": {"batch_size": []},
+            "non_tensors": {"v": [value, [], None]}}
+
+
+def test_a_received_value_deeper_than_the_limit_is_refused_where_it_is_read(tmp_path):
+    # A value at the limit is read back and can be saved again; one level more is refused
+    # by load (received bytes), naming the limit, as save refuses to write it.
+    at_limit, past = tmp_path / "at.td", tmp_path / "past.td"
+    write_file(at_limit, metadata_with_value(deep_list(256)))
+    back = tw.load(str(at_limit))
+    assert back["v"] == deep_list(256)
+    back.save(str(tmp_path / "again.td"))
+    write_file(past, metadata_with_value(deep_list(257)))
+    with pytest.raises(tw.ProtocolError, match=r"'v'.*more than 256 levels deep.*max_depth"):
+        tw.load(str(past))
+
+
+def test_an_unpickled_value_deeper_than_the_limit_is_refused():
+    td = tw.TensorDict.__new__(tw.TensorDict)
+    td.__setstate__((b"", json.dumps(metadata_with_value(deep_list(256))).encode(), False))
+    assert td["v"] == deep_list(256)
+    meta = json.dumps(metadata_with_value(deep_list(257))).encode()
+    with pytest.raises(tw.ProtocolError, match="more than 256 levels deep"):
+        tw.TensorDict.__new__(tw.TensorDict).__setstate__((b"", meta, False))

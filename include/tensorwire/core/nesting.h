@@ -14,6 +14,11 @@ namespace tensorwire {
 // list/dict levels inside one non-tensor value.
 inline constexpr uint32_t kMaxDepth = 256;
 
+// Whether `value` nests lists/objects deeper than max_depth. Bounded recursion (it stops one
+// level past the limit), so it is safe on untrusted values; the wire layer uses it where it
+// validates received values, with its own ProtocolError.
+bool value_deeper_than(const Json& value, uint32_t max_depth) noexcept;
+
 // Throws ValueError naming `where` when `value` nests lists/objects deeper than max_depth.
 void check_value_depth(const Json& value, uint32_t max_depth, const std::string& where);
 

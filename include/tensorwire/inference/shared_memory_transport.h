@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorwire/inference/transport.h"
 
@@ -39,6 +40,10 @@ struct SharedMemoryOptions {
   // Pause iterations a waiter spins before sleeping on a futex (about 50 ns each on the
   // machines this was measured on); see docs/inference.md for the trade-off.
   uint32_t spin = 400;
+  // Users admitted besides this process's own (an abstract socket has no file permissions:
+  // every attaching process's uid is checked, SO_PEERCRED). A refused client gets a
+  // PermissionError naming its uid before any segment fd or byte of a spec travels.
+  std::vector<uint32_t> allowed_uids;
 };
 
 class SharedMemoryTransport : public Transport {
@@ -82,6 +87,10 @@ class SharedMemoryTransport : public Transport {
   bool is_owner() const noexcept;
   // Slots currently not free (claimed, in flight or holding an unread response).
   uint32_t slots_in_use() const noexcept;
+  // Attachments refused (a user not admitted: see allowed_uids), and why the last one was;
+  // 0 and "" on an attached transport, which admits nobody itself.
+  uint64_t refused() const noexcept;
+  std::string last_refusal() const;
 
   const char* kind() const noexcept override { return "shared_memory"; }
   Client client() override;

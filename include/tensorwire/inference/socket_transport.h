@@ -11,8 +11,10 @@
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorwire/inference/transport.h"
 
@@ -20,6 +22,10 @@ namespace tensorwire::inference {
 
 struct SocketOptions {
   std::string name;  // abstract socket name; empty: a unique one
+  // Users admitted besides this process's own (an abstract socket has no file
+  // permissions: every connection's uid is checked, SO_PEERCRED). A refused client gets a
+  // PermissionError naming its uid before any byte of a request or answer travels.
+  std::vector<uint32_t> allowed_uids;
 };
 
 class SocketTransport : public Transport {
@@ -31,6 +37,9 @@ class SocketTransport : public Transport {
 
   const std::string& name() const noexcept;
   const char* kind() const noexcept override { return "socket"; }
+  // Connections refused (a user not admitted), and why the last one was.
+  uint64_t refused() const noexcept;
+  std::string last_refusal() const;
   Client client() override;
 
   void open_server() override;

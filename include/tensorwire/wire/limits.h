@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "tensorwire/core/nesting.h"
 
@@ -22,6 +23,14 @@ struct Limits {
 // entries' own lists and a non-tensor value, so nothing consolidate() accepts is refused.
 constexpr int max_json_depth(const Limits& limits) {
   return static_cast<int>(limits.max_depth) * 2 + 16;
+}
+
+// The rule a received non-tensor value breaks when value_deeper_than(value, max_depth): the
+// same limit consolidate() and a sender apply, so what is received can be sent on.
+inline std::string value_depth_rule(const Limits& limits) {
+  return "non-tensor value nests lists/dicts more than " + std::to_string(limits.max_depth) +
+         " levels deep (Limits::max_depth, default kMaxDepth = " + std::to_string(kMaxDepth) +
+         "; a sender refuses the same)";
 }
 
 }  // namespace tensorwire::wire

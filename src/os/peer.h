@@ -1,0 +1,47 @@
+// Who may connect to a local endpoint. Abstract Unix sockets carry no file permissions: any
+// process of any user in the same network namespace can connect to one. So every local
+// endpoint reads its peer's credentials (SO_PEERCRED: set by the kernel at connect, they
+// cannot be forged) and refuses a peer it does not admit before it hands over any byte or
+// fd, and a client checks its server the same way (a name can be squatted).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tensorwire::os {
+
+struct PeerCredentials {
+  int pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// The credentials of the peer of a connected Unix socket.
+PeerCredentials peer_credentials(int fd);
+
+// The users an endpoint admits: the effective uid of this process, and the uids of
+// `allowed_uids` (an explicit allow-list: nobody else, not even root unless listed).
+class PeerPolicy {
+ public:
+  PeerPolicy() = default;
+  explicit PeerPolicy(std::vector<uint32_t> allowed_uids) : allowed_(std::move(allowed_uids)) {}
+
+  bool admits(uid_t uid) const noexcept;
+  // Why `peer` is refused by the endpoint named `endpoint` ("" when it is admitted): names
+  // the peer's pid and uid, who is admitted, and the option that admits more.
+  std::string refusal(const PeerCredentials& peer, const std::string& endpoint) const;
+  const std::vector<uint32_t>& allowed_uids() const noexcept { return allowed_; }
+
+ private:
+  std::vector<uint32_t> allowed_;
+};
+
+// What a client admits as its server: a process of its own user, or of root (which can
+// read any process's memory anyway: refusing it would protect nothing). Throws
+// SystemError(EACCES) (Python: PermissionError) naming both uids otherwise.
+void check_server(const PeerCredentials& server, const std::string& endpoint);
+
+}  // namespace tensorwire::os
