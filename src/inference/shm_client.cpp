@@ -174,7 +174,7 @@ std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline 
 ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
     : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
-std::shared_ptr<ShmConnection> ShmClient::connection() {
+std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw ClosedError("the inference client was closed");
   if (conn_ && !conn_->stale()) return conn_;
@@ -189,7 +189,7 @@ std::shared_ptr<ShmConnection> ShmClient::connection() {
     c->reply_wait = os::AdaptiveSpin(local_->max_spin);
     c->slot_wait = os::AdaptiveSpin(local_->max_spin);
   } else {
-    c = attach_by_name(name_, Deadline::after(kConnectTimeout));
+    c = attach_by_name(name_, Deadline::after(kConnectTimeout).min(limit));
   }
   hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
   conn_ = c;
@@ -239,7 +239,7 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
 }
 
 std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Deadline deadline) {
-  std::shared_ptr<ShmConnection> c = connection();
+  std::shared_ptr<ShmConnection> c = connection(deadline);
   ShmRegion& r = *c->region;
   thread_local std::vector<const Tensor*> leaves;
   validate_request(td, r.request, leaves);

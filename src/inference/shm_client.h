@@ -46,7 +46,9 @@ class ShmClient final : public ClientImpl {
   void close() noexcept override;
 
  private:
-  std::shared_ptr<ShmConnection> connection();
+  // Attaches within kConnectTimeout, or by `limit` where the calling request must give up
+  // sooner.
+  std::shared_ptr<ShmConnection> connection(Deadline limit = Deadline::never());
   uint32_t claim(ShmConnection& c, Deadline deadline);
 
   std::string name_;

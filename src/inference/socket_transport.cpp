@@ -377,9 +377,11 @@ struct SockConn {
   }
 };
 
-std::shared_ptr<SockConn> connect_socket(const std::string& name) {
+// Connects within kConnectTimeout, or sooner where the call that needs the connection
+// must give up sooner (a timeout means the same for the connect as for the request).
+std::shared_ptr<SockConn> connect_socket(const std::string& name, Deadline limit) {
   auto c = std::make_shared<SockConn>();
-  const Deadline deadline = Deadline::after(detail::kConnectTimeout);
+  const Deadline deadline = Deadline::after(detail::kConnectTimeout).min(limit);
   c->socket = os::UnixSocket::connect(name, deadline);
   const os::PeerCredentials owner = os::peer_credentials(c->socket.fd());
   os::check_server(owner, name);
@@ -474,7 +476,7 @@ class SocketClient final : public detail::ClientImpl {
   // Waits while the server's socket is full (a stopped or overloaded server), at most
   // until `deadline` and interruptibly; so does a second thread waiting for its turn.
   std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline deadline) override {
-    std::shared_ptr<SockConn> c = connection();
+    std::shared_ptr<SockConn> c = connection(deadline);
     std::unique_lock<std::timed_mutex> lock(c->send_mu, std::defer_lock);
     if (!runtime::wait_until(deadline,
                              [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
@@ -513,10 +515,10 @@ class SocketClient final : public detail::ClientImpl {
   }
 
  private:
-  std::shared_ptr<SockConn> connection() {
+  std::shared_ptr<SockConn> connection(Deadline limit = Deadline::never()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw ClosedError("the inference client was closed");
-    if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_);
+    if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_, limit);
     return conn_;
   }
   std::string not_taken(const char* why, bool partly) const {

@@ -175,6 +175,32 @@ def test_a_client_sending_to_a_stopped_socket_server_is_interrupted_and_times_ou
             client.wait()
 
 
+def test_a_first_request_to_a_stopped_socket_server_keeps_its_own_timeout():
+    # Connecting waits for the server's welcome, at most 3 s; a request with a shorter
+    # timeout gives up at its own timeout, not at the connect's, and the client can
+    # connect later once the server runs again.
+    name = f"tw-test-stopped-welcome-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    server = subprocess.Popen(
+        [sys.executable, "-c",
+         textwrap.dedent(STOPPED_SERVER).format(tests=os.path.dirname(__file__), name=name)],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        os.kill(server.pid, signal.SIGSTOP)
+        c = tw.SocketTransport.client_for(name)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="welcome"):
+            c(observation(1), timeout=0.3)
+        assert time.monotonic() - t0 < 2.0  # the connect alone would wait 3 s
+        os.kill(server.pid, signal.SIGCONT)
+        assert float(c(observation(1), timeout=30)["action"][0]) == 2.0
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
 # --- one rule for requests and timeouts -----------------------------------------------------
 
 @pytest.mark.parametrize("bad", [np.zeros(4, np.float32), [np.zeros(4, np.float32)], 3.0, "obs"])
