@@ -1,5 +1,6 @@
 """What a TensorDict holds comes back exactly, or is refused where it is set."""
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -93,10 +94,21 @@ def test_a_received_value_deeper_than_the_limit_is_refused_where_it_is_read(tmp_
         tw.load(str(past))
 
 
+class _CraftedPickle:
+    """Pickles as the bytes a TensorDict's pickle carries, with metadata of our choosing:
+    what an untrusted pickle could hold."""
+
+    def __init__(self, metadata):
+        self.metadata = metadata
+
+    def __reduce__(self):
+        import tensorwire._pickling
+        return tensorwire._pickling._rebuild, (b"", self.metadata, False)
+
+
 def test_an_unpickled_value_deeper_than_the_limit_is_refused():
-    td = tw.TensorDict.__new__(tw.TensorDict)
-    td.__setstate__((b"", json.dumps(metadata_with_value(deep_list(256))).encode(), False))
+    td = pickle.loads(pickle.dumps(_CraftedPickle(metadata_with_value(deep_list(256)))))
     assert td["v"] == deep_list(256)
-    meta = json.dumps(metadata_with_value(deep_list(257))).encode()
+    crafted = pickle.dumps(_CraftedPickle(metadata_with_value(deep_list(257))))
     with pytest.raises(tw.ProtocolError, match="more than 256 levels deep"):
-        tw.TensorDict.__new__(tw.TensorDict).__setstate__((b"", meta, False))
+        pickle.loads(crafted)
