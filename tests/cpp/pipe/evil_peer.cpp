@@ -34,6 +34,10 @@ struct Raw {
   }
   std::optional<Json> recv_control(std::chrono::milliseconds timeout) {
     auto until = Clock::now() + timeout;
+    // The endpoint's error can come before the last message: the connection's error
+    // arrives on its TCP socket, a message over shared memory, so a message the peer sent
+    // just before closing is still taken for a moment after the error.
+    std::optional<Clock::time_point> error_since;
     while (Clock::now() < until) {
       worker.progress();
       if (auto m = ep->probe(detail::kControlTag)) {
@@ -45,7 +49,10 @@ struct Raw {
                        buf.size() - wire::kHeaderBytes);
         return Json::parse(js);
       }
-      if (ep->error() != UCS_OK) return std::nullopt;
+      if (ep->error() != UCS_OK) {
+        if (!error_since) error_since = Clock::now();
+        if (Clock::now() - *error_since > std::chrono::milliseconds(500)) return std::nullopt;
+      }
     }
     return std::nullopt;
   }
