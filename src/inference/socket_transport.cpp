@@ -226,7 +226,7 @@ struct SocketTransport::Owner {
       return;
     }
     r->submitted_ns = detail::now_ns();
-    if (auto refused = queue.push(r)) r->fail_closed(*refused);
+    if (auto why = queue.push(r)) r->fail_closed(*why);
   }
 
   // Tells a client it is not admitted, and closes the connection (it is not kept: its
