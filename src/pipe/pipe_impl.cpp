@@ -51,12 +51,46 @@ constexpr size_t kMaxControl = 64 * 1024;
 }  // namespace
 
 // Posts a control frame (header + JSON) on the control tag. Under mu_.
+// A control frame (header and JSON) as the one contiguous buffer a tag send takes.
+std::vector<std::byte> control_frame(const Json& body) {
+  const wire::OutMessage m = wire::Encoder::control(body);
+  auto* meta = reinterpret_cast<const std::byte*>(m.metadata.data());
+  std::vector<std::byte> bytes;
+  bytes.reserve(m.header_bytes.size() + m.metadata.size());
+  bytes.insert(bytes.end(), m.header_bytes.begin(), m.header_bytes.end());
+  bytes.insert(bytes.end(), meta, meta + m.metadata.size());
+  return bytes;
+}
+
 ucx::Request PipeImpl::post_control(const Json& body) {
-  control_out_ = wire::Encoder::control(body);
-  control_buf_.assign(control_out_.header_bytes.begin(), control_out_.header_bytes.end());
-  auto* meta = reinterpret_cast<const std::byte*>(control_out_.metadata.data());
-  control_buf_.insert(control_buf_.end(), meta, meta + control_out_.metadata.size());
+  control_buf_ = control_frame(body);
   return ep_->send(kControlTag, control_buf_);
+}
+
+// One control frame that arrived on `tag`, if any, received and validated: at most
+// `max_bytes` long, one frame of kind Control whose JSON fills it. A peer that breaks
+// that fails the pipe. Under mu_.
+std::optional<Json> PipeImpl::take_control(uint64_t tag, size_t max_bytes, const char* what) {
+  auto m = ep_->probe(tag);
+  if (!m) return std::nullopt;
+  if (m->first < wire::kHeaderBytes || m->first > max_bytes)
+    fail(std::string(what) + " of " + std::to_string(m->first) + " bytes (at most " +
+             std::to_string(max_bytes) + ")",
+         Fault::PeerBrokeProtocol);
+  std::vector<std::byte> buf(m->first);
+  size_t got = 0;
+  ucx::Request req = ep_->recv(m->second, buf, &got);
+  while (!req.done()) progress();
+  try {
+    wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
+    if (h.kind != wire::MessageKind::Control || wire::kHeaderBytes + h.metadata_bytes != buf.size())
+      throw ProtocolError(std::string("a ") + what + " must be one control frame");
+    wire::Incoming in;
+    decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
+    return std::move(in.control);
+  } catch (const ProtocolError& e) {
+    fail(e.what(), Fault::PeerBrokeProtocol);
+  }
 }
 
 // Best effort: progresses until `req` completes or `budget` passes. Under mu_.
@@ -256,23 +290,10 @@ Json PipeImpl::recv_control(Deadline deadline) {
   Json body;
   wait_until(
       [&] {
-        auto m = ep_->probe(kControlTag);
-        if (!m) return false;
-        if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
-          fail("control message of " + std::to_string(m->first) + " bytes",
-               Fault::PeerBrokeProtocol);
-        std::vector<std::byte> buf(m->first);
-        size_t got = 0;
-        ucx::Request req = ep_->recv(m->second, buf, &got);
-        while (!req.done()) progress();
-        wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
-        if (h.kind != wire::MessageKind::Control ||
-            wire::kHeaderBytes + h.metadata_bytes != buf.size())
-          fail("expected a control message during the handshake", Fault::PeerBrokeProtocol);
-        wire::Incoming in;
-        decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
-        body = std::move(in.control);
-        return true;
+        std::optional<Json> got =
+            take_control(kControlTag, wire::kHeaderBytes + kMaxControl, "control message");
+        if (got) body = std::move(*got);
+        return got.has_value();
       },
       deadline, "handshake");
   return body;
@@ -280,23 +301,10 @@ Json PipeImpl::recv_control(Deadline deadline) {
 
 // Control messages after the handshake: the peer closing, or reporting our error.
 void PipeImpl::drain_control() {
-  auto m = ep_->probe(kControlTag);
-  if (!m) return;
-  if (m->first < wire::kHeaderBytes || m->first > wire::kHeaderBytes + kMaxControl)
-    fail("control message of " + std::to_string(m->first) + " bytes", Fault::PeerBrokeProtocol);
-  std::vector<std::byte> buf(m->first);
-  size_t got = 0;
-  ucx::Request req = ep_->recv(m->second, buf, &got);
-  while (!req.done()) progress();
-  Json body;
-  try {
-    wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
-    wire::Incoming in;
-    decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
-    body = std::move(in.control);
-  } catch (const ProtocolError& e) {
-    fail(e.what(), Fault::PeerBrokeProtocol);
-  }
+  std::optional<Json> got =
+      take_control(kControlTag, wire::kHeaderBytes + kMaxControl, "control message");
+  if (!got) return;
+  const Json& body = *got;
   if (body.is_object() && body.contains("error"))
     fail("the peer closed the pipe after an error: " + body["error"].dump(),
          Fault::PeerReportedError);

@@ -50,6 +50,9 @@ enum class Fault {
   LocalFailure,       // this side cannot go on: tell the peer; ClosedError
 };
 
+// A control frame (header and JSON) as the one contiguous buffer a tag send takes.
+std::vector<std::byte> control_frame(const Json& body);
+
 class PipeImpl : public runtime::Beating {
  public:
   // Client side.
@@ -117,6 +120,7 @@ class PipeImpl : public runtime::Beating {
   Json recv_control(Deadline deadline);
   void ensure_frame_capacity(size_t n);
   ucx::Request post_control(const Json& body);
+  std::optional<Json> take_control(uint64_t tag, size_t max_bytes, const char* what);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
   void start_liveness(const wire::PeerIdentity& peer);  // after the handshake
   void drain_heartbeats();                              // under mu_
@@ -156,8 +160,7 @@ class PipeImpl : public runtime::Beating {
   wire::Encoder encoder_;
   wire::Decoder decoder_;
 
-  wire::OutMessage control_out_;  // the control frame in flight (post_control)
-  std::vector<std::byte> control_buf_;
+  std::vector<std::byte> control_buf_;  // the control frame in flight (post_control)
 
   // send state
   bool sending_ = false;

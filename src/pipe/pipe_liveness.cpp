@@ -47,10 +47,7 @@ void PipeImpl::start_liveness(const wire::PeerIdentity& peer) {
   if (heartbeat_every_ == Clock::duration{} && !check_peer_) return;
   last_heard_ = now;
   next_heartbeat_ = now;  // the first one at once
-  const wire::OutMessage m = wire::Encoder::control({{"heartbeat", true}});
-  heartbeat_buf_.assign(m.header_bytes.begin(), m.header_bytes.end());
-  auto* meta = reinterpret_cast<const std::byte*>(m.metadata.data());
-  heartbeat_buf_.insert(heartbeat_buf_.end(), meta, meta + m.metadata.size());
+  heartbeat_buf_ = control_frame({{"heartbeat", true}});
   // Beat often enough to send on time, and to notice the peer's silence within the timeout
   // of the moment it fell silent: the check runs every twentieth of the timeout and fails
   // the pipe once the silence reaches the timeout less one period.
@@ -67,27 +64,11 @@ void PipeImpl::start_liveness(const wire::PeerIdentity& peer) {
 // Takes in the heartbeats that arrived. Under mu_.
 void PipeImpl::drain_heartbeats() {
   for (int i = 0; i < kMaxHeartbeatsPerBeat; ++i) {
-    auto m = ep_->probe(kHeartbeatTag);
-    if (!m) return;
-    if (m->first < wire::kHeaderBytes || m->first > kMaxHeartbeat)
-      fail("heartbeat of " + std::to_string(m->first) + " bytes (at most " +
-               std::to_string(kMaxHeartbeat) + ")",
+    std::optional<Json> got = take_control(kHeartbeatTag, kMaxHeartbeat, "heartbeat");
+    if (!got) return;
+    if (!got->is_object() || !got->contains("heartbeat"))
+      fail("a heartbeat must be {\"heartbeat\": true}, got " + got->dump(),
            Fault::PeerBrokeProtocol);
-    std::byte buf[kMaxHeartbeat];
-    size_t got = 0;
-    ucx::Request req = ep_->recv(m->second, {buf, m->first}, &got);
-    while (!req.done()) progress();
-    try {
-      wire::FrameHeader h = decoder_.read_header(std::span(buf, wire::kHeaderBytes));
-      if (h.kind != wire::MessageKind::Control || wire::kHeaderBytes + h.metadata_bytes != m->first)
-        throw ProtocolError("a heartbeat must be one control frame");
-      wire::Incoming in;
-      decoder_.prepare(h, std::span(buf, m->first).subspan(wire::kHeaderBytes), nullptr, in);
-      if (!in.control.is_object() || !in.control.contains("heartbeat"))
-        throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + in.control.dump());
-    } catch (const ProtocolError& e) {
-      fail(e.what(), Fault::PeerBrokeProtocol);
-    }
     last_heard_ = Clock::now();
   }
 }
