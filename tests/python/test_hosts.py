@@ -90,7 +90,10 @@ def test_close_kills_the_hosts_processes_and_removes_every_namespace():
     h = Hosts(2)
     names = [h.switch] + [x.name for x in h]
     assert set(names) <= set(_netns_list())
-    sleeper = h[1].python("import time; time.sleep(600)")
+    sleeper = h[1].python("import time; print('up', flush=True); time.sleep(600)")
+    # Wait until the command runs: a host stopped while nsenter is still entering its
+    # namespaces makes nsenter fail (exit 1) rather than its command die of SIGKILL.
+    assert sleeper.stdout.readline().strip() == "up"
     h.close()
     assert sleeper.poll() == -signal.SIGKILL
     assert not set(names) & set(_netns_list())
