@@ -56,9 +56,11 @@ wheel: deps
 # The chaos soak (docs/reliability.md): the three systems under load on two simulated hosts
 # while a seeded killer injects faults; CHAOS_SEED reproduces a run (random when empty).
 CHAOS_SECONDS ?= 600
+# CHAOS_ARGS: further options (tests/chaos/soak.py --help: --liveness, --slack, --kinds ...).
 CHAOS_SEED ?=
+CHAOS_ARGS ?=
 chaos: build
-	@PYTHONPATH=python $(PY) tests/chaos/soak.py --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+	@PYTHONPATH=python $(PY) tests/chaos/soak.py --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 # make test's 60-second soak: a fixed seed, and bounds generous for a loaded 2-core CI
 # machine (liveness 5 s, 10 s of slack on every bound, 90 s to recover).

@@ -231,7 +231,7 @@ class Killer:
     def link_cut(self, f):
         f.target = "host1"
         L = self.soak.liveness
-        f.duration = self.rng.uniform(0.5, 2.0 * L)
+        f.duration = self.rng.uniform(0.5, L + self.soak.slack + 3.0)  # a third of them past the bound
         remote_clients = [c for c in self.roles("pipe_client") if self.sup.roles[c].host == 1]
         watching = [c for c in remote_clients if self.recently_progressing(c)]
         pids = {c: self.sup.pid(c) for c in watching}
