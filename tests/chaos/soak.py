@@ -43,7 +43,8 @@ class Soak:
         self.slack = a.slack
         self.bound_local = 5.0 + a.slack  # a dead process on this host (pidfd): docs say within 5 s
         self.bound_remote = max(5.0, a.liveness) + a.slack  # across the link: the liveness bound
-        self.marker = f"CHAOS_RUN={os.getpid()}-{time.time_ns()}"
+        # Every process of the run inherits this variable: the leftover check finds them by it.
+        self.marker = ("CHAOS_RUN", f"{os.getpid()}-{time.time_ns()}")
         self.log = EventLog()
         self.faults = []
         self.skipped = {}
@@ -169,7 +170,7 @@ class Soak:
         print(f"chaos soak: seed {a.seed}, {a.seconds:.0f} s, liveness bound {a.liveness} s, "
               f"slack {a.slack} s, logs in {self.rundir}", flush=True)
         env = dict(os.environ, TENSORWIRE_LIVENESS_TIMEOUT=str(a.liveness))
-        env[self.marker.split("=")[0]] = self.marker.split("=")[1]
+        env[self.marker[0]] = self.marker[1]
         self.env = env
         self.hosts = Hosts(2)
         tag = self.hosts._tag
@@ -219,7 +220,7 @@ class Soak:
         known = {}
         ev_violations, surfaced = checker.judge_events(events, self.faults, roles, self.end, known)
         rows, rss_violations = checker.judge_rss(self.rss)
-        left = checker.leftovers(self.marker, tag, fds_before, shm_before)
+        left = checker.leftovers("=".join(self.marker), tag, fds_before, shm_before)
         fault_violations = [f"fault #{f.n} {f.kind} {f.target}: {v}" for f in self.faults for v in f.violations]
         violations = self.violations + fault_violations + ev_violations + rss_violations + left
         totals = checker.delivered(events)
@@ -259,6 +260,8 @@ class Soak:
             rec = max(f.recovered_at - f.t for f in fs if f.recovered_at)
             lines.append(f"| {kind} | {len(fs)} | {len(met)}/{len(exp)} | "
                          f"{'-' if det is None else f'{det:.2f}'} | {rec:.1f} |")
+        if self.skipped:
+            lines.append(f"\n{len(self.skipped)} draws found their target restarting and were drawn again")
         lines.append(f"\nexceptions surfaced (all explained by a fault): "
                      f"{', '.join(f'{k} {v}' for k, v in sorted(surfaced.items())) or 'none'}")
         groups = {"pipe round trips": "pipe_client", "inference responses": "actor",

@@ -5,10 +5,11 @@ systems do not do themselves yet: a killed server, actor, producer or consumer).
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESTART_DELAY = 0.3
@@ -117,8 +118,7 @@ class Supervisor:
         stderr = open(os.path.join(self.rundir, f"{role.name}.{n}.stderr"), "w")
         host = self.hosts[role.host]
         proc = host.popen([sys.executable, os.path.join(HERE, role.args[0]), *role.args[1:]],
-                          env=env, stdout=__import__("subprocess").PIPE, stderr=stderr,
-                          stdin=__import__("subprocess").DEVNULL)
+                          env=env, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
         stderr.close()
         run = Running(role, n, proc, time.monotonic())
         run.pid = proc.command_pid(timeout=30)
