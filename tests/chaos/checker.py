@@ -109,7 +109,9 @@ def judge_rss(samples):
         base = next(((t, kb) for t, kb in series if t - start >= RSS_WARMUP), series[0])
         growth_mb = (series[-1][1] - base[1]) / 1024
         rows.append((role, inc, round(series[-1][0] - start), base[1] / 1024, series[-1][1] / 1024, growth_mb))
-        if growth_mb > RSS_LIMIT_MB and growth_mb > 0.5 * base[1] / 1024:
+        # The driver's growth is its event log (about 1 KiB per event, all kept for the
+        # checker): reported, not judged.
+        if role != "driver" and growth_mb > RSS_LIMIT_MB and growth_mb > 0.5 * base[1] / 1024:
             violations.append(f"{role} (incarnation {inc}): RSS grew {growth_mb:.0f} MiB "
                               f"({base[1] / 1024:.0f} -> {series[-1][1] / 1024:.0f} MiB)")
     return rows, violations
