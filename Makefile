@@ -12,7 +12,7 @@ WHEEL_CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.defin
 DIST := dist
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
-.PHONY: all deps build demo docs typecheck test test-cpp test-python test-wheel wheel test-sanitize test-tsan fuzz format format-check bench clean
+.PHONY: all deps build demo docs typecheck test test-cpp test-python test-wheel wheel test-sanitize test-tsan fuzz chaos test-chaos format format-check bench clean
 
 all: build
 
@@ -33,7 +33,7 @@ demo: build
 
 # The Python suite runs against the installed wheel (test-wheel), as a user gets the package;
 # `make test-python` runs it against the source tree.
-test: build format-check test-cpp test-wheel typecheck docs test-sanitize fuzz
+test: build format-check test-cpp test-wheel test-chaos typecheck docs test-sanitize fuzz
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -52,6 +52,21 @@ wheel: deps
 	@ls $(DIST)/raw/tensorwire-*.whl $(DIST)/raw/tensorwire-*.tar.gz >/dev/null
 	@$(PY) scripts/repair-wheel.py $(DIST)/raw/tensorwire-*.whl $(DIST)
 	@mv $(DIST)/raw/tensorwire-*.tar.gz $(DIST)/ && rm -rf $(DIST)/raw
+
+# The chaos soak (docs/reliability.md): the three systems under load on two simulated hosts
+# while a seeded killer injects faults; CHAOS_SEED reproduces a run (random when empty).
+CHAOS_SECONDS ?= 600
+# CHAOS_ARGS: further options (tests/chaos/soak.py --help: --liveness, --slack, --kinds ...).
+CHAOS_SEED ?=
+CHAOS_ARGS ?=
+chaos: build
+	@PYTHONPATH=python $(PY) tests/chaos/soak.py --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
+
+# make test's 60-second soak: a fixed seed, and bounds generous for a loaded 2-core CI
+# machine (liveness 5 s, 10 s of slack on every bound, 90 s to recover).
+test-chaos: build
+	@PYTHONPATH=python $(PY) tests/chaos/soak.py --seconds 60 --seed 20261201 --liveness 5 \
+	  --slack 10 --recover 90 --startup 180
 
 # The wheel installed into a virtual environment of its own, and the Python suite run there.
 test-wheel: build wheel
