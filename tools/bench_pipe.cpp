@@ -5,6 +5,8 @@
 //   tensorwire bench pipe [--tls sm,tcp/tcp] [--sizes 1048576,67108864] [--iters N]
 //                         [--lat-iters N] [--modes consolidated,nc] [--json PATH]
 //                         [--no-reference]
+// bench/pipe/plot_bench_pipe.py draws the --json figures (throughput against ucx_perftest at
+// each size, latency distributions).
 // The peer is this same program, re-executed as `tensorwire bench-pipe-peer ...`.
 #include <spawn.h>
 #include <sys/wait.h>
@@ -76,6 +78,7 @@ struct Row {
   size_t size;
   double ours, reference;  // GB/s or us
   const char* unit;
+  std::vector<double> quantiles = {};  // latency: one-way us at percentiles 0, 5, ..., 100
 };
 
 }  // namespace
@@ -176,14 +179,16 @@ int bench_pipe(int argc, char** argv) {
       }
       pipe->close();
       peer.wait();
-      std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+      std::sort(us.begin(), us.end());
       double p50 = us[us.size() / 2];
+      std::vector<double> quantiles;
+      for (size_t q = 0; q <= 20; ++q) quantiles.push_back(us[(us.size() - 1) * q / 20]);
       double ref = 0;
       if (reference && mode == "consolidated") {
         auto v = perftest(tls, "tag_lat", 1024, lat_iters);
         if (v.size() >= 2) ref = v[1];
       }
-      rows.push_back({tls, "latency p50", mode, 1024, p50, ref, "us"});
+      rows.push_back({tls, "latency p50", mode, 1024, p50, ref, "us", quantiles});
       std::fprintf(stderr, "  %-7s %-12s latency p50 %.2f us\n", tls.c_str(), mode.c_str(), p50);
     }
   }
@@ -208,6 +213,8 @@ int bench_pipe(int argc, char** argv) {
                    {"tensorwire", r.ours},
                    {"ucx_perftest", r.reference},
                    {"unit", r.unit}});
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (!rows[i].quantiles.empty()) j[i]["quantiles_us"] = rows[i].quantiles;
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;

@@ -70,7 +70,7 @@ DemoRow demo_infer(int actors, int steps) {
       transport->name().c_str(), transport->num_slots(),
       static_cast<double>(sizes.total()) / (1 << 20), sizes.control, sizes.requests,
       sizes.responses);
-  InferenceServer server(pixel_policy, transport, {.max_batch_size = static_cast<size_t>(actors)});
+  InferenceServer server(pixel_policy, transport, {.max_batch_size = actors});
   server.start();
 
   std::vector<pid_t> kids;

@@ -9,7 +9,10 @@ dropping each datapoint. Single-thread memcpy bandwidth is measured in the same 
 Also, with ``--memory``: the main process's RSS over 10^5 datapoints that the consumer
 drops, and the shared memory each worker maps (its bound is about hwm datapoints).
 
-    PYTHONPATH=python .venv/bin/python bench/dataflow/compare_tensorpack.py [--json out.json]
+    PYTHONPATH=python .venv/bin/python bench/dataflow/compare_tensorpack.py [--json out.json] [--plot out.png]
+
+--plot draws the two runners side by side (bench/plotting.py): datapoints per second at
+each datapoint size and worker count, and the CPU time each datapoint costs.
 """
 import argparse
 import json
@@ -20,6 +23,7 @@ import time
 
 import numpy as np
 
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"1": (1,), "224x224x3": (224, 224, 3), "32x224x224x3": (32, 224, 224, 3)}
 
 
@@ -141,6 +145,7 @@ def main():
     p.add_argument("--memory", action="store_true", help="also the RSS / shared-memory check")
     p.add_argument("--memory-datapoints", type=int, default=100_000)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the figure here")
     args = p.parse_args()
     logging.getLogger("tensorpack").setLevel(logging.ERROR)
     logging.getLogger("tensorwire").setLevel(logging.ERROR)
@@ -203,6 +208,24 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.rounds, args.plot)
+
+
+def plot(results, rounds, path):
+    """Datapoints/s of both runners per (shape, workers), and CPU microseconds per datapoint."""
+    sys.path.insert(0, BENCH)
+    import plotting
+    fig, (thr, cpu) = plotting.figure(2, "Dataflow runners: tensorwire beside tensorpack's MultiProcessRunnerZMQ")
+    runs = results["runs"]
+    groups = [f"{r['shape']}\n{r['num_proc']} worker{'s' if r['num_proc'] > 1 else ''}" for r in runs]
+    plotting.bars(thr, f"datapoints/s (median of {rounds} round{'s' if rounds > 1 else ''})", groups,
+                  {name: [r[f"{name}_dps"] for r in runs] for name in ("tensorpack", "tensorwire")},
+                  "datapoints/s (log)", log=True)
+    plotting.bars(cpu, "CPU per datapoint, main process and workers", groups,
+                  {name: [r[f"{name}_cpu_us_per_dp"] for r in runs] for name in ("tensorpack", "tensorwire")},
+                  "microseconds (log)", log=True)
+    plotting.save(fig, path)
 
 
 if __name__ == "__main__":

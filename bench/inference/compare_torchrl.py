@@ -8,7 +8,10 @@ interleaved, and reports the median, so all ratios come from the same run under 
 machine load. Also: one client's round-trip latency for each system, and the tensorwire
 drop-in (tensorwire.torchrl) under torchrl's own server.
 
-    PYTHONPATH=python .venv/bin/python bench/inference/compare_torchrl.py --json out.json
+    PYTHONPATH=python .venv/bin/python bench/inference/compare_torchrl.py --json out.json [--plot out.png]
+
+--plot draws the systems side by side (bench/plotting.py): requests/s per payload and
+max_batch_size, and one client's round-trip latency distribution.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import sys
 import time
 
 import numpy as np
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SYSTEMS = ["tensorwire", "torchrl_shm", "torchrl_mp", "torchrl_server+tensorwire_dropin"]
 PAYLOADS = {"f32x4": ((4,), "float32"), "u8x84x84x3": ((84, 84, 3), "uint8")}
@@ -114,7 +119,9 @@ def latency_loop(system, payload, client, count, results):
         client(td)
         samples.append((time.perf_counter() - t0) * 1e6)
     samples.sort()
-    results.put((samples[len(samples) // 2], samples[int(len(samples) * 0.95)]))
+    # p50, p95, and the percentiles 0, 5, ..., 100 for the figure's distribution
+    results.put((samples[len(samples) // 2], samples[int(len(samples) * 0.95)],
+                 [samples[min(len(samples) - 1, round(q * (len(samples) - 1) / 20))] for q in range(21)]))
 
 
 def memory_loop(client, count, results):
@@ -198,6 +205,7 @@ def main():
     ap.add_argument("--memory", type=int, default=0,
                     help="also run this many requests through tensorwire and report RSS")
     ap.add_argument("--json")
+    ap.add_argument("--plot", metavar="FILE.png", help="draw the figure here")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     systems = args.systems.split(",")
@@ -213,8 +221,8 @@ def main():
 
     print("\n## one client, float32[4] -> float32[2]: round trip (us)")
     for system in systems:
-        p50, p95 = run_latency(system, args.latency_requests, ctx)
-        out["latency_us"][system] = {"p50": p50, "p95": p95}
+        p50, p95, qs = run_latency(system, args.latency_requests, ctx)
+        out["latency_us"][system] = {"p50": p50, "p95": p95, "quantiles": qs}
         print(f"  {system:34s} p50 {p50:9.1f}   p95 {p95:9.1f}")
 
     print(f"\n## {args.clients} client processes, {args.seconds:.0f} s each, median of {args.rounds} "
@@ -257,6 +265,22 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
         print(f"\nfigures written to {args.json}")
+    if args.plot:
+        plot(out, systems, args.plot)
+
+
+def plot(out, systems, path):
+    """Requests/s of every system per (payload, max_batch_size), and the latency distributions."""
+    sys.path.insert(0, BENCH)
+    import plotting
+    fig, (thr, lat) = plotting.figure(2, "Inference server: tensorwire beside torchrl")
+    rows = out["throughput"]
+    plotting.bars(thr, f"{out['clients']} client processes, median of {out['rounds']} rounds",
+                  [f"{r['payload']}\nbatch {r['max_batch_size']}" for r in rows],
+                  {s: [r["requests_per_s"][s] for r in rows] for s in systems}, "requests/s (log)", log=True)
+    plotting.distributions(lat, "one client, float32[4]: round trip",
+                           {s: out["latency_us"][s]["quantiles"] for s in systems}, "microseconds (log)")
+    plotting.save(fig, path)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ error, and tensorwire is measured alone. The tensorwire side runs under --tw-pyt
 (default: this one) with the repository's python/ directory put on PYTHONPATH.
 
     PYTHONPATH=python .venv/bin/python bench/pipe/pipe_vs_tensordict.py \\
-        --ref-python /tmp/ucxx-venv/bin/python [--json out.json]
+        --ref-python /tmp/ucxx-venv/bin/python [--json out.json] [--plot out.png]
+
+--plot draws the two side by side (bench/plotting.py): throughput per UCX_TLS setting,
+and the one-way latency distributions (every repetition's round trips pooled by quantile).
 """
 from __future__ import annotations
 
@@ -157,6 +160,9 @@ async def _client(impl: str, a) -> None:
             "gib_s": a.messages * BIG_BYTES / (t1 - t0) / (1 << 30),
             "p50_us": rtts[len(rtts) // 2] / 2 / 1e3,
             "p99_us": rtts[int(len(rtts) * 0.99)] / 2 / 1e3,
+            # one-way latency at percentiles 0, 5, ..., 100: the distribution of the figure
+            "quantiles_us": [rtts[min(len(rtts) - 1, round(q * (len(rtts) - 1) / 20))] / 2 / 1e3
+                             for q in range(21)],
         }), flush=True)
     await pipe.aclose()
 
@@ -167,6 +173,16 @@ def _loadavg() -> str:
         return Path("/proc/loadavg").read_text().strip()
     except OSError:
         return "n/a"
+
+
+def _tensorwire_path() -> str:
+    """Where this interpreter finds the tensorwire package (python/ of this checkout, or an
+    installed copy), so the tensorwire side runs the same one."""
+    import importlib.util
+    spec = importlib.util.find_spec("tensorwire")
+    if spec is None or spec.origin is None:
+        return str(REPO / "python")
+    return str(Path(spec.origin).parent.parent)
 
 
 def _reference_available(python: str) -> tuple[bool, str]:
@@ -184,7 +200,7 @@ def _reference_available(python: str) -> tuple[bool, str]:
 def _run_pair(impl: str, python: str, tls: str, a) -> tuple[list[dict], str]:
     env = dict(os.environ, UCX_TLS=tls, UCX_WARN_UNUSED_ENV_VARS="n")
     if impl == "tensorwire":
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_tensorwire_path(), env.get("PYTHONPATH")]))
     else:
         env.pop("PYTHONPATH", None)  # the reference interpreter's own packages only
         if a.ref_progress_mode:
@@ -250,6 +266,7 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed per process pair")
     ap.add_argument("--json", help="write all samples here")
+    ap.add_argument("--plot", metavar="FILE.png", help="draw the figure here")
     ap.add_argument("--role", choices=["listener", "client"], help=argparse.SUPPRESS)
     ap.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -306,7 +323,29 @@ def main() -> int:
         Path(a.json).write_text(json.dumps({
             "samples": {f"{t}/{i}": r for (t, i), r in samples.items()}, "summary": summary,
             "loadavg": loads, "reference": info, "args": vars(a)}, indent=2))
+    if a.plot:
+        plot(a.tls, list(impls), samples, info, a.plot)
     return 0
+
+
+def plot(tls_list, impls, samples, reference_info, path) -> None:
+    """Throughput of each contender per UCX_TLS setting, and its latency distribution."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import plotting
+    fig, (thr, lat) = plotting.figure(2, "TensorDictPipe: tensorwire's drop-in beside tensordict._ucxx")
+    series = {impl: [statistics.median(r["gib_s"] for r in samples[(t, impl)]) for t in tls_list]
+              for impl in IMPLS if impl in impls}
+    plotting.bars(thr, f"1 MiB messages (median of {len(samples[(tls_list[0], 'tensorwire')])} runs)",
+                  [f"UCX_TLS={t}" for t in tls_list], series, "GiB/s")
+    # Quantiles pooled over the repetitions: the median of each percentile.
+    dist = {f"{impl} {t}": [statistics.median(r["quantiles_us"][q] for r in samples[(t, impl)])
+                            for q in range(21)]
+            for impl in IMPLS if impl in impls for t in tls_list}
+    plotting.distributions(lat, "1 KiB one-way latency", dist, "microseconds (log)")
+    if "tensordict" not in impls:
+        thr.text(0.5, 0.92, f"tensordict not measured: {reference_info}", ha="center", fontsize="small",
+                 wrap=True, transform=thr.transAxes)
+    plotting.save(fig, path)
 
 
 if __name__ == "__main__":

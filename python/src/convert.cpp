@@ -87,6 +87,33 @@ TypeError unsupported_dtype(nb::handle value, const std::string& where) {
 
 }  // namespace
 
+std::string py_type(nb::handle value) {
+  return nb::cast<std::string>(nb::str(value.type().attr("__name__")));
+}
+
+int64_t int_arg(nb::handle value, const char* name) {
+  if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
+    throw TypeError(std::string(name) + " must be an integer, got " + py_type(value));
+  return nb::cast<int64_t>(value);
+}
+
+std::optional<std::string> str_arg(nb::handle value, const char* name, bool none_ok) {
+  if (none_ok && value.is_none()) return std::nullopt;
+  if (!nb::isinstance<nb::str>(value))
+    throw TypeError(std::string(name) + " must be a str" + (none_ok ? " or None" : "") + ", got " +
+                    py_type(value));
+  return nb::cast<std::string>(value);
+}
+
+std::vector<int64_t> int_list_arg(nb::handle value, const char* name) {
+  if (!nb::hasattr(value, "__iter__") || nb::isinstance<nb::str>(value))
+    throw TypeError(std::string(name) + " must be an iterable of integers, got " + py_type(value));
+  std::vector<int64_t> out;
+  const std::string entry = std::string(name) + " entry";
+  for (nb::handle v : value) out.push_back(int_arg(v, entry.c_str()));
+  return out;
+}
+
 Key to_key(nb::handle key) {
   if (nb::isinstance<nb::str>(key)) return Key(nb::cast<std::string>(key));
   if (nb::isinstance<nb::tuple>(key)) {
@@ -143,7 +170,7 @@ Json to_json(nb::handle v, const std::string& where) {
     }
     return o;
   }
-  throw ValueError(where + ": a " + nb::cast<std::string>(nb::str(v.type().attr("__name__"))) +
+  throw ValueError(where + ": a " + py_type(v) +
                    " is not JSON-representable (use str, int, float, bool, None, or lists / "
                    "dicts of them)");
 }

@@ -18,6 +18,7 @@
 
 #include <memory>
 
+#include "dataflow/raw_datapoint.h"
 #include "tensorwire/core/tensordict.h"
 #include "tensorwire/dataflow/dataflow.h"
 
@@ -42,6 +43,19 @@ struct PyTensorDict {
 struct PyNonTensorStack {
   NonTensorStack stack;
 };
+
+// ---- Arguments (convert.cpp) ---------------------------------------------------------------
+// Converted with a one-line error naming the argument (nanobind's own lists every overload);
+// their rules (ranges, combinations) are checked by the C++ API, once.
+
+// The name of the value's type, for messages.
+std::string py_type(nb::handle value);
+// An int (not a bool): TypeError "`name` must be an integer, got <type>" otherwise.
+int64_t int_arg(nb::handle value, const char* name);
+// A str (or None when `none_ok`; then std::nullopt): TypeError naming `name` otherwise.
+std::optional<std::string> str_arg(nb::handle value, const char* name, bool none_ok);
+// An iterable of ints: TypeError naming `name` (or "`name` entry") otherwise.
+std::vector<int64_t> int_list_arg(nb::handle value, const char* name);
 
 // ---- Leaves, for both rules (convert.cpp) --------------------------------------------------
 

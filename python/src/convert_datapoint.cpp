@@ -9,6 +9,7 @@
 #include "convert.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
+#include "wire/datapoint_structure_cache.h"
 
 namespace tensorwire::py {
 

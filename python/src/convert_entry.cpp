@@ -108,8 +108,7 @@ Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>
   if (std::optional<Tensor> t = leaf_tensor(value, "key " + key.str())) return Entry(std::move(*t));
   if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value))
     return Entry(NonTensor{to_json(value, "key " + key.str())});
-  throw TypeError("key " + key.str() + ": cannot store a " +
-                  nb::cast<std::string>(nb::str(value.type().attr("__name__"))) +
+  throw TypeError("key " + key.str() + ": cannot store a " + py_type(value) +
                   " (expected an array, a tensor, a dict, a TensorDict, a number or a JSON value)");
 }
 
@@ -131,7 +130,7 @@ TensorDict tensordict_from(nb::handle source, const Shape& batch,
       lib.is_valid() && is_instance(source, lib, "TensorDictBase"))
     return from_tensordict_lib(source, lib);
   throw TypeError(std::string(what) + ": expected a dict or a TensorDict, got a " +
-                  nb::cast<std::string>(nb::str(source.type().attr("__name__"))));
+                  py_type(source));
 }
 
 bool is_tensordict_lib(nb::handle value) {
@@ -192,8 +191,7 @@ TensorDict leaves_at(nb::handle mapping, const std::vector<Key>& keys) {
     }
     std::optional<Tensor> t = leaf_tensor(v, "request key " + key.str());
     if (!t)
-      throw ValueError("request key " + key.str() + ": expected a tensor, got a " +
-                       nb::cast<std::string>(nb::str(v.type().attr("__name__"))));
+      throw ValueError("request key " + key.str() + ": expected a tensor, got a " + py_type(v));
     out.set(key, std::move(*t));
   }
   return out;

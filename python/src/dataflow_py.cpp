@@ -167,10 +167,10 @@ struct PyEpoch {
     try {
       // A look without waiting first, GIL held: in a busy pipeline the datapoint is
       // there, and releasing and re-taking the GIL for each one would cost more.
-      dp = epoch->next_raw(Timeout::poll());
+      dp = df::detail::RawAccess::next(*epoch, Timeout::poll());
       if (!dp && !epoch->done()) {
         NoGil nogil;
-        dp = epoch->next_raw(Timeout::forever());
+        dp = df::detail::RawAccess::next(*epoch, Timeout::forever());
       }
     } catch (...) {
       epoch.reset();  // as a generator that raised: this iteration is over
@@ -201,7 +201,7 @@ struct PyRemote {
     std::optional<df::RawDatapoint> dp;
     {
       NoGil nogil;
-      dp = remote->next_raw(t);
+      dp = df::detail::RawAccess::next(*remote, t);
     }
     if (!dp) return nb::none();
     return raw_to_py(*dp, allow_pickle);

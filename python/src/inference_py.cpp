@@ -80,7 +80,8 @@ struct PyFuture {
   }
 };
 
-PyClient client_for(const std::string& kind, const std::string& address) {
+PyClient client_for(const std::string& kind, nb::handle name) {
+  const std::string address = *str_arg(name, "name", false);
   if (kind == "shared_memory") return {inf::SharedMemoryTransport::client_for(address)};
   if (kind == "socket") return {inf::SocketTransport::client_for(address)};
   throw ValueError("no client can attach to a transport of kind '" + kind + "' by name");
@@ -135,41 +136,51 @@ void bind_inference(nb::module_& m) {
                    [](PyClient& self) { return self.request_keys().has_value(); })
       .def("close", [](PyClient& self) { self.client.close(); });
 
-  m.def("_inference_client_for", &client_for, nb::arg("kind"), nb::arg("address"));
+  m.def("_inference_client_for", &client_for, nb::arg("kind"), nb::arg("address").none());
 
   nb::class_<inf::Transport>(m, "_Transport")
       .def_prop_ro("kind", [](const inf::Transport& t) { return std::string(t.kind()); })
       .def("client", [](inf::Transport& t) { return PyClient{t.client()}; })
+      .def(
+          "clients",
+          [](inf::Transport& t, nb::handle num_clients) {
+            std::vector<PyClient> out;
+            for (inf::Client& c : t.clients(int_arg(num_clients, "num_clients")))
+              out.push_back(PyClient{std::move(c)});
+            return out;
+          },
+          nb::arg("num_clients").none())
       .def("close", &inf::Transport::close)
       .def_prop_ro("closed", &inf::Transport::closed);
 
   nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport")
       .def_static(
           "create",
-          [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,
-             bool copy_result, std::optional<std::string> name, std::optional<uint32_t> spin,
-             std::vector<uint32_t> allowed_uids) {
-            inf::SharedMemoryOptions o{.num_slots = num_slots,
+          [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
+             bool copy_result, nb::handle name, std::optional<uint32_t> spin,
+             nb::handle allowed_uids) {
+            inf::SharedMemoryOptions o{.num_slots = int_arg(num_slots, "num_slots"),
                                        .copy_result = copy_result,
-                                       .allowed_uids = std::move(allowed_uids)};
-            if (name) o.name = *name;
+                                       .name = str_arg(name, "name", true).value_or(""),
+                                       .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
             if (spin) o.spin = *spin;
             TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
             TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
             NoGil nogil;
             return Shm::create(request, response, o);
           },
-          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
+          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
           nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
-          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
+          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
       .def_static(
           "attach",
-          [](const std::string& name, std::optional<double> timeout) {
+          [](nb::handle name, std::optional<double> timeout) {
+            const std::string n = *str_arg(name, "name", false);
             const Timeout t = timeout_arg(timeout);
             NoGil nogil;
-            return Shm::attach(name, t);
+            return Shm::attach(n, t);
           },
-          nb::arg("name"), nb::arg("timeout").none() = 5.0)
+          nb::arg("name").none(), nb::arg("timeout").none() = 5.0)
       .def_prop_ro("name", &Shm::name)
       .def_prop_ro("num_slots", &Shm::num_slots)
       .def_prop_ro("copy_result", &Shm::copy_result)
@@ -222,12 +233,13 @@ void bind_inference(nb::module_& m) {
   nb::class_<inf::SocketTransport, inf::Transport>(m, "_SocketTransport")
       .def_static(
           "create",
-          [](std::optional<std::string> name, std::vector<uint32_t> allowed_uids) {
+          [](nb::handle name, nb::handle allowed_uids) {
+            inf::SocketOptions o{.name = str_arg(name, "name", true).value_or(""),
+                                 .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
             NoGil nogil;
-            return inf::SocketTransport::create(
-                {.name = name.value_or(""), .allowed_uids = std::move(allowed_uids)});
+            return inf::SocketTransport::create(std::move(o));
           },
-          nb::arg("name").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
+          nb::arg("name").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
       .def_prop_ro("name", &inf::SocketTransport::name)
       .def_prop_ro("refused", &inf::SocketTransport::refused)
       .def_prop_ro("last_refusal", &inf::SocketTransport::last_refusal);

@@ -98,20 +98,20 @@ void bind_inference_server(nb::module_& m) {
       .def(
           "__init__",
           [](PyServer* self, nb::object adapter, std::shared_ptr<inf::Transport> transport,
-             size_t max_batch_size, size_t min_batch_size, double timeout, size_t stats_window,
-             nb::handle policy_version_key, int64_t policy_version) {
-            inf::ServerOptions o{.max_batch_size = max_batch_size,
-                                 .min_batch_size = min_batch_size,
+             nb::handle max_batch_size, nb::handle min_batch_size, double timeout,
+             nb::handle stats_window, nb::handle policy_version_key, int64_t policy_version) {
+            inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
+                                 .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
                                  .timeout = Timeout::seconds(timeout, "timeout").duration(),
-                                 .stats_window = stats_window,
+                                 .stats_window = int_arg(stats_window, "stats_window_size"),
                                  .policy_version_key = std::nullopt,
                                  .policy_version = policy_version};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
             new (self) PyServer{std::make_unique<inf::InferenceServer>(
                 make_policy(std::move(adapter)), std::move(transport), o)};
           },
-          nb::arg("adapter"), nb::arg("transport"), nb::arg("max_batch_size"),
-          nb::arg("min_batch_size"), nb::arg("timeout"), nb::arg("stats_window"),
+          nb::arg("adapter"), nb::arg("transport"), nb::arg("max_batch_size").none(),
+          nb::arg("min_batch_size").none(), nb::arg("timeout"), nb::arg("stats_window").none(),
           nb::arg("policy_version_key").none(), nb::arg("policy_version"))
       .def("start", [](PyServer& s) { s.get().start(); })
       .def(

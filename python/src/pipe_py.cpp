@@ -35,8 +35,7 @@ PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect
   } else if (nb::isinstance<nb::str>(auth_key)) {
     o.auth_key = nb::cast<std::string>(auth_key);
   } else if (!auth_key.is_none()) {
-    throw TypeError("auth_key must be str, bytes or None, got " +
-                    nb::cast<std::string>(nb::str(auth_key.type().attr("__name__"))));
+    throw TypeError("auth_key must be str, bytes or None, got " + py_type(auth_key));
   }
   if (!auth_key.is_none() && o.auth_key.empty())
     throw ValueError("auth_key must not be empty (pass None for no authentication)");

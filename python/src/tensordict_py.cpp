@@ -14,10 +14,6 @@ namespace tensorwire::py {
 
 namespace {
 
-std::string py_type(nb::handle v) {
-  return nb::cast<std::string>(nb::str(v.type().attr("__name__")));
-}
-
 // Arguments taken as tensordict takes them, with a one-line error naming the argument
 // (nanobind's own is a dump of every overload).
 Shape batch_arg(nb::handle v) {
@@ -47,9 +43,7 @@ std::optional<Device> device_arg(nb::handle v) {
 }
 
 size_t alignment_arg(nb::handle v) {
-  if (!nb::isinstance<nb::int_>(v) || nb::isinstance<nb::bool_>(v))
-    throw TypeError("alignment must be an int, got " + py_type(v));
-  const int64_t a = nb::cast<int64_t>(v);
+  const int64_t a = int_arg(v, "alignment");
   if (a <= 0 || (a & (a - 1)) != 0)
     throw ValueError("alignment must be a positive power of two, got " + std::to_string(a));
   return static_cast<size_t>(a);

@@ -40,36 +40,6 @@ def _is_tensordict(obj) -> bool:
     return td is not None and isinstance(obj, td.TensorDictBase)
 
 
-def _count(name: str, value, minimum: int = 1) -> int:
-    """``value`` checked as an integer argument of at least ``minimum``, by name."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
-
-
-def _name(value, none_ok: bool = True):
-    """A transport's name argument: a str (or None for a unique one)."""
-    if value is None and none_ok:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"name must be a str{' or None' if none_ok else ''}, "
-                        f"got {type(value).__name__}")
-    return value
-
-
-def _uids(value) -> list:
-    """An allowed_uids argument: an iterable of non-negative integer uids."""
-    try:
-        uids = list(value)
-    except TypeError:
-        raise TypeError(f"allowed_uids must be an iterable of uids, got {type(value).__name__}") from None
-    for u in uids:
-        _count("allowed_uids entry", u, minimum=0)
-    return uids
-
-
 def _client_for(kind: str, address: str) -> InferenceClient:
     return InferenceClient(_C._inference_client_for(kind, address))
 
@@ -172,8 +142,8 @@ class _Transport:
         return f"<{type(self).__name__}{f' {name!r}' if name else ''} {state}>"
 
     def clients(self, num_clients: int) -> list:
-        _count("num_clients", num_clients)
-        return [self.client() for _ in range(num_clients)]
+        """``num_clients`` new clients (at least 1)."""
+        return [InferenceClient(c) for c in self._impl.clients(num_clients)]
 
     @property
     def kind(self) -> str:
@@ -207,25 +177,23 @@ class SharedMemoryTransport(_Transport):
 
     def __init__(self, request_spec, response_spec, *, num_slots: int, copy_result: bool = True,
                  name: str | None = None, spin: int | None = None, allowed_uids=()):
-        _count("num_slots", num_slots)
         self._tensordict_specs = _is_tensordict(request_spec)
         self._impl = _C._SharedMemoryTransport.create(
-            request_spec, response_spec, num_slots, bool(copy_result), _name(name), spin,
-            _uids(allowed_uids))
+            request_spec, response_spec, num_slots, bool(copy_result), name, spin, allowed_uids)
         self._response_keys = self._impl.response_keys
 
     @classmethod
     def attach(cls, name: str, timeout: float = 5.0) -> "SharedMemoryTransport":
         """The transport another process created under ``name``; it makes clients only."""
         self = cls.__new__(cls)
-        self._impl = _C._SharedMemoryTransport.attach(_name(name, none_ok=False), timeout)
+        self._impl = _C._SharedMemoryTransport.attach(name, timeout)
         self._response_keys = self._impl.response_keys
         return self
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
         """A client of the transport named ``name``, connecting on first use."""
-        return _client_for("shared_memory", _name(name, none_ok=False))
+        return _client_for("shared_memory", name)
 
     def __reduce__(self):
         return (SharedMemoryTransport.attach, (self.name,))
@@ -258,11 +226,11 @@ class SocketTransport(_Transport):
         """``allowed_uids``: users admitted besides this process's own. Every connection's
         uid is checked (the socket is abstract: it has no file permissions); a client of
         another user gets a PermissionError, and ``refused`` counts it here."""
-        self._impl = _C._SocketTransport.create(_name(name), _uids(allowed_uids))
+        self._impl = _C._SocketTransport.create(name, allowed_uids)
 
     @staticmethod
     def client_for(name: str) -> InferenceClient:
-        return _client_for("socket", _name(name, none_ok=False))
+        return _client_for("socket", name)
 
     name = property(lambda self: self._impl.name)
     refused = property(lambda self: self._impl.refused,
@@ -366,9 +334,6 @@ class InferenceServer:
                             f"returning a TensorDict, got {type(policy).__name__}")
         if not isinstance(transport, _Transport):
             raise TypeError(f"transport must be a tensorwire transport, got {type(transport).__name__}")
-        _count("max_batch_size", max_batch_size)
-        _count("min_batch_size", min_batch_size)  # at most max_batch_size: checked in C++
-        _count("stats_window_size", stats_window_size)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
         if isinstance(policy_version, bool) or not isinstance(policy_version, int):

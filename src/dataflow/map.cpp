@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "dataflow/links.h"
+#include "dataflow/raw_datapoint.h"
 #include "dataflow/runner_core.h"
 
 namespace tensorwire::dataflow {
@@ -20,7 +21,7 @@ using Millis = std::chrono::milliseconds;
 
 }  // namespace
 
-struct MultiProcessMapDataZMQ::Impl : detail::RunnerCore {
+struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSource {
   Impl(std::shared_ptr<DataFlow> d, MapFunction f, MapOptions o)
       : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
         map(std::move(f)),
@@ -64,6 +65,10 @@ struct MultiProcessMapDataZMQ::Impl : detail::RunnerCore {
   // The next result; a worker's own failure (not one datapoint's) throws WorkerError.
   std::optional<detail::ShmReceiver::Received> receive(Deadline deadline);
   WorkerError worker_error(detail::ShmReceiver::Received& r);
+
+  Step epoch_step(Deadline deadline) override;
+  void epoch_begin() override { begin_epoch(); }
+  void epoch_end() noexcept override { end_epoch(); }
 };
 
 void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
@@ -270,19 +275,11 @@ void MultiProcessMapDataZMQ::reset_state() {
 }
 
 Epoch MultiProcessMapDataZMQ::epoch() {
-  return Epoch(this);
+  return Epoch(impl_.get());
 }
 
-void MultiProcessMapDataZMQ::epoch_begin() {
-  impl_->begin_epoch();
-}
-
-void MultiProcessMapDataZMQ::epoch_end() noexcept {
-  impl_->end_epoch();
-}
-
-EpochSource::Step MultiProcessMapDataZMQ::epoch_step(Deadline deadline) {
-  Impl& m = *impl_;
+detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline deadline) {
+  Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
   try {
     if (!m.opt.strict) {

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include "dataflow/raw_datapoint.h"
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
@@ -175,8 +176,8 @@ void RemoteDataZMQ::reset_state() {
   }
 }
 
-std::optional<RawDatapoint> RemoteDataZMQ::next_raw(Timeout timeout) {
-  Impl& m = *impl_;
+std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeout timeout) {
+  RemoteDataZMQ::Impl& m = *remote.impl_;
   m.check_usable();
   std::optional<RawDatapoint> out;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
@@ -203,7 +204,7 @@ std::optional<RawDatapoint> RemoteDataZMQ::next_raw(Timeout timeout) {
 }
 
 std::optional<TensorDict> RemoteDataZMQ::next(Timeout timeout) {
-  auto raw = next_raw(timeout);
+  auto raw = detail::RawAccess::next(*this, timeout);
   if (!raw) return std::nullopt;
   return raw->to_tensordict();
 }

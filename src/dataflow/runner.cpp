@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "dataflow/links.h"
+#include "dataflow/raw_datapoint.h"
 #include "dataflow/runner_core.h"
 #include "os/futex.h"
 #include "tensorwire/runtime/interrupt.h"
@@ -62,7 +63,7 @@ struct alignas(64) Credit {
 
 }  // namespace
 
-struct MultiProcessRunnerZMQ::Impl : detail::RunnerCore {
+struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSource {
   Impl(std::shared_ptr<DataFlow> d, RunnerOptions o)
       : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
         opt(std::move(o)) {}
@@ -75,6 +76,10 @@ struct MultiProcessRunnerZMQ::Impl : detail::RunnerCore {
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
   [[noreturn]] void worker_main(int index);
   std::optional<RawDatapoint> next_raw(Deadline deadline);
+
+  Step epoch_step(Deadline deadline) override;
+  void epoch_begin() override;
+  void epoch_end() noexcept override;
 };
 
 void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
@@ -159,13 +164,14 @@ void MultiProcessRunnerZMQ::reset_state() {
 }
 
 std::optional<TensorDict> MultiProcessRunnerZMQ::next(Timeout timeout) {
-  auto raw = next_raw(timeout);
+  auto raw = impl_->next_raw(Deadline::after(timeout));
   if (!raw) return std::nullopt;
   return raw->to_tensordict();
 }
 
-std::optional<RawDatapoint> MultiProcessRunnerZMQ::next_raw(Timeout timeout) {
-  return impl_->next_raw(Deadline::after(timeout));
+std::optional<RawDatapoint> detail::RawAccess::next(MultiProcessRunnerZMQ& runner,
+                                                    Timeout timeout) {
+  return runner.impl_->next_raw(Deadline::after(timeout));
 }
 
 std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadline) {
@@ -203,23 +209,22 @@ TensorDict MultiProcessRunnerZMQ::next() {
 }
 
 Epoch MultiProcessRunnerZMQ::epoch() {
-  return Epoch(this);
+  return Epoch(impl_.get());
 }
 
-void MultiProcessRunnerZMQ::epoch_begin() {
-  impl_->begin_epoch();
-  impl_->epoch_count = 0;
+void MultiProcessRunnerZMQ::Impl::epoch_begin() {
+  begin_epoch();
+  epoch_count = 0;
 }
 
-void MultiProcessRunnerZMQ::epoch_end() noexcept {
-  impl_->end_epoch();
+void MultiProcessRunnerZMQ::Impl::epoch_end() noexcept {
+  end_epoch();
 }
 
-EpochSource::Step MultiProcessRunnerZMQ::epoch_step(Deadline deadline) {
-  Impl& m = *impl_;
-  if (m.size && m.epoch_count >= *m.size) return {std::nullopt, true};
-  auto dp = m.next_raw(deadline);
-  if (dp) ++m.epoch_count;
+detail::EpochSource::Step MultiProcessRunnerZMQ::Impl::epoch_step(Deadline deadline) {
+  if (size && epoch_count >= *size) return {std::nullopt, true};
+  auto dp = next_raw(deadline);
+  if (dp) ++epoch_count;
   return {std::move(dp), false};
 }
 

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "dataflow/descriptor.h"
+#include "dataflow/raw_datapoint.h"
 #include "os/unix_socket.h"
 #include "shm/chunk_arena.h"
 #include "tensorwire/core/consolidate.h"

@@ -83,22 +83,24 @@ struct InferenceServer::State {
 
 void InferenceServer::State::run() {
   Drained d;
-  d.ids.reserve(options.max_batch_size);
-  d.submitted_ns.reserve(options.max_batch_size);
+  const auto max_batch = static_cast<size_t>(options.max_batch_size);  // checked: >= 1
+  const auto min_batch = static_cast<size_t>(options.min_batch_size);
+  d.ids.reserve(max_batch);
+  d.submitted_ns.reserve(max_batch);
   std::vector<Group> groups;
   while (!stop.load(std::memory_order_acquire)) {
     try {
       transport->wait_for_work(Deadline::after(options.timeout));
       if (stop.load(std::memory_order_acquire)) break;
       d.clear();
-      transport->drain(options.max_batch_size, d);
+      transport->drain(max_batch, d);
       if (d.empty()) continue;
-      if (d.size() < options.min_batch_size) {
+      if (d.size() < min_batch) {
         const Deadline deadline = Deadline::after(options.timeout);
-        while (d.size() < options.min_batch_size && !deadline.passed() &&
+        while (d.size() < min_batch && !deadline.passed() &&
                !stop.load(std::memory_order_acquire)) {
           transport->wait_for_work(deadline);
-          transport->drain(options.max_batch_size - d.size(), d);
+          transport->drain(max_batch - d.size(), d);
         }
       }
       serve(d, groups);
@@ -187,19 +189,29 @@ void InferenceServer::State::record(const Drained& d, Clock::time_point start,
   forward_ms.add(ms_between(forward_start, forward_end));
 }
 
+namespace {
+
+// The options' rules, checked before anything is allocated from them.
+const ServerOptions& checked(const ServerOptions& o) {
+  if (o.max_batch_size < 1)
+    throw ValueError("max_batch_size must be at least 1, got " + std::to_string(o.max_batch_size));
+  if (o.min_batch_size < 1 || o.min_batch_size > o.max_batch_size)
+    throw ValueError(
+        "min_batch_size must be in [1, max_batch_size=" + std::to_string(o.max_batch_size) +
+        "], got " + std::to_string(o.min_batch_size));
+  if (o.stats_window < 1)
+    throw ValueError("stats_window must be at least 1, got " + std::to_string(o.stats_window));
+  if (o.timeout.count() < 0) throw ValueError("timeout must not be negative");
+  return o;
+}
+
+}  // namespace
+
 InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> transport,
                                  ServerOptions options)
-    : s_(std::make_unique<State>(options.stats_window)) {
+    : s_(std::make_unique<State>(static_cast<size_t>(checked(options).stats_window))) {
   if (!policy) throw ValueError("InferenceServer: the policy is empty");
   if (!transport) throw ValueError("InferenceServer: the transport is null");
-  if (options.max_batch_size < 1)
-    throw ValueError("max_batch_size must be at least 1, got " +
-                     std::to_string(options.max_batch_size));
-  if (options.min_batch_size < 1 || options.min_batch_size > options.max_batch_size)
-    throw ValueError(
-        "min_batch_size must be in [1, max_batch_size=" + std::to_string(options.max_batch_size) +
-        "], got " + std::to_string(options.min_batch_size));
-  if (options.timeout.count() < 0) throw ValueError("timeout must not be negative");
   s_->policy = std::move(policy);
   s_->transport = std::move(transport);
   s_->version = options.policy_version;

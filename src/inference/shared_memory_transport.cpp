@@ -57,12 +57,16 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
     const TensorDict& request_spec, const TensorDict& response_spec, SharedMemoryOptions options) {
   if (options.num_slots < 1)
     throw ValueError("num_slots must be at least 1, got " + std::to_string(options.num_slots));
+  if (options.num_slots > kMaxSlots)
+    throw ValueError("num_slots must be at most " + std::to_string(kMaxSlots) + ", got " +
+                     std::to_string(options.num_slots));
+  os::PeerPolicy admitted(options.allowed_uids);
   std::shared_ptr<SharedMemoryTransport> t(new SharedMemoryTransport());
   t->name_ = options.name.empty() ? os::unique_name("infer") : options.name;
-  t->region_ = ShmRegion::create(request_spec, response_spec, options.num_slots,
-                                 options.copy_result, options.spin);
-  t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_,
-                                         os::PeerPolicy(std::move(options.allowed_uids)));
+  t->region_ =
+      ShmRegion::create(request_spec, response_spec, static_cast<uint32_t>(options.num_slots),
+                        options.copy_result, options.spin);
+  t->owner_ = std::make_unique<ShmOwner>(t->region_, t->name_, std::move(admitted));
   return t;
 }
 

@@ -2,6 +2,7 @@
 
 #include "attach.h"
 #include "tensorwire/core/json.h"
+#include "tensorwire/inference/shared_memory_transport.h"
 #include "wire_message.h"
 
 namespace tensorwire::inference::detail {
@@ -71,7 +72,7 @@ Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
                         std::to_string(field("protocol")) + ", this client " +
                         std::to_string(kProtocolVersion));
   const uint64_t num_slots = field("num_slots");
-  if (num_slots < 1 || num_slots > (1u << 24))
+  if (num_slots < 1 || num_slots > static_cast<uint64_t>(kMaxSlots))
     throw ProtocolError("shared-memory welcome: num_slots " + std::to_string(num_slots));
   if (hello.fds.size() != 3)
     throw ProtocolError("shared-memory welcome carries " + std::to_string(hello.fds.size()) +

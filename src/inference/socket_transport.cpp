@@ -541,7 +541,7 @@ std::shared_ptr<SocketTransport> SocketTransport::create(SocketOptions options) 
   // find no owner.
   auto owner =
       std::make_unique<Owner>(options.name.empty() ? os::unique_name("infer-socket") : options.name,
-                              os::PeerPolicy(std::move(options.allowed_uids)));
+                              os::PeerPolicy(options.allowed_uids));
   std::shared_ptr<SocketTransport> t(new SocketTransport());
   t->o_ = std::move(owner);
   return t;

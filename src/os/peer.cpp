@@ -18,6 +18,16 @@ PeerCredentials peer_credentials(int fd) {
   return {cred.pid, cred.uid, cred.gid};
 }
 
+PeerPolicy::PeerPolicy(const std::vector<int64_t>& allowed_uids) {
+  for (int64_t uid : allowed_uids) {
+    // (uid_t)-1 is no user: chown() and setreuid() read it as "leave unchanged".
+    if (uid < 0 || uid >= UINT32_MAX)
+      throw ValueError("allowed_uids entry must be a uid from 0 to " +
+                       std::to_string(UINT32_MAX - 1) + ", got " + std::to_string(uid));
+    allowed_.push_back(static_cast<uint32_t>(uid));
+  }
+}
+
 bool PeerPolicy::admits(uid_t uid) const noexcept {
   return uid == ::geteuid() || std::find(allowed_.begin(), allowed_.end(), uid) != allowed_.end();
 }

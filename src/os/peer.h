@@ -27,7 +27,8 @@ PeerCredentials peer_credentials(int fd);
 class PeerPolicy {
  public:
   PeerPolicy() = default;
-  explicit PeerPolicy(std::vector<uint32_t> allowed_uids) : allowed_(std::move(allowed_uids)) {}
+  // ValueError naming the entry when one is not a uid (0 to 4294967294).
+  explicit PeerPolicy(const std::vector<int64_t>& allowed_uids);
 
   bool admits(uid_t uid) const noexcept;
   // Why `peer` is refused by the endpoint named `endpoint` ("" when it is admitted): names

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "tensorwire/core/consolidate.h"
+#include "wire/datapoint_structure_cache.h"
 
 namespace tensorwire::wire {
 namespace {

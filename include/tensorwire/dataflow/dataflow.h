@@ -54,16 +54,10 @@ class FunctionFlow : public DataFlow {
   uint64_t index_ = 0;
 };
 
-// A received datapoint before it becomes a TensorDict: its consolidated storage (a view of
-// the sender's shared memory) and the layout (schema) that maps it. For consumers that
-// read datapoints without building TensorDicts, e.g. with wire::DatapointDecoder (a plan
-// per layout, values straight from the storage): to_tensordict() is what next() returns.
-// The storage keeps the chunk; dropping the last copy releases it.
-struct RawDatapoint {
-  Storage storage;
-  std::shared_ptr<const wire::ConsolidatedLayout> layout;
-  TensorDict to_tensordict() const { return layout->instantiate(storage); }
-};
+namespace detail {
+class EpochSource;  // what a runner's epochs come from
+struct RawAccess;   // datapoints before they become TensorDicts (the Python binding's way)
+}  // namespace detail
 
 // Who this process is, in a runner's worker process.
 struct WorkerInfo {

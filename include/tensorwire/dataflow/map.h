@@ -41,7 +41,7 @@ struct MapOptions {
   std::chrono::milliseconds liveness_interval{100};
 };
 
-class MultiProcessMapDataZMQ final : private EpochSource {
+class MultiProcessMapDataZMQ final {
  public:
   MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, MapFunction map, MapOptions options = {});
   ~MultiProcessMapDataZMQ();
@@ -63,9 +63,7 @@ class MultiProcessMapDataZMQ final : private EpochSource {
   struct Impl;
 
  private:
-  Step epoch_step(Deadline deadline) override;
-  void epoch_begin() override;
-  void epoch_end() noexcept override;
+  friend struct detail::RawAccess;
   std::unique_ptr<Impl> impl_;
 };
 

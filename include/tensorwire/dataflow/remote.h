@@ -65,8 +65,6 @@ class RemoteDataZMQ {
   // after close().
   std::optional<TensorDict> next(Timeout timeout);
   TensorDict next();
-  // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
-  std::optional<RawDatapoint> next_raw(Timeout timeout = Timeout::forever());
 
   // Endpoints actually bound or connected (tcp://host:* resolved to the port).
   std::string endpoint(int which) const;
@@ -78,6 +76,7 @@ class RemoteDataZMQ {
   struct Impl;
 
  private:
+  friend struct detail::RawAccess;
   std::unique_ptr<Impl> impl_;
 };
 

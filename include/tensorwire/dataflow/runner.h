@@ -46,7 +46,7 @@ struct RunnerOptions {
   std::chrono::milliseconds liveness_interval{100};  // how often busy iteration checks workers
 };
 
-class MultiProcessRunnerZMQ final : private EpochSource {
+class MultiProcessRunnerZMQ final {
  public:
   MultiProcessRunnerZMQ(std::shared_ptr<DataFlow> ds, RunnerOptions options = {});
   ~MultiProcessRunnerZMQ();
@@ -60,8 +60,6 @@ class MultiProcessRunnerZMQ final : private EpochSource {
   // or an interrupt leaves the runner usable. ClosedError after close().
   std::optional<TensorDict> next(Timeout timeout);
   TensorDict next();
-  // The same, before the datapoint becomes a TensorDict (see RawDatapoint).
-  std::optional<RawDatapoint> next_raw(Timeout timeout = Timeout::forever());
 
   // One epoch: size() datapoints, or an endless stream when the size is unknown. Only one
   // Epoch may be alive at a time (StateError otherwise).
@@ -83,9 +81,7 @@ class MultiProcessRunnerZMQ final : private EpochSource {
   struct Impl;
 
  private:
-  Step epoch_step(Deadline deadline) override;
-  void epoch_begin() override;
-  void epoch_end() noexcept override;
+  friend struct detail::RawAccess;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -33,8 +33,11 @@ class ShmOwner;
 struct ShmAccess;
 }  // namespace detail
 
+// The most slots a transport has (a client refuses a larger count from the owner).
+inline constexpr int64_t kMaxSlots = int64_t{1} << 24;
+
 struct SharedMemoryOptions {
-  uint32_t num_slots = 0;   // >= 1: the bound on requests in flight across all clients
+  int64_t num_slots = 0;    // 1 to kMaxSlots: the bound on requests in flight across all clients
   bool copy_result = true;  // false: results are views of the response slot (see below)
   std::string name;         // abstract socket name; empty: a unique one
   // Pause iterations a waiter spins before sleeping on a futex (about 50 ns each on the
@@ -43,7 +46,7 @@ struct SharedMemoryOptions {
   // Users admitted besides this process's own (an abstract socket has no file permissions:
   // every attaching process's uid is checked, SO_PEERCRED). A refused client gets a
   // PermissionError naming its uid before any segment fd or byte of a spec travels.
-  std::vector<uint32_t> allowed_uids;
+  std::vector<int64_t> allowed_uids;
 };
 
 class SharedMemoryTransport : public Transport {

@@ -25,7 +25,7 @@ struct SocketOptions {
   // Users admitted besides this process's own (an abstract socket has no file
   // permissions: every connection's uid is checked, SO_PEERCRED). A refused client gets a
   // PermissionError naming its uid before any byte of a request or answer travels.
-  std::vector<uint32_t> allowed_uids;
+  std::vector<int64_t> allowed_uids;
 };
 
 class SocketTransport : public Transport {

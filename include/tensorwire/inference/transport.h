@@ -57,6 +57,8 @@ class Transport {
   virtual const char* kind() const noexcept = 0;  // "shared_memory", "socket", "thread"
   // A new client; see client.h. ClosedError once the transport is closed.
   virtual Client client() = 0;
+  // `num_clients` new clients (ValueError when it is below 1).
+  std::vector<Client> clients(int64_t num_clients);
   // Closes the transport: requests not yet served fail with ClosedError, and every later
   // submit (from any client, in any process), client() and InferenceServer::start() throw
   // ClosedError. A server still running idles until it is shut down. Idempotent.

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "dataflow/raw_datapoint.h"
 #include "flows.h"
 #include "tensorwire/dataflow/remote.h"
 #include "tensorwire/runtime/interrupt.h"
@@ -194,7 +195,7 @@ TEST(Remote, PickledDatapointsAreRejectedUnlessAllowed) {
                                 }});
   recv.reset_state();
   for (int64_t odd : {1, 3, 5}) {
-    auto dp = recv.next_raw(10s);
+    auto dp = detail::RawAccess::next(recv, 10s);
     ASSERT_TRUE(dp);
     auto root = wire::DatapointDecoder::structure(*dp->layout, false);
     ASSERT_EQ(root->elements.size(), 1u);

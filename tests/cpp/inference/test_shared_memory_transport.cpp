@@ -36,6 +36,11 @@ TEST(SharedMemorySpec, SpecWithoutLeavesIsAValueError) {
 TEST(SharedMemorySpec, ZeroSlotsIsAValueError) {
   EXPECT_THROW(SharedMemoryTransport::create(request_spec(), response_spec(), {.num_slots = 0}),
                ValueError);
+  EXPECT_THROW(SharedMemoryTransport::create(request_spec(), response_spec(), {.num_slots = -3}),
+               ValueError);
+  EXPECT_THROW(
+      SharedMemoryTransport::create(request_spec(), response_spec(), {.num_slots = kMaxSlots + 1}),
+      ValueError);
 }
 
 TEST(SharedMemorySpec, NonCpuLeafIsAValueError) {

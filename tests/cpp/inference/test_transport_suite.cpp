@@ -381,6 +381,25 @@ TEST(InferenceServerOptions, InvalidBatchSizesAreRejected) {
   EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = 4, .min_batch_size = 5}),
                ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.min_batch_size = 0}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = -3}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window = 0}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window = -1}), ValueError);
+}
+
+TEST(TransportClients, MakesThatManyAndRejectsFewerThanOne) {
+  auto t = ThreadTransport::create();
+  EXPECT_EQ(t->clients(3).size(), 3u);
+  EXPECT_THROW(t->clients(0), ValueError);
+  EXPECT_THROW(t->clients(-2), ValueError);
+}
+
+TEST(TransportOptions, AllowedUidsOutsideTheUidRangeAreRejected) {
+  for (int64_t uid : {int64_t{-1}, int64_t{UINT32_MAX}, int64_t{1} << 40}) {
+    EXPECT_THROW(SocketTransport::create({.allowed_uids = {uid}}), ValueError);
+    EXPECT_THROW(SharedMemoryTransport::create(request_spec(), response_spec(),
+                                               {.num_slots = 2, .allowed_uids = {uid}}),
+                 ValueError);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest,
