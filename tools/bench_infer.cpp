@@ -8,7 +8,13 @@
 //     max_batch_size x client count: requests/s, average batch, client p50/p95.
 //  3. memory (--memory N): segment sizes, and the RSS of the server and of each client
 //     before and after N requests.
+//  4. actors (--only actors): many actor processes (--actors, default 16,64,256) calling
+//     in a loop, float32[4], max_batch_size 64, one run: requests/s, the ratio of the
+//     largest count to the smallest, round-trip p50/p99 over every request of every actor;
+//     then a server with the largest count of attached idle clients: its CPU use, and the
+//     fds and memory each client costs the server and itself.
 // Client processes are forked from this one and attach by name, like unrelated ones.
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,12 +22,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
@@ -51,7 +60,9 @@ struct Options {
   std::string transport = "shared_memory";
   int latency_requests = 20000;
   long memory_requests = 0;
-  bool latency = true, throughput = true;
+  bool latency = true, throughput = true, actors = false;
+  std::vector<int> actor_counts{16, 64, 256};
+  double idle_seconds = 3.0;
   std::string json;
 };
 
@@ -107,6 +118,44 @@ double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+// Open fds of this process.
+int open_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+    --n;  // the directory's own
+  }
+  return n;
+}
+
+// Round trips in log-spaced buckets (16 per power of two, from 1 ns to ~68 s), so the
+// percentiles of all actors together come from one merged histogram.
+struct Histogram {
+  static constexpr int kBuckets = 16 * 36;
+  uint32_t counts[kBuckets] = {};
+  void add(double us) {
+    const double ns = std::max(us * 1000, 1.0);
+    counts[std::min(static_cast<int>(16 * std::log2(ns)), kBuckets - 1)]++;
+  }
+  void merge(const Histogram& o) {
+    for (int i = 0; i < kBuckets; ++i) counts[i] += o.counts[i];
+  }
+  double percentile_us(double p) const {
+    uint64_t total = 0;
+    for (uint32_t c : counts) total += c;
+    if (total == 0) return 0;
+    const auto rank = static_cast<uint64_t>(static_cast<double>(total - 1) * p);
+    uint64_t seen = 0;
+    for (int i = 0; i < kBuckets; ++i) {
+      seen += counts[i];
+      if (seen > rank) return std::exp2((i + 0.5) / 16) / 1000;  // the bucket's middle
+    }
+    return 0;
+  }
+};
+
 // --- child processes, reporting over a pipe ---------------------------------------------
 
 struct Report {
@@ -114,7 +163,9 @@ struct Report {
   double seconds = 0;
   double p50_us = 0, p95_us = 0, p99_us = 0;
   long rss_start_kb = 0, rss_end_kb = 0;
+  int fds_before = 0, fds_after = 0;  // before and after attaching (idle clients)
   int failed = 0;
+  Histogram hist;
 };
 
 struct Child {
@@ -157,7 +208,13 @@ void wait_byte(int fd) {
 
 Report collect(Child& c) {
   Report r;
-  if (::read(c.from, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) r.failed = 1;
+  size_t got = 0;
+  while (got < sizeof r) {
+    const ssize_t n = ::read(c.from, reinterpret_cast<char*>(&r) + got, sizeof r - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got != sizeof r) r.failed = 1;
   int status = 0;
   ::waitpid(c.pid, &status, 0);
   ::close(c.to);
@@ -325,6 +382,7 @@ Json run_latency(const Options& o) {
 
 struct RunResult {
   double requests_per_s = 0, avg_batch = 0, p50_us = 0, p95_us = 0;
+  double all_p50_us = 0, all_p99_us = 0;  // over every request of every client
   long server_rss_start_kb = 0, server_rss_end_kb = 0;
   std::vector<Report> clients;
 };
@@ -357,7 +415,9 @@ RunResult run_clients(const Options& o, const Payload& p, int batch, int clients
         if (each > 0 ? static_cast<long>(i) >= each : (i % 16 == 0 && Clock::now() >= stop)) break;
         auto t0 = Clock::now();
         client(req);
-        if (lat.size() < lat.capacity()) lat.push_back(us_between(t0, Clock::now()));
+        const double us = us_between(t0, Clock::now());
+        if (lat.size() < lat.capacity()) lat.push_back(us);
+        if (each == 0) r.hist.add(us);
         ++r.requests;
       }
       r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -375,8 +435,10 @@ RunResult run_clients(const Options& o, const Payload& p, int batch, int clients
   double slowest = 0;
   uint64_t requests = 0;
   std::vector<double> p50s, p95s;
+  Histogram all;
   for (Child& c : kids) {
     Report r = collect(c);
+    all.merge(r.hist);
     if (r.failed) throw Error("bench: a client process failed");
     requests += r.requests;
     slowest = std::max(slowest, r.seconds);
@@ -391,6 +453,8 @@ RunResult run_clients(const Options& o, const Payload& p, int batch, int clients
   res.avg_batch = st.avg_batch_size;
   res.p50_us = percentile(p50s, 0.5);
   res.p95_us = *std::max_element(p95s.begin(), p95s.end());
+  res.all_p50_us = all.percentile_us(0.5);
+  res.all_p99_us = all.percentile_us(0.99);
   return res;
 }
 
@@ -469,9 +533,119 @@ Json run_memory(const Options& o) {
   return out;
 }
 
+// --- 4. actors ---------------------------------------------------------------------------
+
+// A server with `clients` attached idle client processes (each made one request, so it is
+// attached and has used a slot): the server process's CPU use over idle_seconds, and what
+// each client costs in fds (in the server and in itself) and memory.
+Json run_idle(const Options& o, int clients) {
+  const Payload p = parse_payload("f32x4");
+  std::string name;
+  auto t = make_transport(o, p, name);
+  InferenceServer server(noop_policy(64), t, {.max_batch_size = 64});
+  server.start();
+  const int server_fds_before = open_fds();
+  std::vector<Child> kids;
+  for (int k = 0; k < clients; ++k) {
+    kids.push_back(fork_child([&](int go, int ready) {
+      Report r;
+      r.fds_before = open_fds();
+      r.rss_start_kb = rss_kb();
+      Client client = client_for(o, name);
+      TensorDict req = request_spec(p);
+      client(req);
+      r.fds_after = open_fds();
+      r.rss_end_kb = rss_kb();
+      signal_ready(ready);
+      wait_byte(go);  // idle, attached, until told to go
+      return r;
+    }));
+  }
+  for (Child& c : kids) wait_byte(c.from);
+  // Let the server's waits settle into their idle state first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The pipes to the children are the bench's, not the server's.
+  const int server_fds = open_fds() - server_fds_before - 2 * clients;
+  timespec c0{}, c1{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+  const auto w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.idle_seconds));
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
+  const double cpu = static_cast<double>(c1.tv_sec - c0.tv_sec) +
+                     static_cast<double>(c1.tv_nsec - c0.tv_nsec) / 1e9;
+  std::vector<Report> reports;
+  for (Child& c : kids) signal_ready(c.to);
+  for (Child& c : kids) reports.push_back(collect(c));
+  const auto sizes = std::static_pointer_cast<SharedMemoryTransport>(t)->sizes();
+  server.shutdown();
+  std::vector<double> client_fds, client_rss;
+  for (const Report& r : reports) {
+    if (r.failed) throw Error("bench: an idle client process failed");
+    client_fds.push_back(r.fds_after - r.fds_before);
+    client_rss.push_back(static_cast<double>(r.rss_end_kb - r.rss_start_kb));
+  }
+  const double pct = 100 * cpu / wall;
+  std::printf(
+      "   server with %d attached idle clients: %.3f%% of a core over %.1f s (target < 2%%: %s)\n",
+      clients, pct, wall, pct < 2 ? "met" : "MISSED");
+  std::printf(
+      "   per client: %.2f fds in the server, %.0f fds in the client (median), client RSS +%.0f KiB"
+      " (median) on attaching and one request\n",
+      static_cast<double>(server_fds) / clients, percentile(client_fds, 0.5),
+      percentile(client_rss, 0.5));
+  std::printf(
+      "   shared memory: one set of segments for all clients (control %zu B, requests %zu B, "
+      "responses %zu B; %u slots), mapped by each: 0 B more per client\n\n",
+      sizes.control, sizes.requests, sizes.responses, o.slots);
+  return {
+      {"clients", clients},
+      {"server_cpu_percent_of_core", pct},
+      {"server_fds_per_client", static_cast<double>(server_fds) / clients},
+      {"client_fds", percentile(client_fds, 0.5)},
+      {"client_rss_kb", percentile(client_rss, 0.5)},
+      {"segments",
+       {{"control", sizes.control}, {"requests", sizes.requests}, {"responses", sizes.responses}}}};
+}
+
+Json run_actors(const Options& o) {
+  const Payload p = parse_payload("f32x4");
+  std::printf(
+      "== actors: N actor processes calling in a loop for %.1f s, float32[4], max_batch_size 64, "
+      "a policy that costs nothing ==\n",
+      o.seconds);
+  std::printf("   transport %s, %u slots\n\n", o.transport.c_str(), o.slots);
+  std::printf("   %7s %12s %10s %12s %12s\n", "actors", "requests/s", "avg batch", "p50 us",
+              "p99 us");
+  Json rows = Json::array();
+  std::vector<double> rates;
+  for (int n : o.actor_counts) {
+    RunResult r = run_clients(o, p, 64, n, 0);
+    rates.push_back(r.requests_per_s);
+    std::printf("   %7d %12.0f %10.2f %12.2f %12.2f\n", n, r.requests_per_s, r.avg_batch,
+                r.all_p50_us, r.all_p99_us);
+    std::fflush(stdout);
+    rows.push_back({{"actors", n},
+                    {"requests_per_s", r.requests_per_s},
+                    {"avg_batch", r.avg_batch},
+                    {"p50_us", r.all_p50_us},
+                    {"p99_us", r.all_p99_us}});
+  }
+  const double ratio = rates.back() / rates.front();
+  std::printf("   requests/s at %d actors / at %d: %.0f%% (target >= 70%%: %s)\n\n",
+              o.actor_counts.back(), o.actor_counts.front(), 100 * ratio,
+              ratio >= 0.7 ? "met" : "MISSED");
+  Json out = {{"rows", rows}, {"ratio_last_first", ratio}};
+  if (o.transport == "shared_memory")
+    out["idle"] = run_idle(o, *std::max_element(o.actor_counts.begin(), o.actor_counts.end()));
+  return out;
+}
+
 }  // namespace
 
 int bench_infer(int argc, char** argv) {
+  // A client process that failed has closed its pipe: its report says so, not a SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   Options o;
   std::string only;
   CLI::App app("Inference server figures: latency, throughput, memory.", "tensorwire bench infer");
@@ -496,19 +670,28 @@ int bench_infer(int argc, char** argv) {
       ->check(kPositive);
   app.add_option("--memory", o.memory_requests, "also run N requests and report RSS")
       ->check(kPositive);
-  app.add_option("--only", only, "run one part only")
-      ->check(CLI::IsMember({"latency", "throughput", "memory"}));
+  app.add_option("--actors", o.actor_counts,
+                 "actor process counts of --only actors, ','-separated (default 16,64,256)")
+      ->delimiter(',')
+      ->check(kPositive);
+  app.add_option("--idle-seconds", o.idle_seconds,
+                 "how long --only actors measures the idle server's CPU use (default 3)")
+      ->check(kPositive);
+  app.add_option("--only", only, "run one part only (actors: only with --only)")
+      ->check(CLI::IsMember({"latency", "throughput", "memory", "actors"}));
   app.add_option("--json", o.json, "also write the figures as JSON");
   if (int status = parse(app, argc, argv); status >= 0) return status;
   const bool only_memory = only == "memory";
   if (!only.empty()) {
     o.latency = only == "latency";
     o.throughput = only == "throughput";
+    o.actors = only == "actors";
   }
   for (const std::string& p : o.payloads) parse_payload(p);  // fail early on a typo
   Json out = {{"transport", o.transport}};
   if (o.latency) out["latency"] = run_latency(o);
   if (o.throughput) out["throughput"] = run_throughput(o);
+  if (o.actors) out["actors"] = run_actors(o);
   if (only_memory || (o.latency && o.throughput) || o.memory_requests > 0)
     out["memory"] = run_memory(o);
   if (!o.json.empty()) {

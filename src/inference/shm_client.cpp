@@ -73,7 +73,7 @@ class ShmPending final : public Pending {
           uint64_t expected = w;
           if (sc.state.compare_exchange_strong(expected, pack_state(kFree, 0),
                                                std::memory_order_acq_rel)) {
-            r.header->freed.notify_all();
+            r.header->freed.notify_one();
             released_ = true;
             closed_ = "the inference server was shut down";
             return true;
@@ -124,7 +124,7 @@ class ShmPending final : public Pending {
       if (s == kFree || s == kAbandoned) return;
       const uint64_t next = s == kTaken ? pack_state(kAbandoned, conn_->id) : pack_state(kFree, 0);
       if (sc.state.compare_exchange_weak(w, next, std::memory_order_acq_rel)) {
-        if (s != kTaken) r.header->freed.notify_all();
+        if (s != kTaken) r.header->freed.notify_one();
         return;
       }
     }
@@ -214,6 +214,16 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
     return c.owner_alive() && r.header->server_state.load(std::memory_order_acquire) != kStopped;
   };
   uint32_t slot = 0;
+  // A freed slot wakes one sleeping claimer (notify_one: with hundreds of clients, waking
+  // them all for one slot cost more than the requests). A claimer that leaves without a
+  // slot may have been the one woken for a slot still free: it wakes the next.
+  struct PassOn {
+    ShmRegion& r;
+    bool claimed = false;
+    ~PassOn() {
+      if (!claimed) r.header->freed.notify_one();
+    }
+  } pass_on{r};
   const bool claimed = runtime::wait_until(deadline, [&](Deadline slice) {
     const uint32_t seen = r.header->freed.seq.load(std::memory_order_acquire);
     for (uint32_t k = 0; k < n; ++k) {
@@ -232,6 +242,7 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
     c.slot_wait.wait(r.header->freed, seen, slice.when(), alive);
     return false;
   });
+  pass_on.claimed = claimed;
   if (!claimed)
     throw TimeoutError("no free slot in time: all " + std::to_string(n) +
                        " slots of the shared-memory transport hold requests in flight");

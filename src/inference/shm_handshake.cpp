@@ -3,7 +3,7 @@
 #include "attach.h"
 #include "tensorwire/core/json.h"
 #include "tensorwire/inference/shared_memory_transport.h"
-#include "wire_message.h"
+#include "wire/message_bytes.h"
 
 namespace tensorwire::inference::detail {
 
@@ -12,7 +12,7 @@ namespace {
 std::string encode_spec(const TensorDict& spec) {
   wire::Encoder enc(wire::Mode::NonConsolidated);
   std::string out;
-  append_encoded(enc.encode(spec), out);
+  wire::append_encoded(enc.encode(spec), out);
   return out;
 }
 
@@ -79,9 +79,11 @@ Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
                         " fds, expected 3");
   wire::Decoder dec(limits);
   os::Message req = expect(socket, deadline, "request spec");
-  TensorDict request_spec = decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
+  TensorDict request_spec =
+      wire::decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
   os::Message resp = expect(socket, deadline, "response spec");
-  TensorDict response_spec = decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
+  TensorDict response_spec =
+      wire::decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
   Welcome w;
   w.region = ShmRegion::map(request_spec, response_spec, static_cast<uint32_t>(num_slots),
                             hello.fds[0].get(), hello.fds[1].get(), hello.fds[2].get());

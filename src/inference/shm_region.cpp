@@ -105,7 +105,7 @@ std::shared_ptr<ShmRegion> ShmRegion::map(const TensorDict& request_spec,
 void ShmRegion::free_slot(uint32_t i, uint64_t expected) noexcept {
   if (slots[i].state.compare_exchange_strong(expected, pack_state(kFree, 0),
                                              std::memory_order_acq_rel))
-    header->freed.notify_all();
+    header->freed.notify_one();
 }
 
 void ShmRegion::write_error(uint32_t i, ErrorKind kind, const std::string& type_name,
@@ -148,7 +148,7 @@ uint32_t ShmRegion::reclaim(uint32_t client) noexcept {
       // A Ready slot's bit stays in the ready set: the server skips bits whose slot is
       // not Ready (clearing the bit here could clear a later owner's).
       if (slots[i].state.compare_exchange_weak(w, next, std::memory_order_acq_rel)) {
-        if (s != kTaken) header->freed.notify_all();
+        if (s != kTaken) header->freed.notify_one();
         ++affected;
         break;
       }

@@ -1,9 +1,5 @@
-// SocketTransport. Frames on the socket (one UnixSocket message each):
-//   [u8 kind][u64 request id, little-endian][body]
-//   kind 0, client -> owner: a request, body = one wire-codec message
-//   kind 1, owner -> client: its response, body = one wire-codec message
-//   kind 2, owner -> client: its failure, body = JSON {"type", "message", "closed"}
-//   kind 3, owner -> client: welcome (id 0, empty body), the first frame of a connection
+// SocketTransport. Frames on the socket, one UnixSocket message each (request, response,
+// failure, welcome), are built and read back by src/wire/socket_frame.h.
 // The owner checks a new client's uid (SO_PEERCRED) before anything else: a client it does
 // not admit gets a kind 2 frame with id 0, type "PermissionError" and closed true, in place
 // of the welcome, and the connection is closed. A client waits for the welcome before it
@@ -36,14 +32,17 @@
 #include "runtime/wait.h"
 #include "shm_region.h"
 #include "tensorwire/core/json.h"
-#include "wire_message.h"
+#include "wire/message_bytes.h"
+#include "wire/socket_frame.h"
 
 namespace tensorwire::inference {
 
 namespace {
 
-enum Kind : uint8_t { kRequest = 0, kResponse = 1, kFailure = 2, kWelcome = 3 };
-constexpr size_t kPrefix = 9;
+using Kind = wire::SocketFrameKind;
+constexpr Kind kRequest = Kind::Request, kResponse = Kind::Response, kFailure = Kind::Failure,
+               kWelcome = Kind::Welcome;
+constexpr size_t kPrefix = wire::kSocketFramePrefix;
 // The largest message os::UnixSocket carries (src/os/unix_socket.cpp).
 constexpr size_t kMaxMessageBytes = size_t{64} << 20;
 
@@ -57,30 +56,12 @@ void check_size(const std::string& bytes, const char* what) {
 }
 
 std::string frame(Kind kind, uint64_t id) {
-  std::string s(kPrefix, '\0');
-  s[0] = static_cast<char>(kind);
-  for (int i = 0; i < 8; ++i) s[1 + i] = static_cast<char>((id >> (8 * i)) & 0xff);
-  return s;
-}
-
-bool parse_frame(const std::string& m, Kind& kind, uint64_t& id) {
-  if (m.size() < kPrefix) return false;
-  kind = static_cast<Kind>(static_cast<uint8_t>(m[0]));
-  id = 0;
-  for (int i = 0; i < 8; ++i)
-    id |= static_cast<uint64_t>(static_cast<uint8_t>(m[1 + i])) << (8 * i);
-  return true;
-}
-
-std::span<const std::byte> body_of(const std::string& m) {
-  return std::as_bytes(std::span<const char>(m.data() + kPrefix, m.size() - kPrefix));
+  return wire::socket_frame(kind, id);
 }
 
 std::string failure_frame(uint64_t id, const std::string& type, const std::string& message,
                           bool closed) {
-  std::string s = frame(kFailure, id);
-  s += Json{{"type", type}, {"message", message}, {"closed", closed}}.dump();
-  return s;
+  return wire::socket_failure_frame(id, {type, message, closed});
 }
 
 // --- owner side ----------------------------------------------------------------------
@@ -153,7 +134,7 @@ class SocketRequest final : public detail::QueuedRequest {
     std::string bytes = frame(kResponse, id_);
     {
       std::lock_guard<std::mutex> lock(conn_->send_mu);
-      detail::append_encoded(conn_->encoder.encode(response), bytes);
+      wire::append_encoded(conn_->encoder.encode(response), bytes);
     }
     try {
       check_size(bytes, "the response");
@@ -212,15 +193,15 @@ struct SocketTransport::Owner {
   }
 
   void handle(const std::shared_ptr<Conn>& c, const std::string& m) {
-    Kind kind;
-    uint64_t id;
-    if (!parse_frame(m, kind, id) || kind != kRequest) {
+    const std::optional<wire::SocketFrame> f = wire::parse_socket_frame(m);
+    if (!f || f->kind != kRequest) {
       c->kill();
       return;
     }
+    const uint64_t id = f->id;
     auto r = std::make_shared<SocketRequest>(c, id);
     try {
-      r->td = detail::decode_owned(c->decoder, body_of(m));
+      r->td = wire::decode_owned(c->decoder, f->body);
     } catch (const Error& e) {
       c->send(failure_frame(id, "RuntimeError", std::string("bad request: ") + e.what(), false));
       return;
@@ -346,26 +327,26 @@ struct SockConn {
                  ? "the inference server process (pid " + std::to_string(owner_pid) + ") exited"
                  : "the inference server closed the connection";
     }
-    Kind kind;
     uint64_t id = 0;
     Outcome out;
     bool have = false;
-    if (m && parse_frame(m->bytes, kind, id)) {
+    const std::optional<wire::SocketFrame> f =
+        m ? wire::parse_socket_frame(m->bytes) : std::nullopt;
+    if (f) {
       have = true;
+      id = f->id;
       try {
-        if (kind == kResponse) {
-          out.td = detail::decode_owned(decoder, body_of(m->bytes));
-        } else if (kind == kFailure) {
-          wire::Limits limits;
-          Json j = wire::parse_untrusted_json(body_of(m->bytes), limits, "failure");
-          std::string type = j.value("type", std::string("RuntimeError"));
-          std::string message = j.value("message", std::string());
-          if (j.value("closed", false))
-            out.error = std::make_exception_ptr(ClosedError(message));
+        if (f->kind == kResponse) {
+          out.td = wire::decode_owned(decoder, f->body);
+        } else if (f->kind == kFailure) {
+          const wire::SocketFailure failure = wire::parse_socket_failure(f->body, "failure");
+          if (failure.closed)
+            out.error = std::make_exception_ptr(ClosedError(failure.message));
           else
-            out.error = std::make_exception_ptr(RemoteError(type, message));
+            out.error = std::make_exception_ptr(RemoteError(failure.type, failure.message));
         } else {
-          throw ProtocolError("unexpected frame kind " + std::to_string(kind));
+          throw ProtocolError("unexpected frame kind " +
+                              std::to_string(static_cast<unsigned>(f->kind)));
         }
       } catch (const Error&) {
         out.error = std::current_exception();
@@ -387,18 +368,15 @@ std::shared_ptr<SockConn> connect_socket(const std::string& name, Deadline limit
   os::check_server(owner, name);
   // The owner's first frame: the welcome, or why this process is refused.
   std::optional<os::Message> m = c->socket.recv(deadline);
-  Kind kind;
-  uint64_t id;
   if (!m) throw TimeoutError("the inference server at '" + name + "' sent no welcome in time");
-  if (!parse_frame(m->bytes, kind, id) || (kind != kWelcome && kind != kFailure))
+  const std::optional<wire::SocketFrame> f = wire::parse_socket_frame(m->bytes);
+  if (!f || (f->kind != kWelcome && f->kind != kFailure))
     throw ProtocolError("the inference server at '" + name + "' did not start with a welcome");
-  if (kind == kFailure) {
-    wire::Limits limits;
-    Json j = wire::parse_untrusted_json(body_of(m->bytes), limits, "refusal");
-    const std::string why = j.is_object() ? j.value("message", std::string()) : std::string();
-    if (j.is_object() && j.value("type", std::string()) == "PermissionError")
-      throw SystemError(why, EACCES);
-    throw ClosedError("the inference server at '" + name + "' refused the connection: " + why);
+  if (f->kind == kFailure) {
+    const wire::SocketFailure refusal = wire::parse_socket_failure(f->body, "refusal");
+    if (refusal.type == "PermissionError") throw SystemError(refusal.message, EACCES);
+    throw ClosedError("the inference server at '" + name +
+                      "' refused the connection: " + refusal.message);
   }
   c->owner_pid = owner.pid;
   try {
@@ -482,7 +460,7 @@ class SocketClient final : public detail::ClientImpl {
                              [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
       throw TimeoutError(not_taken("another thread's request is still being sent", false));
     std::string bytes = frame(kRequest, 0);
-    detail::append_encoded(c->encoder.encode(td), bytes);
+    wire::append_encoded(c->encoder.encode(td), bytes);
     check_size(bytes, "the request");
     const uint64_t id = c->next_id++;
     bytes.replace(0, kPrefix, frame(kRequest, id));

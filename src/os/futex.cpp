@@ -32,4 +32,9 @@ void WaitWord::notify_all() noexcept {
   if (waiters.load(std::memory_order_seq_cst) > 0) futex_wake(&seq);
 }
 
+void WaitWord::notify_one() noexcept {
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  if (waiters.load(std::memory_order_seq_cst) > 0) futex_wake(&seq, 1);
+}
+
 }  // namespace tensorwire::os

@@ -34,6 +34,12 @@ struct alignas(8) WaitWord {
 
   // Bumps seq and wakes sleepers, if any.
   void notify_all() noexcept;
+  // Bumps seq and wakes one sleeper, if any: for a word many wait on where one change
+  // serves one waiter (a freed slot), so that each change costs one wake-up instead of
+  // waking every sleeper to find that another one got there first. Waiters that spin see
+  // the new seq as with notify_all. A woken waiter that does not use the change must pass
+  // it on (notify_one again) or the next sleeper waits for its poll.
+  void notify_one() noexcept;
   // Waits until seq != `seen` (returns the new seq) or the deadline passes (returns
   // `seen`). `alive` is polled between sleeps (every `poll` at most) so a dead peer ends
   // the wait: when it returns false, wait() returns `seen` early.

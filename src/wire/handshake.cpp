@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 #include <span>
 
 #include "wire/hex.h"
@@ -59,15 +60,25 @@ bool same_secret(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+// The fields of a peer's message, read without trusting their types: Json::value() throws
+// a JSON type_error (not a HandshakeError) when the peer sent another type.
 std::string str_field(const Json& j, const char* name) {
   auto it = j.find(name);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+bool is_true(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
 PeerIdentity identity_of(const Json& hello) {
   PeerIdentity p;
-  if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer())
-    p.pid = it->get<int>();
+  // Only a valid pid: a larger number would be cut to another process's (or 0) by get<int>.
+  if (auto it = hello.find("pid"); it != hello.end() && it->is_number_integer() &&
+                                   it->get<int64_t>() > 0 &&
+                                   it->get<int64_t>() <= std::numeric_limits<int>::max())
+    p.pid = static_cast<int>(it->get<int64_t>());
   p.boot_id = str_field(hello, "boot_id");
   p.namespaces = str_field(hello, "namespaces");
   if (auto it = hello.find("heartbeat_ms"); it != hello.end() && it->is_number_integer())
@@ -91,7 +102,9 @@ Json hello(const HandshakeConfig& c, const char* role, const std::string& my_non
 
 // What is wrong with the peer's hello, or "" when nothing is.
 std::string check_hello(const HandshakeConfig& c, const Json& h, const char* expected_role) {
-  if (!h.is_object() || h.value("tensorwire", 0) != kVersion)
+  const auto version = h.is_object() ? h.find("tensorwire") : h.end();
+  if (!h.is_object() || version == h.end() || !version->is_number_integer() ||
+      version->get<int64_t>() != kVersion)
     return "peer does not speak tensorwire handshake version " + std::to_string(kVersion);
   if (str_field(h, "role") != expected_role) return std::string("peer is not a ") + expected_role;
   if (str_field(h, "protocol") != c.protocol)
@@ -134,7 +147,7 @@ PeerIdentity handshake_as_server(const HandshakeConfig& c, const SendControl& se
   send(hello(c, "server", my_nonce));
   Json h = recv();
   std::string problem = check_hello(c, h, "client");
-  const bool peer_auth = h.is_object() && h.value("auth", false);
+  const bool peer_auth = h.is_object() && is_true(h, "auth");
   if (problem.empty() && !c.auth_key.empty() && !peer_auth)
     problem = "authentication required: the server has an auth_key and the client gave none";
   if (problem.empty() && c.auth_key.empty() && peer_auth)
@@ -164,11 +177,15 @@ PeerIdentity handshake_as_client(const HandshakeConfig& c, const SendControl& se
                     : Json(hmac_sha256_hex(c.auth_key, "client:" + str_field(server, "nonce")));
   send(mine);
   Json verdict = recv();
-  if (!verdict.is_object() || !verdict.value("ok", false)) {
+  if (!verdict.is_object() || !is_true(verdict, "ok")) {
     std::string why = verdict.is_object() ? str_field(verdict, "error") : "";
     throw HandshakeError("connection refused by the server: " +
                          (why.empty() ? check_hello(c, server, "server") : why));
   }
+  // A server that says yes to a hello it should have refused, or whose own hello breaks
+  // the rules (a heartbeat period out of range), is not believed.
+  if (std::string problem = check_hello(c, server, "server"); !problem.empty())
+    throw HandshakeError("the server accepted the connection but its hello is invalid: " + problem);
   if (!c.auth_key.empty() &&
       !same_secret(str_field(verdict, "mac"), hmac_sha256_hex(c.auth_key, "server:" + my_nonce)))
     throw HandshakeError("authentication failed: the server does not know the auth_key");

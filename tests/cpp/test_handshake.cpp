@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "wire/handshake.h"
 
@@ -154,4 +155,92 @@ TEST(Handshake, AHeartbeatIntervalOutOfRangeIsRefusedNamingIt) {
         << o.server_error;
     EXPECT_FALSE(o.client_error.empty());
   }
+}
+
+// Regressions found by fuzz_handshake (tests/fuzz/regressions/handshake_*): a scripted peer
+// sends `messages` in order, then is gone.
+namespace {
+
+struct Scripted {
+  wire::PeerIdentity seen;
+  std::string error;  // a HandshakeError's text; any other exception fails the test
+};
+
+Scripted against(bool as_server, const wire::HandshakeConfig& config,
+                 const std::vector<tw::Json>& messages) {
+  size_t next = 0;
+  auto recv = [&]() -> tw::Json {
+    if (next == messages.size()) throw tw::ClosedError("the scripted peer has nothing more");
+    return messages[next++];
+  };
+  auto send = [](const tw::Json&) {};
+  Scripted out;
+  try {
+    out.seen = as_server ? wire::handshake_as_server(config, send, recv)
+                         : wire::handshake_as_client(config, send, recv);
+  } catch (const wire::HandshakeError& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+tw::Json hello_of(const char* role) {
+  return {{"tensorwire", 1},  {"role", role},  {"protocol", "pipe"}, {"mode", "consolidated"},
+          {"auth", false},    {"nonce", "00"}, {"pid", 1234},        {"boot_id", "b"},
+          {"namespaces", "n"}};
+}
+
+const tw::Json kOk = {{"ok", true}, {"mac", nullptr}};
+
+}  // namespace
+
+TEST(Handshake, FieldsOfTheWrongTypeAreRefusedWithAHandshakeError) {
+  const wire::HandshakeConfig plain{"pipe", "consolidated", ""};
+  tw::Json version = hello_of("client");
+  version["tensorwire"] = "1";
+  EXPECT_NE(against(true, plain, {version}).error.find("does not speak tensorwire handshake"),
+            std::string::npos);
+  tw::Json auth = hello_of("client");
+  auth["auth"] = "yes";
+  EXPECT_NE(against(true, {"pipe", "consolidated", "secret"}, {auth})
+                .error.find("authentication required"),
+            std::string::npos)
+      << "an auth that is not true is no auth";
+  EXPECT_EQ(against(true, plain, {auth}).error, "");
+  EXPECT_NE(against(false, plain, {hello_of("server"), {{"ok", "yes"}}})
+                .error.find("connection refused by the server"),
+            std::string::npos)
+      << "an ok that is not true is no ok";
+}
+
+TEST(Handshake, APidThatIsNoProcessIdLeavesThePeersPidUnknown) {
+  for (tw::Json pid : {tw::Json(int64_t{1} << 40), tw::Json(0), tw::Json(-5), tw::Json("7")}) {
+    tw::Json client = hello_of("client");
+    client["pid"] = pid;
+    const Scripted s = against(true, {"pipe", "consolidated", ""}, {client});
+    EXPECT_EQ(s.error, "");
+    EXPECT_EQ(s.seen.pid, -1) << pid.dump();
+    tw::Json server = hello_of("server");
+    server["pid"] = pid;
+    EXPECT_EQ(against(false, {"pipe", "consolidated", ""}, {server, kOk}).seen.pid, -1)
+        << pid.dump();
+  }
+  EXPECT_EQ(against(true, {"pipe", "consolidated", ""}, {hello_of("client")}).seen.pid, 1234);
+}
+
+TEST(Handshake, AClientDoesNotBelieveAnOkAfterAServerHelloThatBreaksTheRules) {
+  for (tw::Json heartbeat : {tw::Json(-7), tw::Json(int64_t{1} << 62)}) {
+    tw::Json server = hello_of("server");
+    server["heartbeat_ms"] = heartbeat;
+    const Scripted s = against(false, {"pipe", "consolidated", "", 100}, {server, kOk});
+    EXPECT_NE(s.error.find("the server accepted the connection but its hello is invalid: "
+                           "heartbeat_ms must be an integer from 0 to 3600000"),
+              std::string::npos)
+        << s.error;
+  }
+  tw::Json other_mode = hello_of("server");
+  other_mode["mode"] = "non-consolidated";
+  EXPECT_NE(against(false, {"pipe", "consolidated", ""}, {other_mode, kOk})
+                .error.find("its hello is invalid: mode mismatch"),
+            std::string::npos);
 }

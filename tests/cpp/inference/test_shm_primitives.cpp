@@ -1,5 +1,5 @@
-// The shared-memory primitives added for the inference transport: IndexSet and
-// fork_generation().
+// The shared-memory primitives added for the inference transport: IndexSet,
+// fork_generation() and WaitWord's notify_one().
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "os/fork.h"
+#include "os/futex.h"
 #include "shm/index_set.h"
 
 namespace {
@@ -141,3 +146,55 @@ TEST(ForkGeneration, ChangesInAForkedChildAndStaysPutOtherwise) {
 }
 
 }  // namespace
+
+// Whether thread `tid` of this process is asleep (state S: in the kernel, here in
+// futex_wait, the only call that blocks in these threads).
+bool asleep(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'S';
+}
+
+// notify_one() wakes one sleeper per call (a freed inference slot wakes one of the clients
+// waiting for one, not all of them), and every sleeper in the end. The sleepers' poll is an
+// hour, so only a notification can end their waits within the test. (A waiter that has not
+// gone to sleep yet sees any new seq: the test waits until all three are asleep.)
+TEST(WaitWord, NotifyOneWakesOneSleeperPerCallAndEverySleeperInTheEnd) {
+  using namespace std::chrono;
+  tensorwire::os::WaitWord word;
+  std::atomic<int> woken{0};
+  std::vector<std::atomic<pid_t>> tids(3);
+  std::vector<std::thread> sleepers;
+  const auto deadline = steady_clock::now() + seconds(60);
+  for (int k = 0; k < 3; ++k)
+    sleepers.emplace_back([&, k] {
+      tids[static_cast<size_t>(k)] = static_cast<pid_t>(::gettid());
+      const uint32_t got = word.wait(
+          0, deadline, [] { return true; }, tensorwire::os::SpinPolicy{0}, hours(1));
+      EXPECT_NE(got, 0u) << "woken by the deadline, not by a notification";
+      woken.fetch_add(1);
+    });
+  auto until = [](auto condition) {
+    const auto give_up = steady_clock::now() + seconds(30);
+    while (!condition() && steady_clock::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(1));
+    return condition();
+  };
+  const bool all_asleep = until([&] {
+    return word.waiters.load() == 3 &&
+           std::all_of(tids.begin(), tids.end(), [](auto& t) { return t > 0 && asleep(t); });
+  });
+  EXPECT_TRUE(all_asleep);
+  word.notify_one();
+  EXPECT_TRUE(until([&] { return woken.load() >= 1; }));
+  // Had it woken them all, the two others would leave their waits now.
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(woken.load(), 1);
+  EXPECT_EQ(word.waiters.load(), 2u);
+  word.notify_one();
+  word.notify_one();
+  for (auto& t : sleepers) t.join();
+  EXPECT_EQ(woken.load(), 3);
+  EXPECT_EQ(word.waiters.load(), 0u);
+}

@@ -1,5 +1,5 @@
 // Whole wire-codec messages as byte strings, for transports that move one message per
-// Unix-socket message (the attach handshake, the socket transport).
+// Unix-socket message (the inference attach handshake, the inference socket transport).
 #pragma once
 
 #include <span>
@@ -8,12 +8,12 @@
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 
-namespace tensorwire::inference::detail {
+namespace tensorwire::wire {
 
 // Appends the encoded message (header, metadata, payload) to `out`.
-void append_encoded(const wire::OutMessage& m, std::string& out);
+void append_encoded(const OutMessage& m, std::string& out);
 // Decodes one message from untrusted bytes into a TensorDict that owns its memory (the
 // decoder's buffers are not shared with the result).
-TensorDict decode_owned(wire::Decoder& decoder, std::span<const std::byte> bytes);
+TensorDict decode_owned(Decoder& decoder, std::span<const std::byte> bytes);
 
-}  // namespace tensorwire::inference::detail
+}  // namespace tensorwire::wire

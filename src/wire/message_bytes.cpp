@@ -1,8 +1,8 @@
-#include "wire_message.h"
+#include "wire/message_bytes.h"
 
-namespace tensorwire::inference::detail {
+namespace tensorwire::wire {
 
-void append_encoded(const wire::OutMessage& m, std::string& out) {
+void append_encoded(const OutMessage& m, std::string& out) {
   size_t total = m.header_bytes.size() + m.metadata.size();
   for (const auto& p : m.payload) total += p.size();
   out.reserve(out.size() + total);
@@ -11,7 +11,7 @@ void append_encoded(const wire::OutMessage& m, std::string& out) {
   for (const auto& p : m.payload) out.append(reinterpret_cast<const char*>(p.data()), p.size());
 }
 
-TensorDict decode_owned(wire::Decoder& decoder, std::span<const std::byte> bytes) {
+TensorDict decode_owned(Decoder& decoder, std::span<const std::byte> bytes) {
   TensorDict& td = decoder.decode(bytes);
   // Non-consolidated messages land in fresh storage per message; anything else (a
   // consolidated storage the decoder reuses) is copied out.
@@ -19,4 +19,4 @@ TensorDict decode_owned(wire::Decoder& decoder, std::span<const std::byte> bytes
   return td;
 }
 
-}  // namespace tensorwire::inference::detail
+}  // namespace tensorwire::wire
