@@ -1,14 +1,18 @@
-// fuzz_make_corpus DIR: writes the fuzzer's seed corpus, one valid input per file:
+// fuzz_make_corpus DIR [REMOTE_DIR]: writes the fuzzer's seed corpus, one valid input per file
+// (and, with REMOTE_DIR, fuzz_remote_frames' seeds: a length and a control frame each):
 // messages of every kind (as one buffer each, header + metadata + payload), the
 // consolidated metadata alone (for the layout parser) and a saved-file image (for load).
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "sample.h"
+#include "wire/control_frame.h"
+#include "wire/remote_frames.h"
 
 namespace tw = tensorwire;
 namespace wire = tensorwire::wire;
@@ -28,12 +32,29 @@ void write(const std::string& path, const std::vector<std::byte>& bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR [REMOTE_CORPUS_DIR]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   try {
+    if (argc == 3) {
+      const std::string rdir = argv[2];
+      std::filesystem::create_directories(rdir);
+      int n = 0;
+      for (const tw::Json& body :
+           {wire::remote::failure_json({"ValueError", "bad observation", false}),
+            wire::remote::failure_json({"RuntimeError", "shutting down", true}),
+            tw::Json{{"num_slots", 64}}, tw::Json{{"heartbeat", true}},
+            tw::Json{{"closed", "the remote transport was closed"}}}) {
+        std::vector<std::byte> bytes(8);
+        const uint64_t length = 16;
+        std::memcpy(bytes.data(), &length, 8);
+        std::vector<std::byte> frame = wire::control_frame(body);
+        bytes.insert(bytes.end(), frame.begin(), frame.end());
+        write(rdir + "/frame_" + std::to_string(n++) + ".bin", bytes);
+      }
+    }
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);  // a missing DIR is made, parents too
     if (ec) throw tw::SystemError("cannot create '" + dir + "'", ec.value());

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh BUILD_DIR SECONDS: replays tests/fuzz/regressions/, then runs
-# fuzz_decoder for SECONDS from a fresh seed corpus. Prints one summary line; exits
+# fuzz_decoder, fuzz_datapoint and fuzz_remote_frames for SECONDS each from their seeds. Prints one summary line; exits
 # non-zero when libFuzzer reports a crash (the crashing input is then kept under
 # BUILD_DIR/fuzz-artifacts/ for reproduction: BUILD_DIR/tests/fuzz/fuzz_decoder FILE).
 set -euo pipefail
@@ -24,7 +24,7 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/tensorwire-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/corpus" "$work/artifacts"
-"$maker" "$work/corpus"
+"$maker" "$work/corpus" "$work/remote_corpus"
 
 # UBSan reports abort (libFuzzer then sees a crash) instead of printing and carrying on.
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -104,3 +104,26 @@ status=0
   -print_final_stats=1 "$work/dp_corpus" >"$work/fuzz.log" 2>&1 || status=$?
 summary="$(stat number_of_executed_units) execs in ${seconds} s ($(stat average_exec_per_sec)/s)"
 report datapoint "datapoint " "$summary"
+
+# The remote inference transport's frames (wire/remote_frames.h): SECONDS more from the seeds
+# fuzz_make_corpus wrote; its regressions are regressions/remote_*.
+rf_fuzzer=$build/tests/fuzz/fuzz_remote_frames
+if [[ ! -x $rf_fuzzer ]]; then
+  echo "fuzz: $rf_fuzzer not built" >&2
+  exit 2
+fi
+shopt -s nullglob
+for f in "$here"/regressions/remote_*; do
+  if ! "$rf_fuzzer" "$f" >"$work/replay.log" 2>&1; then
+    tail -n 40 "$work/replay.log" >&2
+    echo "fuzz: FAILED: remote frame regression input $f crashes again" >&2
+    exit 1
+  fi
+done
+shopt -u nullglob
+status=0
+"$rf_fuzzer" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -malloc_limit_mb=256 \
+  -timeout=10 -dict="$here/decoder.dict" -artifact_prefix="$work/artifacts/" \
+  -print_final_stats=1 "$work/remote_corpus" >"$work/fuzz.log" 2>&1 || status=$?
+summary="$(stat number_of_executed_units) execs in ${seconds} s ($(stat average_exec_per_sec)/s)"
+report remote_frames "remote frames " "$summary"
