@@ -18,6 +18,7 @@
 #include "gil.h"
 #include "inference/shm_rows.h"
 #include "runtime/wait.h"
+#include "tensorwire/inference/remote_transport.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
@@ -215,6 +216,51 @@ void bind_inference(nb::module_& m) {
         auto s = t.sizes();
         return std::make_tuple(s.control, s.requests, s.responses);
       });
+
+  using Remote = inf::RemoteTransport;
+  nb::class_<Remote, inf::Transport>(m, "_RemoteTransport")
+      .def_static(
+          "create",
+          [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,
+             const std::string& host, uint16_t port, std::optional<std::string> auth_key,
+             std::optional<double> liveness_timeout) {
+            inf::RemoteOptions o{.num_slots = num_slots,
+                                 .host = host,
+                                 .port = port,
+                                 .auth_key = auth_key.value_or("")};
+            o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
+            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
+            NoGil nogil;
+            return Remote::create(request, response, o);
+          },
+          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"), nb::arg("host"),
+          nb::arg("port"), nb::arg("auth_key").none(), nb::arg("liveness_timeout").none())
+      .def_prop_ro("port", &Remote::port)
+      .def_prop_ro("host", &Remote::host)
+      .def_prop_ro("num_slots", &Remote::num_slots)
+      .def_prop_ro("connected", &Remote::connected)
+      .def_prop_ro("slots_in_use", &Remote::slots_in_use)
+      .def_prop_ro("refused", &Remote::refused)
+      .def_prop_ro("last_refusal", &Remote::last_refusal)
+      .def_prop_ro("request_keys", [](const Remote& t) { return key_list(t.request_keys()); })
+      .def_prop_ro("response_keys", [](const Remote& t) { return key_list(t.response_keys()); })
+      .def_prop_ro("request_spec", [](const Remote& t) { return PyTensorDict(t.request_spec()); })
+      .def_prop_ro("response_spec",
+                   [](const Remote& t) { return PyTensorDict(t.response_spec()); });
+  m.def(
+      "_remote_client",
+      [](const std::string& address, std::optional<std::string> auth_key,
+         std::optional<double> liveness_timeout, bool connect_now) {
+        inf::RemoteClientOptions o{.auth_key = auth_key.value_or("")};
+        o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+        PyClient c{Remote::client_for(address, o)};
+        NoGil nogil;
+        if (connect_now) c.client.request_keys();  // connects: a refusal raises here
+        return c;
+      },
+      nb::arg("address"), nb::arg("auth_key").none(), nb::arg("liveness_timeout").none(),
+      nb::arg("connect_now"));
 
   nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport")
       .def_static("create", &inf::ThreadTransport::create);
