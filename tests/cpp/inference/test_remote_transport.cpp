@@ -4,6 +4,9 @@
 // between two hosts are tested in tests/python/test_remote_inference.py.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "common.h"
 #include "inference/remote_server.h"
 #include "ucx/control.h"
@@ -214,6 +217,68 @@ TEST(RemoteTransport, ANewClientConnectsWhenAServerListensAgainAtTheAddress) {
   s.start();
   Client c = RemoteTransport::client_for("127.0.0.1:" + std::to_string(port));
   EXPECT_EQ(action0(c(observation(5), 5s)), 10);
+}
+
+TEST(SeveralTransports, LocalAndRemoteRequestsShareOnePolicyCall) {
+  auto shm = make_shm(8);
+  auto remote = make_remote(8);
+  std::mutex mu;
+  std::vector<int64_t> sizes;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        std::lock_guard<std::mutex> l(mu);
+        sizes.push_back(b.batch_size()[0]);
+        return double_policy(b);
+      },
+      std::vector<std::shared_ptr<Transport>>{shm, remote}, {.max_batch_size = 8});
+  Client local = shm->client(), far = connect_to(*remote);
+  std::vector<Future> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(local.submit(observation(float(i))));
+    futures.push_back(far.submit(observation(float(100 + i))));
+  }
+  ASSERT_TRUE(eventually([&] { return remote->slots_in_use() == 4; }));
+  server.start();  // all eight are waiting: one batch, one call
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(action0(futures[2 * i].result(5s)), 2.0f * i);
+    EXPECT_EQ(action0(futures[2 * i + 1].result(5s)), 2.0f * (100 + i));
+  }
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{8}));
+}
+
+TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
+  auto shm = make_shm(16);
+  auto remote = make_remote(16);
+  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 4});
+  server.start();
+  std::atomic<int> local_done{0}, remote_done{0};
+  std::atomic<bool> stop{false};
+  auto actor = [&](Client c, std::atomic<int>& done) {
+    while (!stop) {
+      c(observation(1), 5s);
+      ++done;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back(actor, shm->client(), std::ref(local_done));
+    threads.emplace_back(actor, connect_to(*remote), std::ref(remote_done));
+  }
+  std::this_thread::sleep_for(1s);
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_GT(local_done, 0);
+  EXPECT_GT(remote_done, 0);
+}
+
+TEST(SeveralTransports, NoTransportOrOneGivenTwiceIsAValueError) {
+  auto shm = make_shm(2);
+  EXPECT_THROW(InferenceServer(double_policy, std::vector<std::shared_ptr<Transport>>{}),
+               ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, std::vector<std::shared_ptr<Transport>>{shm, shm}),
+               ValueError);
 }
 
 }  // namespace
