@@ -16,6 +16,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
+#include "inference/remote_server.h"
 #include "inference/shm_rows.h"
 #include "runtime/wait.h"
 #include "tensorwire/inference/remote_transport.h"
@@ -89,6 +90,41 @@ PyClient client_for(const std::string& kind, const std::string& address) {
 
 }  // namespace
 
+// The per-request server side of a fixed-layout transport, for tensorwire.torchrl (torchrl's
+// server batches): one binding for the shared-memory and the remote transport.
+template <class T, class Access>
+void bind_per_request(nb::class_<T, inf::Transport>& c) {
+  c.def("_wait_for_work",
+        [](T& t, std::optional<double> timeout) {
+          const Deadline d = Deadline::after(timeout_arg(timeout));
+          NoGil nogil;
+          t.wait_for_work(d);
+        })
+      .def("_drain",
+           [](T& t, size_t max_items) {
+             inf::Drained d;
+             {
+               NoGil nogil;
+               t.drain(max_items, d);
+             }
+             nb::list out;
+             for (size_t k = 0; k < d.size(); ++k)
+               out.append(nb::make_tuple(d.ids[k], static_cast<double>(d.submitted_ns[k]) / 1e9));
+             return out;
+           })
+      .def("_request_row",
+           [](const T& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
+      .def("_resolve_one",
+           [](T& t, uint32_t slot, const PyTensorDict& response) {
+             NoGil nogil;
+             Access::resolve_one(t, slot, response.td());
+           })
+      .def("_reject_one",
+           [](T& t, uint32_t slot, const std::string& type, const std::string& message) {
+             Access::reject_one(t, slot, RemoteError(type, message));
+           });
+}
+
 void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
 
 void bind_inference(nb::module_& m) {
@@ -144,25 +180,26 @@ void bind_inference(nb::module_& m) {
       .def("close", &inf::Transport::close)
       .def_prop_ro("closed", &inf::Transport::closed);
 
-  nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport")
-      .def_static(
-          "create",
-          [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,
-             bool copy_result, std::optional<std::string> name, std::optional<uint32_t> spin,
-             std::vector<uint32_t> allowed_uids) {
-            inf::SharedMemoryOptions o{.num_slots = num_slots,
-                                       .copy_result = copy_result,
-                                       .allowed_uids = std::move(allowed_uids)};
-            if (name) o.name = *name;
-            if (spin) o.spin = *spin;
-            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
-            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
-            NoGil nogil;
-            return Shm::create(request, response, o);
-          },
-          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
-          nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
-          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
+  auto shm = nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport");
+  bind_per_request<Shm, Access>(shm);
+  shm.def_static(
+         "create",
+         [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots, bool copy_result,
+            std::optional<std::string> name, std::optional<uint32_t> spin,
+            std::vector<uint32_t> allowed_uids) {
+           inf::SharedMemoryOptions o{.num_slots = num_slots,
+                                      .copy_result = copy_result,
+                                      .allowed_uids = std::move(allowed_uids)};
+           if (name) o.name = *name;
+           if (spin) o.spin = *spin;
+           TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
+           TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
+           NoGil nogil;
+           return Shm::create(request, response, o);
+         },
+         nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots"),
+         nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
+         nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = std::vector<uint32_t>{})
       .def_static(
           "attach",
           [](const std::string& name, std::optional<double> timeout) {
@@ -182,43 +219,15 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("response_keys", [](const Shm& t) { return key_list(t.response_keys()); })
       .def_prop_ro("request_spec", [](const Shm& t) { return PyTensorDict(t.request_spec()); })
       .def_prop_ro("response_spec", [](const Shm& t) { return PyTensorDict(t.response_spec()); })
-      // The per-request server side, for tensorwire.torchrl (torchrl's server batches).
-      .def("_wait_for_work",
-           [](Shm& t, std::optional<double> timeout) {
-             const Deadline d = Deadline::after(timeout_arg(timeout));
-             NoGil nogil;
-             t.wait_for_work(d);
-           })
-      .def("_drain",
-           [](Shm& t, size_t max_items) {
-             inf::Drained d;
-             {
-               NoGil nogil;
-               t.drain(max_items, d);
-             }
-             nb::list out;
-             for (size_t k = 0; k < d.size(); ++k)
-               out.append(nb::make_tuple(d.ids[k], static_cast<double>(d.submitted_ns[k]) / 1e9));
-             return out;
-           })
-      .def("_request_row",
-           [](const Shm& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
-      .def("_resolve_one",
-           [](Shm& t, uint32_t slot, const PyTensorDict& response) {
-             NoGil nogil;
-             Access::resolve_one(t, slot, response.td());
-           })
-      .def("_reject_one",
-           [](Shm& t, uint32_t slot, const std::string& type, const std::string& message) {
-             Access::reject_one(t, slot, RemoteError(type, message));
-           })
       .def_prop_ro("_sizes", [](const Shm& t) {
         auto s = t.sizes();
         return std::make_tuple(s.control, s.requests, s.responses);
       });
 
   using Remote = inf::RemoteTransport;
-  nb::class_<Remote, inf::Transport>(m, "_RemoteTransport")
+  auto remote = nb::class_<Remote, inf::Transport>(m, "_RemoteTransport");
+  bind_per_request<Remote, inf::detail::RemoteAccess>(remote);
+  remote
       .def_static(
           "create",
           [](nb::handle request_spec, nb::handle response_spec, uint32_t num_slots,

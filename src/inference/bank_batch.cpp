@@ -150,6 +150,28 @@ void write_response_rows(const SlotLayout& layout, std::byte* bank_data, const D
   }
 }
 
+void write_response_row(const SlotLayout& layout, std::byte* bank, uint32_t slot,
+                        const TensorDict& response) {
+  const auto& leaves = layout.leaves();
+  std::vector<const Tensor*> src(leaves.size(), nullptr);
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    const LeafSlot& l = leaves[k];
+    if (!response.contains(l.key))
+      throw KeyError("the response has no key " + l.key.str() + " (declared in the response spec)");
+    const Entry& e = response.entry(l.key);
+    if (!e.is_tensor() || !e.tensor().device().is_cpu() || e.tensor().dtype() != l.dtype ||
+        e.tensor().shape() != l.shape)
+      throw ValueError("response key " + l.key.str() + ": expected " + leaf_str(l.dtype, l.shape) +
+                       " on cpu, got " +
+                       (e.is_tensor() ? leaf_str(e.tensor().dtype(), e.tensor().shape()) + " on " +
+                                            e.tensor().device().str()
+                                      : std::string("a ") + e.kind_name()));
+    src[k] = &e.tensor();
+  }
+  for (size_t k = 0; k < leaves.size(); ++k)
+    src[k]->copy_to(bank + leaves[k].offset + slot * leaves[k].row_bytes);
+}
+
 void validate_request(const TensorDict& td, const SlotLayout& layout,
                       std::vector<const Tensor*>& out, const char* transport) {
   out.clear();

@@ -34,6 +34,12 @@ void collate_slots(const SlotLayout& layout, const Storage& bank, BatchViews& sc
 void write_response_rows(const SlotLayout& layout, std::byte* bank, const Drained& drained,
                          const Group& group, const TensorDict& output, const VersionStamp& stamp);
 
+// One unbatched response (the declared keys with the spec's shapes and dtypes: KeyError /
+// ValueError otherwise, nothing written) into `slot`'s rows: the per-request server side of
+// adapters whose own server batches (tensorwire.torchrl).
+void write_response_row(const SlotLayout& layout, std::byte* bank, uint32_t slot,
+                        const TensorDict& response);
+
 // Checks `td` against the request layout (before any slot is taken) and collects the
 // declared leaves in layout order; extra keys are ignored. `transport` names the transport
 // in the message about a non-CPU tensor.

@@ -144,6 +144,14 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   ucx::Request heartbeat_req_;
 };
 
+// The server side one request at a time, for adapters whose own server batches
+// (tensorwire.torchrl under torchrl's InferenceServer), as ShmAccess (shm_rows.h).
+struct RemoteAccess {
+  static TensorDict request_row(const RemoteTransport& t, uint32_t slot);
+  static void resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response);
+  static void reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error);
+};
+
 // The handshake both sides of a remote transport run (wire/handshake.h).
 wire::HandshakeConfig remote_handshake_config(const std::string& auth_key,
                                               std::chrono::milliseconds liveness_timeout);

@@ -150,4 +150,35 @@ void RemoteTransport::reject(const Drained& drained, std::span<const size_t> row
                wire::remote::failure_json({error.type_name(), error.message(), false}));
 }
 
+namespace detail {
+
+namespace {
+RemoteServer& taken_slot(const RemoteTransport& t, uint32_t slot,
+                         const std::shared_ptr<RemoteServer>& s) {
+  if (slot >= s->slots.size()) throw ValueError("slot " + std::to_string(slot) + " out of range");
+  (void)t;
+  return *s;
+}
+}  // namespace
+
+TensorDict RemoteAccess::request_row(const RemoteTransport& t, uint32_t slot) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  return s.request.row(s.request_bank, slot);
+}
+
+void RemoteAccess::resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  write_response_row(s.response, s.response_bank.data(), slot, response);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.answer(slot, std::nullopt);
+}
+
+void RemoteAccess::reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.answer(slot, wire::remote::failure_json({error.type_name(), error.message(), false}));
+}
+
+}  // namespace detail
+
 }  // namespace tensorwire::inference

@@ -204,24 +204,7 @@ TensorDict ShmAccess::request_row(const SharedMemoryTransport& t, uint32_t slot)
 void ShmAccess::resolve_one(SharedMemoryTransport& t, uint32_t slot, const TensorDict& response) {
   ShmRegion& r = *t.region_;
   if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
-  const auto& leaves = r.response.leaves();
-  std::vector<const Tensor*> src(leaves.size(), nullptr);
-  for (size_t k = 0; k < leaves.size(); ++k) {
-    const LeafSlot& l = leaves[k];
-    if (!response.contains(l.key))
-      throw KeyError("the response has no key " + l.key.str() + " (declared in the response spec)");
-    const Entry& e = response.entry(l.key);
-    if (!e.is_tensor() || !e.tensor().device().is_cpu() || e.tensor().dtype() != l.dtype ||
-        e.tensor().shape() != l.shape)
-      throw ValueError("response key " + l.key.str() + ": expected " + leaf_str(l.dtype, l.shape) +
-                       " on cpu, got " +
-                       (e.is_tensor() ? leaf_str(e.tensor().dtype(), e.tensor().shape()) + " on " +
-                                            e.tensor().device().str()
-                                      : std::string("a ") + e.kind_name()));
-    src[k] = &e.tensor();
-  }
-  for (size_t k = 0; k < leaves.size(); ++k)
-    src[k]->copy_to(r.response_data() + leaves[k].offset + slot * leaves[k].row_bytes);
+  write_response_row(r.response, r.response_data(), slot, response);
   SlotControl& sc = r.slot(slot);
   uint64_t w = sc.state.load(std::memory_order_relaxed);
   if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),

@@ -38,7 +38,8 @@ namespace tensorwire::inference {
 
 namespace detail {
 class RemoteServer;
-}
+struct RemoteAccess;
+}  // namespace detail
 
 struct RemoteOptions {
   uint32_t num_slots = 0;        // >= 1: the bound on requests in flight across all clients
@@ -104,6 +105,7 @@ class RemoteTransport : public Transport {
               const RemoteError& error) override;
 
  private:
+  friend struct detail::RemoteAccess;
   RemoteTransport() = default;
   std::shared_ptr<detail::RemoteServer> s_;
 };
