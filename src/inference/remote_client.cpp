@@ -226,12 +226,16 @@ void RemoteLink::wait(Deadline slice, uint64_t seen) {
     ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
   } leave{sleepers_};
   if (worker->events() != seen) return;
+  bool busy;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!failure.empty() || worker->progress() || !worker->arm()) return;
+    busy = in_flight > 0;
   }
   struct pollfd fds[2] = {{worker->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}};
-  ::poll(fds, 2, slice.poll_ms());
+  // A request in flight may still need progress to leave (UCX's TCP lanes send from
+  // progress, and the fd does not fire for it): look again within a millisecond.
+  ::poll(fds, 2, busy ? std::min(slice.poll_ms(), 1) : slice.poll_ms());
   if (fds[1].revents & POLLIN) {
     uint64_t v;
     [[maybe_unused]] ssize_t r = ::read(kick_.get(), &v, sizeof v);

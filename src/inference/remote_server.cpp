@@ -293,7 +293,10 @@ void RemoteConnection::serve() {
     struct pollfd p {
       worker_->efd(), POLLIN, 0
     };
-    ::poll(&p, 1, static_cast<int>(period_.count()));
+    // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
+    // worker is progressed (the fd does not fire for it): look again within a millisecond.
+    const bool busy = !sends_.empty() || !receives_.empty();
+    ::poll(&p, 1, busy ? 1 : static_cast<int>(period_.count()));
   }
 }
 
