@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BUILD := build
 JOBS ?= $(shell nproc)
-# Per fuzz target (4 targets: `make fuzz` fuzzes for 4 x FUZZ_SECONDS).
+# Per fuzz target (5 targets: `make fuzz` fuzzes for 5 x FUZZ_SECONDS).
 FUZZ_SECONDS ?= 30
 # ccache, where the machine has it, makes rebuilds in fresh build folders cheap.
 CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
@@ -103,7 +103,8 @@ test-tsan: deps
 	  -L concurrent -LE forked-child
 
 # libFuzzer under ASan/UBSan, FUZZ_SECONDS per target: the decoder, the datapoint format, the
-# pipe handshake, the inference socket frames; seeds from fuzz_make_corpus and tests/fuzz,
+# pipe handshake, the inference socket frames, the remote inference frames; seeds from
+# fuzz_make_corpus and tests/fuzz,
 # regressions replayed from tests/fuzz/regressions (tests/fuzz/run.sh).
 fuzz: deps
 	@cmake -S . -B $(BUILD)-fuzz $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

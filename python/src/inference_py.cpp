@@ -16,8 +16,10 @@
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
+#include "inference/remote_server.h"
 #include "inference/shm_rows.h"
 #include "runtime/wait.h"
+#include "tensorwire/inference/remote_transport.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
 #include "tensorwire/inference/thread_transport.h"
@@ -89,6 +91,41 @@ PyClient client_for(const std::string& kind, nb::handle name) {
 
 }  // namespace
 
+// The per-request server side of a fixed-layout transport, for tensorwire.torchrl (torchrl's
+// server batches): one binding for the shared-memory and the remote transport.
+template <class T, class Access>
+void bind_per_request(nb::class_<T, inf::Transport>& c) {
+  c.def("_wait_for_work",
+        [](T& t, std::optional<double> timeout) {
+          const Deadline d = Deadline::after(timeout_arg(timeout));
+          NoGil nogil;
+          t.wait_for_work(d);
+        })
+      .def("_drain",
+           [](T& t, size_t max_items) {
+             inf::Drained d;
+             {
+               NoGil nogil;
+               t.drain(max_items, d);
+             }
+             nb::list out;
+             for (size_t k = 0; k < d.size(); ++k)
+               out.append(nb::make_tuple(d.ids[k], static_cast<double>(d.submitted_ns[k]) / 1e9));
+             return out;
+           })
+      .def("_request_row",
+           [](const T& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
+      .def("_resolve_one",
+           [](T& t, uint32_t slot, const PyTensorDict& response) {
+             NoGil nogil;
+             Access::resolve_one(t, slot, response.td());
+           })
+      .def("_reject_one",
+           [](T& t, uint32_t slot, const std::string& type, const std::string& message) {
+             Access::reject_one(t, slot, RemoteError(type, message));
+           });
+}
+
 void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
 
 void bind_inference(nb::module_& m) {
@@ -153,25 +190,26 @@ void bind_inference(nb::module_& m) {
       .def("close", &inf::Transport::close)
       .def_prop_ro("closed", &inf::Transport::closed);
 
-  nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport")
-      .def_static(
-          "create",
-          [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
-             bool copy_result, nb::handle name, std::optional<uint32_t> spin,
-             nb::handle allowed_uids) {
-            inf::SharedMemoryOptions o{.num_slots = int_arg(num_slots, "num_slots"),
-                                       .copy_result = copy_result,
-                                       .name = str_arg(name, "name", true).value_or(""),
-                                       .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
-            if (spin) o.spin = *spin;
-            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
-            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
-            NoGil nogil;
-            return Shm::create(request, response, o);
-          },
-          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
-          nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
-          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
+  auto shm = nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport");
+  bind_per_request<Shm, Access>(shm);
+  shm.def_static(
+         "create",
+         [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
+            bool copy_result, nb::handle name, std::optional<uint32_t> spin,
+            nb::handle allowed_uids) {
+           inf::SharedMemoryOptions o{.num_slots = int_arg(num_slots, "num_slots"),
+                                      .copy_result = copy_result,
+                                      .name = str_arg(name, "name", true).value_or(""),
+                                      .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
+           if (spin) o.spin = *spin;
+           TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
+           TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
+           NoGil nogil;
+           return Shm::create(request, response, o);
+         },
+         nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
+         nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
+         nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
       .def_static(
           "attach",
           [](nb::handle name, std::optional<double> timeout) {
@@ -192,40 +230,61 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("response_keys", [](const Shm& t) { return key_list(t.response_keys()); })
       .def_prop_ro("request_spec", [](const Shm& t) { return PyTensorDict(t.request_spec()); })
       .def_prop_ro("response_spec", [](const Shm& t) { return PyTensorDict(t.response_spec()); })
-      // The per-request server side, for tensorwire.torchrl (torchrl's server batches).
-      .def("_wait_for_work",
-           [](Shm& t, std::optional<double> timeout) {
-             const Deadline d = Deadline::after(timeout_arg(timeout));
-             NoGil nogil;
-             t.wait_for_work(d);
-           })
-      .def("_drain",
-           [](Shm& t, size_t max_items) {
-             inf::Drained d;
-             {
-               NoGil nogil;
-               t.drain(max_items, d);
-             }
-             nb::list out;
-             for (size_t k = 0; k < d.size(); ++k)
-               out.append(nb::make_tuple(d.ids[k], static_cast<double>(d.submitted_ns[k]) / 1e9));
-             return out;
-           })
-      .def("_request_row",
-           [](const Shm& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
-      .def("_resolve_one",
-           [](Shm& t, uint32_t slot, const PyTensorDict& response) {
-             NoGil nogil;
-             Access::resolve_one(t, slot, response.td());
-           })
-      .def("_reject_one",
-           [](Shm& t, uint32_t slot, const std::string& type, const std::string& message) {
-             Access::reject_one(t, slot, RemoteError(type, message));
-           })
       .def_prop_ro("_sizes", [](const Shm& t) {
         auto s = t.sizes();
         return std::make_tuple(s.control, s.requests, s.responses);
       });
+
+  using Remote = inf::RemoteTransport;
+  auto remote = nb::class_<Remote, inf::Transport>(m, "_RemoteTransport");
+  bind_per_request<Remote, inf::detail::RemoteAccess>(remote);
+  remote
+      .def_static(
+          "create",
+          [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
+             nb::handle host, nb::handle port, std::optional<std::string> auth_key,
+             std::optional<double> liveness_timeout) {
+            inf::RemoteOptions o{.num_slots = int_arg(num_slots, "num_slots"),
+                                 .host = *str_arg(host, "host", false),
+                                 .port = int_arg(port, "port"),
+                                 .auth_key = auth_key.value_or("")};
+            o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
+            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
+            NoGil nogil;
+            return Remote::create(request, response, o);
+          },
+          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
+          nb::arg("host").none(), nb::arg("port").none(), nb::arg("auth_key").none(),
+          nb::arg("liveness_timeout").none())
+      .def_prop_ro("port", &Remote::port)
+      .def_prop_ro("host", &Remote::host)
+      .def_prop_ro("num_slots", &Remote::num_slots)
+      .def_prop_ro("connected", &Remote::connected)
+      .def_prop_ro("slots_in_use", &Remote::slots_in_use)
+      .def_prop_ro("refused", &Remote::refused)
+      .def_prop_ro("last_refusal", &Remote::last_refusal)
+      .def_prop_ro("request_keys", [](const Remote& t) { return key_list(t.request_keys()); })
+      .def_prop_ro("response_keys", [](const Remote& t) { return key_list(t.response_keys()); })
+      .def_prop_ro("request_spec", [](const Remote& t) { return PyTensorDict(t.request_spec()); })
+      .def_prop_ro("response_spec",
+                   [](const Remote& t) { return PyTensorDict(t.response_spec()); });
+  m.def(
+      "_remote_client",
+      // "host:port", or a host and a port of their own (the address parser checks both).
+      [](nb::handle address, nb::handle port, std::optional<std::string> auth_key,
+         std::optional<double> liveness_timeout, bool connect_now) {
+        std::string where = *str_arg(address, "address", false);
+        if (!port.is_none()) where += ":" + std::to_string(int_arg(port, "port"));
+        inf::RemoteClientOptions o{.auth_key = auth_key.value_or("")};
+        o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+        PyClient c{Remote::client_for(where, o)};
+        NoGil nogil;
+        if (connect_now) c.client.request_keys();  // connects: a refusal raises here
+        return c;
+      },
+      nb::arg("address").none(), nb::arg("port").none(), nb::arg("auth_key").none(),
+      nb::arg("liveness_timeout").none(), nb::arg("connect_now"));
 
   nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport")
       .def_static("create", &inf::ThreadTransport::create);

@@ -3,6 +3,7 @@
 // GIL around starting and stopping.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.h"
 #include "convert.h"
@@ -97,9 +98,10 @@ void bind_inference_server(nb::module_& m) {
   nb::class_<PyServer>(m, "_InferenceServer")
       .def(
           "__init__",
-          [](PyServer* self, nb::object adapter, std::shared_ptr<inf::Transport> transport,
-             nb::handle max_batch_size, nb::handle min_batch_size, double timeout,
-             nb::handle stats_window, nb::handle policy_version_key, int64_t policy_version) {
+          [](PyServer* self, nb::object adapter,
+             std::vector<std::shared_ptr<inf::Transport>> transports, nb::handle max_batch_size,
+             nb::handle min_batch_size, double timeout, nb::handle stats_window,
+             nb::handle policy_version_key, int64_t policy_version) {
             inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
                                  .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
                                  .timeout = Timeout::seconds(timeout, "timeout").duration(),
@@ -108,9 +110,9 @@ void bind_inference_server(nb::module_& m) {
                                  .policy_version = policy_version};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
             new (self) PyServer{std::make_unique<inf::InferenceServer>(
-                make_policy(std::move(adapter)), std::move(transport), o)};
+                make_policy(std::move(adapter)), std::move(transports), o)};
           },
-          nb::arg("adapter"), nb::arg("transport"), nb::arg("max_batch_size").none(),
+          nb::arg("adapter"), nb::arg("transports"), nb::arg("max_batch_size").none(),
           nb::arg("min_batch_size").none(), nb::arg("timeout"), nb::arg("stats_window").none(),
           nb::arg("policy_version_key").none(), nb::arg("policy_version"))
       .def("start", [](PyServer& s) { s.get().start(); })

@@ -9,6 +9,8 @@ Transports (all share one client API: ``client(td, timeout=None)``,
 * :class:`SocketTransport` -- any structure, across processes, through tensorwire's wire
   codec over a Unix socket (the role of torchrl's ``MPTransport``).
 * :class:`ThreadTransport` -- any structure, threads of one process.
+* :class:`RemoteTransport` -- fixed layout, actors on other hosts, over UCX (TCP, or
+  InfiniBand/RoCE where UCX finds it); clients from :func:`connect` pickle to their address.
 
 :class:`InferenceServer` runs one thread that drains requests in batches and calls the
 policy once per batch; the GIL is taken only for that call. The C++ core
@@ -29,6 +31,8 @@ __all__ = [
     "SharedMemoryTransport",
     "SocketTransport",
     "ThreadTransport",
+    "RemoteTransport",
+    "connect",
     "InferenceClient",
     "InferenceFuture",
 ]
@@ -42,6 +46,26 @@ def _is_tensordict(obj) -> bool:
 
 def _client_for(kind: str, address: str) -> InferenceClient:
     return InferenceClient(_C._inference_client_for(kind, address))
+
+
+def _remote_client(address: str, auth_key, liveness_timeout, connect_now: bool = False,
+                   port: int | None = None):
+    c = InferenceClient(_C._remote_client(address, port, auth_key, liveness_timeout, connect_now))
+    c._reconnect = (address if port is None else f"{address}:{port}", auth_key, liveness_timeout)
+    return c
+
+
+def connect(host: str, port: int, *, auth_key: str | None = None,
+            liveness_timeout: float | None = None) -> InferenceClient:
+    """A client of the :class:`RemoteTransport` listening at ``host:port``, connected now.
+
+    ``auth_key`` must be the server's (a wrong or missing one raises RuntimeError naming
+    the refusal here, and the server refuses too). ``liveness_timeout``
+    (seconds; default 10, or TENSORWIRE_LIVENESS_TIMEOUT; 0: off): a server silent for longer
+    (its host or the link to it gone) makes every call raise ClosedError. The client pickles
+    to its address (and key): unpickled in another process, it connects again from there.
+    """
+    return _remote_client(host, auth_key, liveness_timeout, True, port=port)
 
 
 class InferenceFuture:
@@ -76,10 +100,11 @@ class InferenceClient:
     ValueError. ``close()`` disconnects the client: later calls raise ClosedError.
     """
 
-    __slots__ = ("_c", "__weakref__")
+    __slots__ = ("_c", "_reconnect", "__weakref__")
 
     def __init__(self, client):
         self._c = client
+        self._reconnect = None  # a remote client's (address, auth_key, liveness_timeout)
 
     def __call__(self, td, timeout: float | None = None):
         """Submits ``td`` and waits for its response (interruptible by Ctrl-C)."""
@@ -101,6 +126,8 @@ class InferenceClient:
                        doc="The name other processes attach to ('' for a thread transport).")
 
     def __reduce__(self):
+        if self._reconnect is not None:
+            return (_remote_client, self._reconnect)
         if not self.address:
             raise TypeError(f"a {self.kind} transport client cannot leave its process (use a "
                             "SharedMemoryTransport or SocketTransport)")
@@ -246,6 +273,71 @@ class ThreadTransport(_Transport):
         self._impl = _C._ThreadTransport.create()
 
 
+class RemoteTransport(_Transport):
+    """Requests from actors on other hosts, over UCX, into a bank of ``num_slots`` slots.
+
+    Args:
+        request_spec, response_spec: as for :class:`SharedMemoryTransport`: fixed keys,
+            shapes and dtypes, validated by the same rules with the same errors.
+        num_slots: requests in flight across all remote clients.
+        port, host: where to listen (``port=0``: any free port, see ``port``).
+        auth_key: a shared key both sides prove (HMAC challenge-response; the key never
+            crosses the wire); a client with a wrong or no key is refused on both sides.
+            **Without a key anyone who reaches the port can submit requests and read
+            responses: use it on trusted networks only.**
+        liveness_timeout: seconds after which a silent client (its host or link gone) is
+            dropped, its requests discarded and its slots freed (default 10, or
+            TENSORWIRE_LIVENESS_TIMEOUT; 0: off).
+
+    A request is received by UCX straight into a free slot; only raw leaf bytes of the
+    declared size cross the network after the handshake, nothing received is unpickled, and a
+    peer sending a message of the wrong size (or a malformed frame) is disconnected with an
+    error naming the rule, without any slot written. ``UCX_TLS`` selects UCX's transports, as
+    for the pipe. Clients: ``transport.client()`` here, :func:`connect` or
+    ``RemoteTransport.client_for("host:port", auth_key=...)`` anywhere.
+    """
+
+    def __init__(self, request_spec, response_spec, *, num_slots: int, port: int = 0,
+                 host: str = "0.0.0.0", auth_key: str | None = None,
+                 liveness_timeout: float | None = None):
+        self._tensordict_specs = _is_tensordict(request_spec)
+        self._auth_key, self._liveness = auth_key, liveness_timeout
+        self._impl = _C._RemoteTransport.create(request_spec, response_spec, num_slots, host,
+                                                port, auth_key, liveness_timeout)
+        self._response_keys = self._impl.response_keys
+
+    def client(self) -> InferenceClient:
+        """A client connecting over UCX to this transport (on first use)."""
+        if self.closed:
+            return InferenceClient(self._impl.client())  # raises ClosedError
+        return _remote_client(self.address, self._auth_key, self._liveness)
+
+    @staticmethod
+    def client_for(address: str, *, auth_key: str | None = None,
+                   liveness_timeout: float | None = None) -> InferenceClient:
+        """A client of the transport at ``"host:port"``, connecting on first use."""
+        return _remote_client(address, auth_key, liveness_timeout)
+
+    @property
+    def address(self) -> str:
+        """``"host:port"`` for clients of this host (127.0.0.1 when listening on 0.0.0.0)."""
+        host = "127.0.0.1" if self._impl.host == "0.0.0.0" else self._impl.host
+        return f"{host}:{self._impl.port}"
+
+    port = property(lambda self: self._impl.port, doc="The port it listens on.")
+    host = property(lambda self: self._impl.host, doc="The address it listens on.")
+    num_slots = property(lambda self: self._impl.num_slots)
+    connected = property(lambda self: self._impl.connected, doc="Clients connected now.")
+    slots_in_use = property(lambda self: self._impl.slots_in_use)
+    refused = property(lambda self: self._impl.refused,
+                       doc="Connections refused or dropped for breaking the protocol.")
+    last_refusal = property(lambda self: self._impl.last_refusal)
+    request_keys = property(lambda self: self._impl.request_keys)
+    response_keys = property(lambda self: self._impl.response_keys)
+    request_spec = property(lambda self: self._impl.request_spec)
+    response_spec = property(lambda self: self._impl.response_spec)
+
+
 def _to_tensorwire(out, response_keys, batch_size):
     """A policy's output as a tensorwire TensorDict (the declared keys only, when known)."""
     if isinstance(out, TensorDict):
@@ -263,13 +355,16 @@ def _to_tensorwire(out, response_keys, batch_size):
                     "(tensorwire or tensordict)")
 
 
-def _make_adapter(policy, transport: _Transport, input_type: str | None):
+def _make_adapter(policy, transports: list, input_type: str | None):
     """The callable the C++ server invokes (with the GIL) once per batch."""
     if input_type not in (None, "tensorwire", "tensordict"):
         raise ValueError(f"input_type must be None, 'tensorwire' or 'tensordict', got {input_type!r}")
     if input_type is None:
-        input_type = "tensordict" if (_is_torch_module(policy) or transport._tensordict_specs) else "tensorwire"
-    keys = transport._response_keys
+        tensordict_specs = any(t._tensordict_specs for t in transports)
+        input_type = "tensordict" if (_is_torch_module(policy) or tensordict_specs) else "tensorwire"
+    keys = transports[0]._response_keys if transports else None
+    if any(t._response_keys != keys for t in transports):
+        keys = None  # transports of different responses: the policy's output as it is
     if input_type == "tensorwire":
         def adapter(batch):
             out = policy(batch)
@@ -313,8 +408,11 @@ class InferenceServer:
             tensordict.TensorDict when it is a torch module or the transport was built
             from tensordict specs (``input_type`` overrides), a tensorwire TensorDict
             otherwise; torch modules run under ``torch.no_grad()``.
-        transport: a SharedMemoryTransport (created in this process), SocketTransport or
-            ThreadTransport.
+        transport: a SharedMemoryTransport (created in this process), SocketTransport,
+            ThreadTransport or RemoteTransport, or a list of them: local and remote actors
+            then share batches (requests of one structure share one policy call, each
+            answer goes back by its own transport; every transport gets its share of each
+            batch, and the timeout applies to all).
         max_batch_size, min_batch_size, timeout: the batching rule (torchrl's): drain up
             to ``max_batch_size``; below ``min_batch_size`` keep draining for up to
             ``timeout`` seconds.
@@ -332,8 +430,12 @@ class InferenceServer:
         if not callable(policy):
             raise TypeError(f"policy must be callable (a function, a torch.nn.Module, ...) taking and "
                             f"returning a TensorDict, got {type(policy).__name__}")
-        if not isinstance(transport, _Transport):
-            raise TypeError(f"transport must be a tensorwire transport, got {type(transport).__name__}")
+        transports = list(transport) if isinstance(transport, (list, tuple)) else [transport]
+        for t in transports:
+            if not isinstance(t, _Transport):
+                raise TypeError(f"transport must be a tensorwire transport or a list of them, got "
+                                f"{type(t).__name__}")
+        transport = transports[0] if transports else None
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
         if isinstance(policy_version, bool) or not isinstance(policy_version, int):
@@ -344,14 +446,15 @@ class InferenceServer:
             raise TypeError("policy_version_key must be None, a str or a non-empty tuple of str, "
                             f"got {policy_version_key!r}")
         self.policy = policy
-        self.transport = transport
+        self.transport = transport  # the first one (client() comes from it)
+        self.transports = transports
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.timeout = timeout
         # The C++ server holds the adapter weakly (see inference_py.cpp): keep it here.
-        self._adapter = _make_adapter(policy, transport, input_type)
+        self._adapter = _make_adapter(policy, transports, input_type)
         self._server = _C._InferenceServer(
-            self._adapter, transport._impl, max_batch_size,
+            self._adapter, [t._impl for t in transports], max_batch_size,
             min_batch_size, float(timeout), stats_window_size, policy_version_key, policy_version)
         _live_servers.add(self)
 

@@ -1,4 +1,4 @@
-"""A drop-in for torchrl's ``SharedMemoryTransport``, on tensorwire's slot banks.
+"""Drop-ins for torchrl's inference transports, on tensorwire's slot banks.
 
 ``tensorwire.torchrl.SharedMemoryTransport`` implements torchrl's
 ``InferenceTransport`` interface (``submit``, ``drain``, ``wait_for_work``, ``resolve``,
@@ -19,6 +19,11 @@ can also be made after the actors start (``SharedMemoryTransport.client_for(name
 a dropped future gives its slot back; a dead actor's slots are reclaimed; a timeout
 raises ``TimeoutError`` (torchrl raises ``queue.Empty``).
 
+``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
+:class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``
+serves it unchanged, and its clients (``transport.client()``,
+``RemoteTransport.client_for("host:port", auth_key=...)``) pickle to their address.
+
 torchrl is needed only when this module is imported.
 """
 from __future__ import annotations
@@ -29,52 +34,28 @@ from torchrl.modules.inference_server import InferenceTransport
 from . import inference as _inference
 from ._C import TensorDict as _TwTensorDict
 
-__all__ = ["SharedMemoryTransport"]
+__all__ = ["SharedMemoryTransport", "RemoteTransport"]
 
 
-class SharedMemoryTransport(InferenceTransport):
-    """torchrl's SharedMemoryTransport interface over tensorwire's shared-memory slots.
+class _SlotBankTransport(InferenceTransport):
+    """torchrl's server side over a tensorwire fixed-layout transport (``self._tw``)."""
 
-    Args:
-        request_spec (tensordict.TensorDictBase): a representative single request.
-        response_spec (tensordict.TensorDictBase): a representative single response
-            (declare ``"policy_version"`` to receive the server's version stamp).
-        num_slots (int): requests in flight across all clients.
-        copy_result (bool): ``False`` returns views of the response slot.
-        ctx: accepted for signature compatibility with torchrl and ignored (no
-            multiprocessing queues are used).
-    """
-
-    def __init__(self, request_spec, response_spec, *, num_slots: int, ctx=None,
-                 copy_result: bool = True, name: str | None = None):
-        super().__init__()
-        del ctx
-        self._tw = _inference.SharedMemoryTransport(
-            request_spec, response_spec, num_slots=num_slots, copy_result=copy_result, name=name)
-        self._impl = self._tw._impl
-        self._response_keys = self._tw.response_keys
+    def _adopt(self, tw_transport) -> None:
+        self._tw = tw_transport
+        self._impl = tw_transport._impl
+        self._response_keys = tw_transport.response_keys
         self._request_batch = tuple(self._impl.request_spec.batch_size)
-        self._default_client: _inference.InferenceClient | None = None
-
-    # -- actor side ---------------------------------------------------------------------
+        self._default_client = None
 
     def client(self):
-        """A client taking and returning tensordict.TensorDict; picklable by name."""
+        """A client taking and returning tensordict.TensorDict; picklable."""
         return self._tw.client()
-
-    @staticmethod
-    def client_for(name: str):
-        return _inference.SharedMemoryTransport.client_for(name)
 
     def submit(self, td):
         """Submits through a transport-wide client; returns a future."""
         if self._default_client is None:
             self._default_client = self._tw.client()
         return self._default_client.submit(td)
-
-    @property
-    def name(self) -> str:
-        return self._tw.name
 
     @property
     def num_slots(self) -> int:
@@ -87,9 +68,6 @@ class SharedMemoryTransport(InferenceTransport):
     @property
     def closed(self) -> bool:
         return self._tw.closed
-
-    def __repr__(self) -> str:
-        return f"<tensorwire.torchrl.SharedMemoryTransport {self.name!r} {'closed' if self.closed else 'open'}>"
 
     # -- server side (torchrl's InferenceServer calls these from its worker thread) -------
 
@@ -130,3 +108,62 @@ class SharedMemoryTransport(InferenceTransport):
         name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
         message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
         self._impl._reject_one(callback, name, message)
+
+
+class RemoteTransport(_SlotBankTransport):
+    """torchrl's InferenceTransport interface over tensorwire's RemoteTransport (UCX).
+
+    Args as :class:`tensorwire.inference.RemoteTransport`: request_spec, response_spec,
+    num_slots, port (0: any; see ``port``), host, auth_key (without one: trusted networks
+    only), liveness_timeout. Nothing received from the network is unpickled.
+    """
+
+    def __init__(self, request_spec, response_spec, *, num_slots: int, port: int = 0,
+                 host: str = "0.0.0.0", auth_key: str | None = None,
+                 liveness_timeout: float | None = None):
+        super().__init__()
+        self._adopt(_inference.RemoteTransport(
+            request_spec, response_spec, num_slots=num_slots, port=port, host=host,
+            auth_key=auth_key, liveness_timeout=liveness_timeout))
+
+    @staticmethod
+    def client_for(address: str, *, auth_key: str | None = None):
+        return _inference.RemoteTransport.client_for(address, auth_key=auth_key)
+
+    port = property(lambda self: self._tw.port)
+    address = property(lambda self: self._tw.address)
+
+    def __repr__(self) -> str:
+        return f"<tensorwire.torchrl.RemoteTransport {self.address} {'closed' if self.closed else 'open'}>"
+
+
+class SharedMemoryTransport(_SlotBankTransport):
+    """torchrl's SharedMemoryTransport interface over tensorwire's shared-memory slots.
+
+    Args:
+        request_spec (tensordict.TensorDictBase): a representative single request.
+        response_spec (tensordict.TensorDictBase): a representative single response
+            (declare ``"policy_version"`` to receive the server's version stamp).
+        num_slots (int): requests in flight across all clients.
+        copy_result (bool): ``False`` returns views of the response slot.
+        ctx: accepted for signature compatibility with torchrl and ignored (no
+            multiprocessing queues are used).
+    """
+
+    def __init__(self, request_spec, response_spec, *, num_slots: int, ctx=None,
+                 copy_result: bool = True, name: str | None = None):
+        super().__init__()
+        del ctx
+        self._adopt(_inference.SharedMemoryTransport(
+            request_spec, response_spec, num_slots=num_slots, copy_result=copy_result, name=name))
+
+    @staticmethod
+    def client_for(name: str):
+        return _inference.SharedMemoryTransport.client_for(name)
+
+    @property
+    def name(self) -> str:
+        return self._tw.name
+
+    def __repr__(self) -> str:
+        return f"<tensorwire.torchrl.SharedMemoryTransport {self.name!r} {'closed' if self.closed else 'open'}>"

@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "multi_transport.h"
 #include "os/fork.h"
 #include "runtime/wait.h"
 #include "tensorwire/runtime/log.h"
@@ -217,6 +218,17 @@ InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> trans
   s_->version = options.policy_version;
   s_->options = std::move(options);
 }
+
+namespace {
+std::shared_ptr<Transport> served(std::vector<std::shared_ptr<Transport>> transports) {
+  if (transports.size() == 1 && transports[0]) return std::move(transports[0]);
+  return std::make_shared<detail::MultiTransport>(std::move(transports));
+}
+}  // namespace
+
+InferenceServer::InferenceServer(Policy policy, std::vector<std::shared_ptr<Transport>> transports,
+                                 ServerOptions options)
+    : InferenceServer(std::move(policy), served(std::move(transports)), std::move(options)) {}
 
 InferenceServer::~InferenceServer() {
   if (s_->worker.joinable() && s_->worker_generation != os::fork_generation()) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "attach.h"
+#include "bank_batch.h"
 #include "os/fork.h"
 #include "shm_client.h"
 #include "shm_owner.h"
@@ -14,44 +15,6 @@
 namespace tensorwire::inference {
 
 using namespace detail;
-
-namespace {
-
-// Writes `value` converted to `dtype` into `count` consecutive elements at dst.
-void fill_scalar(std::byte* dst, DType dtype, int64_t value, size_t count) {
-  auto fill = [&](auto v) {
-    for (size_t i = 0; i < count; ++i) std::memcpy(dst + i * sizeof v, &v, sizeof v);
-  };
-  switch (dtype) {
-    case DType::Int64:
-      return fill(static_cast<int64_t>(value));
-    case DType::Int32:
-      return fill(static_cast<int32_t>(value));
-    case DType::Int16:
-      return fill(static_cast<int16_t>(value));
-    case DType::Int8:
-      return fill(static_cast<int8_t>(value));
-    case DType::UInt8:
-      return fill(static_cast<uint8_t>(value));
-    case DType::UInt16:
-      return fill(static_cast<uint16_t>(value));
-    case DType::UInt32:
-      return fill(static_cast<uint32_t>(value));
-    case DType::UInt64:
-      return fill(static_cast<uint64_t>(value));
-    case DType::Float32:
-      return fill(static_cast<float>(value));
-    case DType::Float64:
-      return fill(static_cast<double>(value));
-    default:
-      throw ValueError(
-          "policy_version can only be stamped into an integer or float32/float64 "
-          "leaf, the response spec declares " +
-          std::string(dtype_name(dtype)));
-  }
-}
-
-}  // namespace
 
 std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(
     const TensorDict& request_spec, const TensorDict& response_spec, SharedMemoryOptions options) {
@@ -145,8 +108,8 @@ void SharedMemoryTransport::open_server() {
   do {
     if (s == kServing) throw Error("another InferenceServer already serves this transport");
   } while (!region_->header->server_state.compare_exchange_weak(s, kServing));
-  if (!owner_->staging.defined())
-    owner_->staging = Storage::allocate(region_->request.bank_bytes(), 64);
+  if (!owner_->batch.staging.defined())
+    owner_->batch.staging = Storage::allocate(region_->request.bank_bytes(), 64);
 }
 
 void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pending) {
@@ -215,110 +178,14 @@ void SharedMemoryTransport::drain(size_t max_items, Drained& out) {
 }
 
 void SharedMemoryTransport::collate(const Drained& d, std::vector<Group>& groups) {
-  ShmRegion& r = *region_;
-  ShmOwner& o = *owner_;
-  groups.resize(1);
-  Group& g = groups[0];
-  g.rows.resize(d.size());
-  for (size_t k = 0; k < d.size(); ++k) g.rows[k] = k;
-  // Rows in slot order: contiguous slots then make a contiguous view of the bank.
-  std::sort(g.rows.begin(), g.rows.end(), [&](size_t a, size_t b) { return d.ids[a] < d.ids[b]; });
-  const size_t n = g.rows.size();
-  const uint64_t first = d.ids[g.rows[0]];
-  const bool contiguous = d.ids[g.rows[n - 1]] - first == n - 1;
-  if (!contiguous) {
-    for (const LeafSlot& l : r.request.leaves()) {
-      std::byte* dst = o.staging.data() + l.offset;
-      const std::byte* src = r.request_data() + l.offset;
-      for (size_t k = 0; k < n; ++k)
-        std::memcpy(dst + k * l.row_bytes, src + d.ids[g.rows[k]] * l.row_bytes, l.row_bytes);
-    }
-  }
-  const uint64_t key = (contiguous ? first << 32 : uint64_t{1} << 63) | n;
-  auto it = o.views.find(key);
-  if (it == o.views.end()) {
-    if (o.views.size() >= 4096) o.views.clear();
-    auto view = std::make_shared<const TensorDict>(
-        contiguous ? r.request.rows(r.request_bank, first, static_cast<int64_t>(n))
-                   : r.request.rows(o.staging, 0, static_cast<int64_t>(n)));
-    it = o.views.emplace(key, std::move(view)).first;
-  }
-  g.input = it->second;
+  collate_slots(region_->request, region_->request_bank, owner_->batch, d, groups);
 }
 
 void SharedMemoryTransport::resolve(const Drained& d, const Group& g, const TensorDict& output,
                                     const VersionStamp& stamp) {
   ShmRegion& r = *region_;
+  write_response_rows(r.response, r.response_data(), d, g, output, stamp);
   const int64_t n = static_cast<int64_t>(g.rows.size());
-  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
-    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
-                " for a batch of " + std::to_string(n) + " requests");
-  const auto& leaves = r.response.leaves();
-  thread_local std::vector<const Tensor*> src;
-  src.assign(leaves.size(), nullptr);
-  // Validate everything before writing anything.
-  for (size_t k = 0; k < leaves.size(); ++k) {
-    const LeafSlot& l = leaves[k];
-    const bool stamped = stamp.key && l.key == *stamp.key;
-    if (!output.contains(l.key)) {
-      if (stamped) continue;
-      throw KeyError("the policy output has no key " + l.key.str() +
-                     " (declared in the response spec)");
-    }
-    if (stamped) continue;
-    const Entry& e = output.entry(l.key);
-    auto expected = [&] {
-      Shape s{n};
-      s.insert(s.end(), l.shape.begin(), l.shape.end());
-      return leaf_str(l.dtype, s);
-    };
-    if (!e.is_tensor())
-      throw ValueError("policy output key " + l.key.str() + ": expected a tensor " + expected() +
-                       ", got a " + e.kind_name());
-    const Tensor& t = e.tensor();
-    if (!t.device().is_cpu())
-      throw ValueError("policy output key " + l.key.str() + " is on " + t.device().str() +
-                       "; move results to the CPU");
-    const Shape& ts = t.shape();
-    if (t.dtype() != l.dtype || ts.size() != l.shape.size() + 1 || ts[0] != n ||
-        !std::equal(l.shape.begin(), l.shape.end(), ts.begin() + 1))
-      throw ValueError("policy output key " + l.key.str() + ": expected " + expected() + ", got " +
-                       leaf_str(t.dtype(), ts));
-    src[k] = &t;
-  }
-  const uint64_t first = d.ids[g.rows[0]];
-  const bool contiguous = d.ids[g.rows[n - 1]] - first == static_cast<uint64_t>(n - 1);
-  for (size_t k = 0; k < leaves.size(); ++k) {
-    const LeafSlot& l = leaves[k];
-    std::byte* bank = r.response_data() + l.offset;
-    if (!src[k]) {
-      if (stamp.key && l.key == *stamp.key) {
-        const size_t per_row = l.row_bytes / itemsize(l.dtype);
-        for (int64_t j = 0; j < n; ++j)
-          fill_scalar(bank + d.ids[g.rows[j]] * l.row_bytes, l.dtype, stamp.version, per_row);
-      }
-      continue;
-    }
-    if (contiguous) {
-      src[k]->copy_to(bank + first * l.row_bytes);
-      continue;
-    }
-    Tensor c = src[k]->contiguous();
-    const std::byte* from = static_cast<const std::byte*>(c.data());
-    for (int64_t j = 0; j < n; ++j)
-      std::memcpy(bank + d.ids[g.rows[j]] * l.row_bytes, from + j * l.row_bytes, l.row_bytes);
-  }
-  // Stamping when the policy returned the key too: the server's version wins.
-  if (stamp.key) {
-    int idx = r.response.find(*stamp.key);
-    if (idx >= 0 && src[static_cast<size_t>(idx)]) {
-      const LeafSlot& l = leaves[static_cast<size_t>(idx)];
-      const size_t per_row = l.row_bytes / itemsize(l.dtype);
-      for (int64_t j = 0; j < n; ++j)
-        fill_scalar(r.response_data() + l.offset + d.ids[g.rows[j]] * l.row_bytes, l.dtype,
-                    stamp.version, per_row);
-    }
-  }
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t i = static_cast<uint32_t>(d.ids[g.rows[j]]);
     SlotControl& sc = r.slot(i);
@@ -341,24 +208,7 @@ TensorDict ShmAccess::request_row(const SharedMemoryTransport& t, uint32_t slot)
 void ShmAccess::resolve_one(SharedMemoryTransport& t, uint32_t slot, const TensorDict& response) {
   ShmRegion& r = *t.region_;
   if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
-  const auto& leaves = r.response.leaves();
-  std::vector<const Tensor*> src(leaves.size(), nullptr);
-  for (size_t k = 0; k < leaves.size(); ++k) {
-    const LeafSlot& l = leaves[k];
-    if (!response.contains(l.key))
-      throw KeyError("the response has no key " + l.key.str() + " (declared in the response spec)");
-    const Entry& e = response.entry(l.key);
-    if (!e.is_tensor() || !e.tensor().device().is_cpu() || e.tensor().dtype() != l.dtype ||
-        e.tensor().shape() != l.shape)
-      throw ValueError("response key " + l.key.str() + ": expected " + leaf_str(l.dtype, l.shape) +
-                       " on cpu, got " +
-                       (e.is_tensor() ? leaf_str(e.tensor().dtype(), e.tensor().shape()) + " on " +
-                                            e.tensor().device().str()
-                                      : std::string("a ") + e.kind_name()));
-    src[k] = &e.tensor();
-  }
-  for (size_t k = 0; k < leaves.size(); ++k)
-    src[k]->copy_to(r.response_data() + leaves[k].offset + slot * leaves[k].row_bytes);
+  write_response_row(r.response, r.response_data(), slot, response);
   SlotControl& sc = r.slot(slot);
   uint64_t w = sc.state.load(std::memory_order_relaxed);
   if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),

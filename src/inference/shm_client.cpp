@@ -1,6 +1,7 @@
 #include "shm_client.h"
 
 #include "attach.h"
+#include "bank_batch.h"
 #include "os/fork.h"
 #include "os/peer.h"
 #include "runtime/wait.h"
@@ -9,34 +10,6 @@
 namespace tensorwire::inference::detail {
 
 namespace {
-
-// Checks `td` against the request layout (before any slot is taken) and collects the
-// declared leaves; extra keys are ignored.
-void validate_request(const TensorDict& td, const SlotLayout& layout,
-                      std::vector<const Tensor*>& out) {
-  out.clear();
-  for (const LeafSlot& leaf : layout.leaves()) {
-    const Entry* e = nullptr;
-    try {
-      e = &td.entry(leaf.key);
-    } catch (const KeyError&) {
-      throw KeyError("request has no key " + leaf.key.str() + " (declared in the request spec)");
-    }
-    if (!e->is_tensor())
-      throw ValueError("request key " + leaf.key.str() + ": expected a tensor " +
-                       leaf_str(leaf.dtype, leaf.shape) + ", got a " + e->kind_name());
-    const Tensor& t = e->tensor();
-    if (!t.device().is_cpu())
-      throw ValueError("request key " + leaf.key.str() + ": tensor on " + t.device().str() +
-                       "; SharedMemoryTransport only accepts CPU tensors (expected " +
-                       leaf_str(leaf.dtype, leaf.shape) + " on cpu)");
-    if (t.dtype() != leaf.dtype || t.shape() != leaf.shape)
-      throw ValueError("request key " + leaf.key.str() + ": expected " +
-                       leaf_str(leaf.dtype, leaf.shape) + ", got " +
-                       leaf_str(t.dtype(), t.shape()));
-    out.push_back(&t);
-  }
-}
 
 class ShmPending final : public Pending {
  public:
@@ -253,7 +226,7 @@ std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Deadline deadli
   std::shared_ptr<ShmConnection> c = connection(deadline);
   ShmRegion& r = *c->region;
   thread_local std::vector<const Tensor*> leaves;
-  validate_request(td, r.request, leaves);
+  validate_request(td, r.request, leaves, "SharedMemoryTransport");
   if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
     throw ClosedError("the inference server was shut down");
   const uint32_t slot = claim(*c, deadline);

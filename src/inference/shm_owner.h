@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bank_batch.h"
 #include "os/peer.h"
 #include "os/unix_socket.h"
 #include "shm_region.h"
@@ -36,10 +37,7 @@ class ShmOwner {
   uint32_t cursor = 0;
   std::vector<uint32_t> taken;
   std::vector<size_t> order;
-  Storage staging;  // the request layout again: gathers non-contiguous batches
-  // Batch views already built, by (staging, first slot, count): clients that keep using
-  // the same slots get the same view back without a rebuild. Bounded (cleared when full).
-  std::unordered_map<uint64_t, std::shared_ptr<const TensorDict>> views;
+  BatchViews batch;
   os::AdaptiveSpin doorbell_wait;
 
  private:

@@ -12,6 +12,8 @@
 
 #include "os/fork.h"
 #include "runtime/wait.h"
+#include "ucx/control.h"
+#include "wire/control_frame.h"
 #include "wire/hex.h"
 
 namespace tensorwire::detail {
@@ -24,7 +26,7 @@ wire::Mode mode_of(const PipeOptions& o) {
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
   return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key,
-          heartbeat_ms(o.liveness_timeout)};
+          runtime::heartbeat_ms(o.liveness_timeout)};
 }
 
 // Runs `poll` (one attempt; true once it succeeded) until it succeeds or `budget` has
@@ -50,20 +52,8 @@ constexpr size_t kMaxControl = 64 * 1024;
 
 }  // namespace
 
-// Posts a control frame (header + JSON) on the control tag. Under mu_.
-// A control frame (header and JSON) as the one contiguous buffer a tag send takes.
-std::vector<std::byte> control_frame(const Json& body) {
-  const wire::OutMessage m = wire::Encoder::control(body);
-  auto* meta = reinterpret_cast<const std::byte*>(m.metadata.data());
-  std::vector<std::byte> bytes;
-  bytes.reserve(m.header_bytes.size() + m.metadata.size());
-  bytes.insert(bytes.end(), m.header_bytes.begin(), m.header_bytes.end());
-  bytes.insert(bytes.end(), meta, meta + m.metadata.size());
-  return bytes;
-}
-
 ucx::Request PipeImpl::post_control(const Json& body) {
-  control_buf_ = control_frame(body);
+  control_buf_ = wire::control_frame(body);
   return ep_->send(kControlTag, control_buf_);
 }
 
@@ -71,23 +61,8 @@ ucx::Request PipeImpl::post_control(const Json& body) {
 // `max_bytes` long, one frame of kind Control whose JSON fills it. A peer that breaks
 // that fails the pipe. Under mu_.
 std::optional<Json> PipeImpl::take_control(uint64_t tag, size_t max_bytes, const char* what) {
-  auto m = ep_->probe(tag);
-  if (!m) return std::nullopt;
-  if (m->first < wire::kHeaderBytes || m->first > max_bytes)
-    fail(std::string(what) + " of " + std::to_string(m->first) + " bytes (at most " +
-             std::to_string(max_bytes) + ")",
-         Fault::PeerBrokeProtocol);
-  std::vector<std::byte> buf(m->first);
-  size_t got = 0;
-  ucx::Request req = ep_->recv(m->second, buf, &got);
-  while (!req.done()) progress();
   try {
-    wire::FrameHeader h = decoder_.read_header(std::span(buf).first(wire::kHeaderBytes));
-    if (h.kind != wire::MessageKind::Control || wire::kHeaderBytes + h.metadata_bytes != buf.size())
-      throw ProtocolError(std::string("a ") + what + " must be one control frame");
-    wire::Incoming in;
-    decoder_.prepare(h, std::span(buf).subspan(wire::kHeaderBytes), nullptr, in);
-    return std::move(in.control);
+    return ucx::take_control(*worker_, *ep_, tag, max_bytes, options_.limits, what);
   } catch (const ProtocolError& e) {
     fail(e.what(), Fault::PeerBrokeProtocol);
   }

@@ -20,6 +20,7 @@
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "runtime/heartbeat.h"
+#include "runtime/peer_liveness.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
@@ -38,10 +39,6 @@ inline constexpr size_t kInlineMax = 64 * 1024;
 // returns without waiting for the peer (docs/pipe.md).
 static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
 
-// The heartbeat interval (ms) a pipe with this liveness timeout asks of its peer in the
-// handshake: a quarter of it, so three lost heartbeats in a row are survived; 0: none.
-int64_t heartbeat_ms(std::chrono::milliseconds liveness_timeout);
-
 // Why a pipe became unusable, which decides who is told and what is thrown.
 enum class Fault {
   PeerBrokeProtocol,  // the peer sent something invalid: tell it why; ProtocolError
@@ -49,9 +46,6 @@ enum class Fault {
   ConnectionLost,     // the peer closed or vanished: nobody to tell; ClosedError
   LocalFailure,       // this side cannot go on: tell the peer; ClosedError
 };
-
-// A control frame (header and JSON) as the one contiguous buffer a tag send takes.
-std::vector<std::byte> control_frame(const Json& body);
 
 class PipeImpl : public runtime::Beating {
  public:
@@ -149,11 +143,7 @@ class PipeImpl : public runtime::Beating {
   std::atomic<bool> closed_by_peer_{false};
 
   // liveness state, under mu_ (pipe_liveness.cpp)
-  std::chrono::steady_clock::duration heartbeat_every_{};  // send this often (0: never)
-  bool check_peer_ = false;  // the peer sends heartbeats and we check them
-  std::chrono::steady_clock::duration silence_limit_{};  // longer: the peer is gone
-  std::chrono::steady_clock::time_point next_heartbeat_{};
-  std::chrono::steady_clock::time_point last_heard_{};
+  runtime::PeerLiveness liveness_;
   ucx::Request heartbeat_req_;
   std::vector<std::byte> heartbeat_buf_;
 

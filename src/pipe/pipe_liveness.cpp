@@ -15,11 +15,9 @@
 // woken through the worker's fd.
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstdio>
-
 #include "os/fork.h"
 #include "pipe_impl.h"
+#include "wire/control_frame.h"
 
 namespace tensorwire::detail {
 
@@ -31,34 +29,15 @@ constexpr size_t kMaxHeartbeat = 256;
 constexpr int kMaxHeartbeatsPerBeat = 64;
 }  // namespace
 
-int64_t heartbeat_ms(std::chrono::milliseconds liveness_timeout) {
-  return liveness_timeout.count() <= 0 ? 0 : std::max<int64_t>(1, liveness_timeout.count() / 4);
-}
-
 void PipeImpl::start_liveness(const wire::PeerIdentity& peer) {
   // Same host and namespaces: the peer's pidfd watches it (and a peer stopped in a debugger
   // is not taken for gone). Heartbeats only where a silent peer may have vanished.
-  if (peer.same_namespaces() || peer.heartbeat_ms < 0) return;
+  if (peer.same_namespaces()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto now = Clock::now();
-  heartbeat_every_ = std::chrono::milliseconds(std::max<int64_t>(peer.heartbeat_ms, 10));
-  if (peer.heartbeat_ms == 0) heartbeat_every_ = {};
-  check_peer_ = options_.liveness_timeout.count() > 0;
-  if (heartbeat_every_ == Clock::duration{} && !check_peer_) return;
-  last_heard_ = now;
-  next_heartbeat_ = now;  // the first one at once
-  heartbeat_buf_ = control_frame({{"heartbeat", true}});
-  // Beat often enough to send on time, and to notice the peer's silence within the timeout
-  // of the moment it fell silent: the check runs every twentieth of the timeout and fails
-  // the pipe once the silence reaches the timeout less one period.
-  auto period = check_peer_
-                    ? std::max(options_.liveness_timeout / 20, std::chrono::milliseconds(10))
-                    : std::chrono::milliseconds::max();
-  if (heartbeat_every_ != Clock::duration{})
-    period =
-        std::min(period, std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_every_));
-  silence_limit_ = options_.liveness_timeout - period;
-  runtime::keep_alive(weak_from_this(), period);
+  auto period = liveness_.start(peer.heartbeat_ms, options_.liveness_timeout, Clock::now());
+  if (!period) return;
+  heartbeat_buf_ = wire::control_frame({{"heartbeat", true}});
+  runtime::keep_alive(weak_from_this(), *period);
 }
 
 // Takes in the heartbeats that arrived. Under mu_.
@@ -69,7 +48,7 @@ void PipeImpl::drain_heartbeats() {
     if (!got->is_object() || !got->contains("heartbeat"))
       fail("a heartbeat must be {\"heartbeat\": true}, got " + got->dump(),
            Fault::PeerBrokeProtocol);
-    last_heard_ = Clock::now();
+    liveness_.heard(Clock::now());
   }
 }
 
@@ -82,21 +61,11 @@ void PipeImpl::beat() noexcept {
     if (progress()) worker_->signal();
     drain_heartbeats();
     const auto now = Clock::now();
-    if (heartbeat_every_ != Clock::duration{} && now >= next_heartbeat_) {
-      // One in flight at a time: over a dead link the previous one may never complete.
-      if (heartbeat_req_.done()) heartbeat_req_ = ep_->send(kHeartbeatTag, heartbeat_buf_);
-      next_heartbeat_ = now + heartbeat_every_;
-    }
+    // One in flight at a time: over a dead link the previous one may never complete.
+    if (liveness_.due(now) && heartbeat_req_.done())
+      heartbeat_req_ = ep_->send(kHeartbeatTag, heartbeat_buf_);
     check_alive();
-    if (check_peer_ && now - last_heard_ > silence_limit_) {
-      char why[160];
-      std::snprintf(why, sizeof why, " for %.1f s (liveness_timeout %.1f s)",
-                    std::chrono::duration<double>(now - last_heard_).count(),
-                    std::chrono::duration<double>(options_.liveness_timeout).count());
-      fail("no heartbeat from " + ep_->peer() + why +
-               ": its host or the link to it is down, or the peer is stopped",
-           Fault::ConnectionLost);
-    }
+    if (auto why = liveness_.silence(now, ep_->peer())) fail(*why, Fault::ConnectionLost);
   } catch (const Error&) {
     // The pipe failed (failure_ says why): wake every waiter so that it sees it.
     try {

@@ -130,6 +130,11 @@ std::shared_ptr<Context> Context::get() {
 }
 
 Context::Context() : generation_(os::fork_generation()) {
+  // A listener restarted on its port (a server that died and comes back at the address its
+  // clients know) must not wait for the old connections' TIME_WAIT to end; a port another
+  // socket listens on stays taken (Linux's SO_REUSEADDR). The connection manager reads this
+  // from the environment only (ucp_config_modify does not reach it); the user's own wins.
+  ::setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw_status("ucp_config_read", st);
@@ -285,11 +290,21 @@ std::string addr_str(const sockaddr_storage& ss) {
 }
 }  // namespace
 
-Listener::Listener(uint16_t port) : generation_(os::fork_generation()) {
+Listener::Listener(uint16_t port, const std::string& host) : generation_(os::fork_generation()) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = INADDR_ANY;
   addr.sin_port = htons(port);
+  if (!host.empty() && host != "0.0.0.0") {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (rc != 0) throw ValueError("cannot resolve host '" + host + "': " + gai_strerror(rc));
+    addr.sin_addr = reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr;
+    ::freeaddrinfo(res);
+  }
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
@@ -426,6 +441,13 @@ std::optional<std::pair<size_t, ucp_tag_message_h>> Endpoint::probe(uint64_t tag
   return std::make_pair(info.length, msg);
 }
 
+std::optional<Endpoint::Probed> Endpoint::probe(uint64_t tag, uint64_t mask) {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h msg = ucp_tag_probe_nb(worker_.handle(), tag, mask, 1, &info);
+  if (!msg) return std::nullopt;
+  return Probed{info.length, msg, info.sender_tag};
+}
+
 bool Endpoint::has_message(uint64_t tag) {
   ucp_tag_recv_info_t info{};
   return ucp_tag_probe_nb(worker_.handle(), tag, ~uint64_t{0}, 0, &info) != nullptr;
@@ -463,6 +485,31 @@ Request Endpoint::recv(uint64_t tag, std::span<std::byte> into, size_t* length) 
   return Request(
       ucp_tag_recv_nbx(worker_.handle(), into.data(), into.size(), tag, ~uint64_t{0}, &param),
       true);
+}
+
+Request Endpoint::recv(ucp_tag_message_h msg, std::span<const std::span<std::byte>> pieces,
+                       std::vector<ucp_dt_iov_t>& iov, size_t* length) {
+  iov.clear();
+  for (auto p : pieces)
+    if (!p.empty()) iov.push_back({p.data(), p.size()});
+  ucp_request_param_t param = recv_param(length);
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_iov();
+  *length = 0;
+  return Request(ucp_tag_msg_recv_nbx(worker_.handle(), iov.data(), iov.size(), msg, &param), true);
+}
+
+Request Endpoint::recv(uint64_t tag, std::span<const std::span<std::byte>> pieces,
+                       std::vector<ucp_dt_iov_t>& iov, size_t* length) {
+  iov.clear();
+  for (auto p : pieces)
+    if (!p.empty()) iov.push_back({p.data(), p.size()});
+  ucp_request_param_t param = recv_param(length);
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_iov();
+  *length = 0;
+  return Request(
+      ucp_tag_recv_nbx(worker_.handle(), iov.data(), iov.size(), tag, ~uint64_t{0}, &param), true);
 }
 
 void Endpoint::discard_unexpected() {

@@ -134,8 +134,9 @@ struct ConnRequest {
 
 class Listener {
  public:
-  // Binds 0.0.0.0:port (0 = any free port) on its own worker.
-  explicit Listener(uint16_t port);
+  // Binds host:port (an IPv4 address or name; 0.0.0.0 = every interface; port 0 = any
+  // free port) on its own worker.
+  explicit Listener(uint16_t port, const std::string& host = "0.0.0.0");
   ~Listener();
   uint16_t port() const noexcept { return port_; }
   Worker& worker() noexcept { return worker_; }
@@ -178,12 +179,25 @@ class Endpoint {
   Request send(uint64_t tag, std::span<const std::byte> bytes);
   // Pops the next message with this tag, if one has arrived: its length and handle.
   std::optional<std::pair<size_t, ucp_tag_message_h>> probe(uint64_t tag);
+  // Pops the next message whose tag matches `tag` on the bits of `mask`.
+  struct Probed {
+    size_t length;
+    ucp_tag_message_h message;
+    uint64_t tag;  // the sender's full tag
+  };
+  std::optional<Probed> probe(uint64_t tag, uint64_t mask);
   // Whether a message with this tag has arrived (it stays queued).
   bool has_message(uint64_t tag);
   // Receives; the received length is stored in *length (which must outlive the request)
   // on completion, however it completes.
   Request recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length);
   Request recv(uint64_t tag, std::span<std::byte> into, size_t* length);
+  // Receives a message scattered over `pieces` in order (straight into their memory).
+  Request recv(ucp_tag_message_h msg, std::span<const std::span<std::byte>> pieces,
+               std::vector<ucp_dt_iov_t>& iov_storage, size_t* length);
+  // Posts a receive of the next message with exactly this tag, scattered over `pieces`.
+  Request recv(uint64_t tag, std::span<const std::span<std::byte>> pieces,
+               std::vector<ucp_dt_iov_t>& iov_storage, size_t* length);
 
   // Receives and drops every message still waiting on the worker (after close), so UCX
   // does not warn about unmatched descriptors when the worker is destroyed.

@@ -1,5 +1,6 @@
 // Whole wire-codec messages as byte strings, for transports that move one message per
-// Unix-socket message (the inference attach handshake, the inference socket transport).
+// Unix-socket message (the inference attach handshake, the inference socket transport) or
+// UCX control message (the remote transport's specs).
 #pragma once
 
 #include <span>

@@ -4,17 +4,22 @@
 //     payload), the consolidated metadata alone (for the layout parser) and a saved-file
 //     image (for load);
 //   socket: inference socket-transport frames of every kind (wire/socket_frame.h);
-//   handshake: what a pipe peer sends in its handshake, as real handshakes send it.
+//   handshake: what a pipe peer sends in its handshake, as real handshakes send it;
+//   remote: remote inference frames (wire/remote_frames.h): a request length and a control
+//     frame each.
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "sample.h"
+#include "wire/control_frame.h"
 #include "wire/handshake.h"
 #include "wire/message_bytes.h"
+#include "wire/remote_frames.h"
 #include "wire/socket_frame.h"
 
 namespace tw = tensorwire;
@@ -95,13 +100,28 @@ void handshake_corpus(const std::string& dir) {
   }
 }
 
+void remote_corpus(const std::string& dir) {
+  int n = 0;
+  for (const tw::Json& body : {wire::remote::failure_json({"ValueError", "bad observation", false}),
+                               wire::remote::failure_json({"RuntimeError", "shutting down", true}),
+                               tw::Json{{"num_slots", 64}}, tw::Json{{"heartbeat", true}},
+                               tw::Json{{"closed", "the remote transport was closed"}}}) {
+    std::vector<std::byte> bytes(8);
+    const uint64_t length = 16;
+    std::memcpy(bytes.data(), &length, 8);
+    std::vector<std::byte> frame = wire::control_frame(body);
+    bytes.insert(bytes.end(), frame.begin(), frame.end());
+    write(dir + "/frame_" + std::to_string(n++) + ".bin", bytes);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string which = argc == 3 ? argv[2] : "decoder";
   if ((argc != 2 && argc != 3) ||
-      (which != "decoder" && which != "socket" && which != "handshake")) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR [decoder|socket|handshake]\n", argv[0]);
+      (which != "decoder" && which != "socket" && which != "handshake" && which != "remote")) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR [decoder|socket|handshake|remote]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -115,6 +135,10 @@ int main(int argc, char** argv) {
     }
     if (which == "handshake") {
       handshake_corpus(dir);
+      return 0;
+    }
+    if (which == "remote") {
+      remote_corpus(dir);
       return 0;
     }
     // Consolidated: the first message carries the schema, the next (same structure) only

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh BUILD_DIR SECONDS: for each target (the decoder, the datapoint format,
-# the pipe handshake, the inference socket frames), replays its regression inputs
+# the pipe handshake, the inference socket frames, the remote inference frames), replays its regression inputs
 # (tests/fuzz/regressions/, by file-name prefix), then fuzzes it for SECONDS from its seed
 # corpus. Prints one summary line per target; exits non-zero when libFuzzer reports a
 # crash (the crashing input is then kept under BUILD_DIR/fuzz-artifacts/ for reproduction:
@@ -82,7 +82,7 @@ fuzz() {
 "$maker" "$work/corpus_decoder"
 decoder_regressions=()
 for f in "$here"/regressions/*; do
-  case $(basename "$f") in datapoint_* | handshake_* | socket_* | README*) ;; *) decoder_regressions+=("$f") ;; esac
+  case $(basename "$f") in datapoint_* | handshake_* | socket_* | remote_* | README*) ;; *) decoder_regressions+=("$f") ;; esac
 done
 fuzz decoder "" 65536 "$here/decoder.dict" "${decoder_regressions[*]:-}"
 
@@ -100,3 +100,8 @@ fuzz handshake "handshake " 16384 "$here/handshake.dict" "$here/regressions/hand
 "$maker" "$work/corpus_socket_frame" socket
 cat "$here/decoder.dict" "$here/socket_frame.dict" >"$work/socket_frame.dict"
 fuzz socket_frame "socket frame " 65536 "$work/socket_frame.dict" "$here/regressions/socket_*"
+
+# The remote inference frames (wire/remote_frames.h, wire/control_frame.h): seeds of a request
+# length followed by a control frame of every kind.
+"$maker" "$work/corpus_remote_frames" remote
+fuzz remote_frames "remote frames " 4096 "$here/decoder.dict" "$here/regressions/remote_*"

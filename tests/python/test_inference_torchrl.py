@@ -136,3 +136,34 @@ def test_the_dropin_has_a_repr_with_state_and_closes():
     import tensorwire as tw
     with pytest.raises(tw.ClosedError):
         c(TensorDict({"observation": torch.ones(4)}), timeout=5)
+
+
+# ---- tensorwire.torchrl.RemoteTransport: the same under torchrl's server, over UCX ------
+
+def test_torchrls_server_serves_remote_actors_unchanged():
+    from tensorwire.torchrl import RemoteTransport
+
+    t = RemoteTransport(*specs(), num_slots=4, host="127.0.0.1", auth_key="k")
+    assert isinstance(t, InferenceTransport)
+    with InferenceServer(sum_policy(), t, max_batch_size=4) as server:
+        r = t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+        assert isinstance(r, TensorDict) and r["action"].tolist() == [4.0, 4.0]
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        # Clients pickle to their address (and key) and connect again in the child.
+        procs = [ctx.Process(target=torchrl_actor, args=(RemoteTransport.client_for(
+            t.address, auth_key="k"), 100 * k, q)) for k in range(2)]
+        for p in procs:
+            p.start()
+        assert [q.get(timeout=60) for _ in procs] == [True] * 2
+        for p in procs:
+            p.join(10)
+        assert server.stats()["requests"] == 101
+
+    def failing(td):
+        raise ValueError("bad observation")
+
+    t = RemoteTransport(*specs(), num_slots=2, host="127.0.0.1")
+    with InferenceServer(failing, t):
+        with pytest.raises(ValueError, match="bad observation"):
+            t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "tensorwire/inference/transport.h"
 
@@ -63,6 +64,13 @@ class InferenceServer {
   // ValueError for max_batch_size < 1, min_batch_size outside [1, max_batch_size],
   // stats_window < 1 or a negative timeout.
   InferenceServer(Policy policy, std::shared_ptr<Transport> transport, ServerOptions options = {});
+  // Serves several transports as one (e.g. a SharedMemoryTransport for local actors and a
+  // RemoteTransport for actors on other hosts): each batch takes from every transport
+  // fairly, requests of equal structure share one policy call, and each answer goes back by
+  // the transport its request came through. The batching timeout applies to all.
+  // ValueError for no transport, a null one, or one given twice.
+  InferenceServer(Policy policy, std::vector<std::shared_ptr<Transport>> transports,
+                  ServerOptions options = {});
   ~InferenceServer();  // shutdown()
   InferenceServer(const InferenceServer&) = delete;
   InferenceServer& operator=(const InferenceServer&) = delete;

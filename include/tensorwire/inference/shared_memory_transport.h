@@ -33,9 +33,6 @@ class ShmOwner;
 struct ShmAccess;
 }  // namespace detail
 
-// The most slots a transport has (a client refuses a larger count from the owner).
-inline constexpr int64_t kMaxSlots = int64_t{1} << 24;
-
 struct SharedMemoryOptions {
   int64_t num_slots = 0;    // 1 to kMaxSlots: the bound on requests in flight across all clients
   bool copy_result = true;  // false: results are views of the response slot (see below)

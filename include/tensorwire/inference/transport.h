@@ -24,6 +24,10 @@
 
 namespace tensorwire::inference {
 
+// The most slots a transport with a slot bank has (shared-memory and remote; a client refuses
+// a larger count from its server).
+inline constexpr int64_t kMaxSlots = int64_t{1} << 24;
+
 // The requests one drain took: transport-specific handles and when each was submitted.
 // Reused from batch to batch (cleared, not reallocated).
 struct Drained {

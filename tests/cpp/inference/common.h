@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "os/unix_socket.h"
+#include "tensorwire/inference/remote_transport.h"
 #include "tensorwire/inference/server.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"

@@ -1,6 +1,6 @@
-// The behaviour every transport shares, run against each of them: shared memory, socket
-// and thread. Clients here are threads of the test process; test_processes.cpp has the
-// cross-process cases.
+// The behaviour every transport shares, run against each of them: shared memory, socket,
+// thread and remote (UCX on loopback). Clients here are threads of the test process;
+// test_processes.cpp has the cross-process cases.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -43,6 +43,9 @@ class Gate {
 std::shared_ptr<Transport> make_transport(const std::string& kind, uint32_t slots = 64) {
   if (kind == "shared_memory") return make_shm(slots);
   if (kind == "socket") return SocketTransport::create();
+  if (kind == "remote")
+    return RemoteTransport::create(request_spec(), response_spec(),
+                                   {.num_slots = slots, .host = "127.0.0.1"});
   return ThreadTransport::create();
 }
 
@@ -98,7 +101,7 @@ TEST_P(TransportTest, QueuedRequestsAreServedInBatchesOfAtMostMaxBatchSize) {
     EXPECT_EQ(action0(futures[i].result(5s)), 2.0f * static_cast<float>(i));
   ServerStats st = server.stats();
   EXPECT_EQ(st.requests, 10u);
-  if (GetParam() == "socket") {
+  if (GetParam() == "socket" || GetParam() == "remote") {
     // Requests reach the owner's queue asynchronously: the first drain may see fewer.
     EXPECT_LE(largest, 4);
     EXPECT_GE(st.batches, 3u);
@@ -403,7 +406,7 @@ TEST(TransportOptions, AllowedUidsOutsideTheUidRangeAreRejected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest,
-                         ::testing::Values("shared_memory", "socket", "thread"),
+                         ::testing::Values("shared_memory", "socket", "thread", "remote"),
                          [](const auto& p) { return p.param; });
 
 }  // namespace

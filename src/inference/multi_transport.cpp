@@ -1,0 +1,210 @@
+#include "multi_transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::inference::detail {
+
+namespace {
+
+// The wait of one transport at a time while several are served.
+constexpr auto kSlice = std::chrono::microseconds(500);
+
+// Whether two policy inputs can be concatenated along dim 0: same keys in the same order,
+// same dtypes and trailing shapes, same trailing batch dims.
+bool same_structure(const TensorDict& a, const TensorDict& b) {
+  if (a.items().size() != b.items().size() || a.batch_dims() != b.batch_dims()) return false;
+  if (!std::equal(a.batch_size().begin() + 1, a.batch_size().end(), b.batch_size().begin() + 1))
+    return false;
+  for (size_t i = 0; i < a.items().size(); ++i) {
+    const auto& [na, ea] = a.items()[i];
+    const auto& [nb, eb] = b.items()[i];
+    if (na != nb || ea.is_tensor() != eb.is_tensor()) return false;
+    if (ea.is_tensor()) {
+      const Tensor &ta = ea.tensor(), &tb = eb.tensor();
+      if (ta.dtype() != tb.dtype() || ta.shape().size() != tb.shape().size() ||
+          !std::equal(ta.shape().begin() + 1, ta.shape().end(), tb.shape().begin() + 1))
+        return false;
+    } else if (ea.is_tensordict()) {
+      if (!eb.is_tensordict() || !same_structure(ea.tensordict(), eb.tensordict())) return false;
+    } else {
+      return false;  // non-tensor values: transports without a fixed layout group alone
+    }
+  }
+  return true;
+}
+
+// `parts` (of one structure) one after the other along dim 0, in fresh memory.
+TensorDict concat(const std::vector<const TensorDict*>& parts, int64_t total) {
+  const TensorDict& first = *parts[0];
+  Shape batch = first.batch_size();
+  batch[0] = total;
+  TensorDict out(batch, first.device());
+  for (size_t i = 0; i < first.items().size(); ++i) {
+    const auto& [name, e] = first.items()[i];
+    if (e.is_tensor()) {
+      Shape shape = e.tensor().shape();
+      shape[0] = total;
+      Tensor t = Tensor::empty(shape, e.tensor().dtype());
+      auto* dst = static_cast<std::byte*>(t.data());
+      for (const TensorDict* p : parts) {
+        const Tensor& src = p->items()[i].second.tensor();
+        src.copy_to(dst);
+        dst += src.nbytes();
+      }
+      out.set(name, t);
+    } else {
+      std::vector<const TensorDict*> sub;
+      for (const TensorDict* p : parts) sub.push_back(&p->items()[i].second.tensordict());
+      out.set(name, concat(sub, total));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+MultiTransport::MultiTransport(std::vector<std::shared_ptr<Transport>> parts)
+    : parts_(std::move(parts)) {
+  if (parts_.empty()) throw ValueError("InferenceServer: no transport given");
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (!parts_[i])
+      throw ValueError("InferenceServer: transport " + std::to_string(i) + " is null");
+    for (size_t j = 0; j < i; ++j)
+      if (parts_[j] == parts_[i])
+        throw ValueError("InferenceServer: transport " + std::to_string(i) +
+                         " is given twice (also at " + std::to_string(j) + ")");
+  }
+  sub_.resize(parts_.size());
+  part_groups_.resize(parts_.size());
+}
+
+Client MultiTransport::client() {
+  return parts_[0]->client();
+}
+
+void MultiTransport::open_server() {
+  size_t opened = 0;
+  try {
+    for (; opened < parts_.size(); ++opened) {
+      if (parts_[opened]->closed())
+        throw ClosedError(std::string("cannot start an InferenceServer on a closed ") +
+                          parts_[opened]->kind() + " transport");
+      parts_[opened]->open_server();
+    }
+  } catch (...) {
+    for (size_t i = 0; i < opened; ++i)
+      parts_[i]->close_server("InferenceServer failed to start", false);
+    throw;
+  }
+}
+
+void MultiTransport::close_server(const std::string& reason, bool fail_pending) {
+  for (auto& p : parts_) p->close_server(reason, fail_pending);
+}
+
+void MultiTransport::wait_for_work(Deadline deadline) {
+  const Deadline slice = deadline.min(Deadline::after(kSlice));
+  parts_[next_ % parts_.size()]->wait_for_work(slice);
+}
+
+void MultiTransport::interrupt() {
+  for (auto& p : parts_) p->interrupt();
+}
+
+void MultiTransport::drain(size_t max_items, Drained& out) {
+  if (out.empty()) {
+    for (Drained& s : sub_) s.clear();
+    where_.clear();
+    answered_.clear();
+  }
+  const size_t n = parts_.size();
+  const size_t start = next_++ % n;
+  auto take = [&](size_t i, size_t limit) {
+    Drained& s = sub_[i];
+    const size_t before = s.size();
+    parts_[i]->drain(limit, s);
+    for (size_t k = before; k < s.size(); ++k) {
+      out.ids.push_back(where_.size());
+      out.submitted_ns.push_back(s.submitted_ns[k]);
+      where_.push_back({i, k});
+    }
+  };
+  // A fair share each first, then what is left to whoever has more.
+  const size_t share = std::max<size_t>(1, max_items / n);
+  for (size_t j = 0; j < n && out.size() < max_items; ++j)
+    take((start + j) % n, std::min(share, max_items - out.size()));
+  for (size_t j = 0; j < n && out.size() < max_items; ++j)
+    take((start + j) % n, max_items - out.size());
+}
+
+void MultiTransport::collate(const Drained& drained, std::vector<Group>& groups) {
+  std::vector<std::vector<size_t>> back(parts_.size());  // sub position -> server position
+  for (size_t i = 0; i < parts_.size(); ++i) back[i].assign(sub_[i].size(), 0);
+  for (size_t k = 0; k < drained.size(); ++k)
+    back[where_[drained.ids[k]].part][where_[drained.ids[k]].pos] = k;
+  groups.clear();
+  pieces_.clear();
+  std::vector<std::vector<const TensorDict*>> inputs;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (sub_[i].empty()) continue;
+    parts_[i]->collate(sub_[i], part_groups_[i]);
+    for (size_t g = 0; g < part_groups_[i].size(); ++g) {
+      const Group& pg = part_groups_[i][g];
+      size_t m = 0;
+      while (m < groups.size() && !same_structure(*inputs[m][0], *pg.input)) ++m;
+      if (m == groups.size()) {
+        groups.emplace_back();
+        pieces_.emplace_back();
+        inputs.emplace_back();
+      }
+      const auto n = static_cast<int64_t>(pg.rows.size());
+      pieces_[m].push_back({i, g, static_cast<int64_t>(groups[m].rows.size()), n});
+      inputs[m].push_back(pg.input.get());
+      for (size_t row : pg.rows) groups[m].rows.push_back(back[i][row]);
+    }
+  }
+  for (size_t m = 0; m < groups.size(); ++m) {
+    if (inputs[m].size() == 1)
+      groups[m].input = part_groups_[pieces_[m][0].part][pieces_[m][0].group].input;
+    else
+      groups[m].input = std::make_shared<const TensorDict>(
+          concat(inputs[m], static_cast<int64_t>(groups[m].rows.size())));
+  }
+  answered_.assign(drained.size(), false);
+  groups_ = groups.data();
+}
+
+void MultiTransport::resolve(const Drained& drained, const Group& group, const TensorDict& output,
+                             const VersionStamp& stamp) {
+  const auto m = static_cast<size_t>(&group - groups_);
+  const auto n = static_cast<int64_t>(group.rows.size());
+  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
+    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
+                " for a batch of " + std::to_string(n) + " requests");
+  for (const Piece& p : pieces_[m]) {
+    const Group& pg = part_groups_[p.part][p.group];
+    parts_[p.part]->resolve(
+        sub_[p.part], pg, pieces_[m].size() == 1 ? output : output.slice(p.offset, p.n, 1), stamp);
+    for (int64_t r = 0; r < p.n; ++r)
+      answered_[group.rows[static_cast<size_t>(p.offset + r)]] = true;
+  }
+  (void)drained;
+}
+
+void MultiTransport::reject(const Drained& drained, std::span<const size_t> rows,
+                            const RemoteError& error) {
+  std::vector<std::vector<size_t>> by_part(parts_.size());
+  for (size_t row : rows) {
+    if (row < answered_.size() && answered_[row]) continue;  // answered before a later part failed
+    const Where& w = where_[drained.ids[row]];
+    by_part[w.part].push_back(w.pos);
+  }
+  for (size_t i = 0; i < parts_.size(); ++i)
+    if (!by_part[i].empty()) parts_[i]->reject(sub_[i], by_part[i], error);
+}
+
+}  // namespace tensorwire::inference::detail

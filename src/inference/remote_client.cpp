@@ -1,0 +1,437 @@
+// RemoteTransport's client side: the link to the server and the requests in flight on it.
+#include "remote_client.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "bank_batch.h"
+#include "os/fork.h"
+#include "remote_server.h"
+#include "runtime/wait.h"
+#include "ucx/control.h"
+#include "wire/control_frame.h"
+#include "wire/message_bytes.h"
+#include "wire/remote_frames.h"
+
+namespace tensorwire::inference::detail {
+
+namespace remote = wire::remote;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+constexpr size_t kMaxHeartbeat = 256;
+// A spec message is a wire-codec message of a spec's metadata and example leaves.
+constexpr size_t kMaxSpecBytes = 64ull << 20;
+}  // namespace
+
+std::pair<std::string, uint16_t> parse_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  auto bad = [&] {
+    return ValueError("remote inference address must be \"host:port\", got \"" + address + "\"");
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) throw bad();
+  uint32_t port = 0;
+  for (char c : address.substr(colon + 1)) {
+    if (c < '0' || c > '9') throw bad();
+    port = port * 10 + static_cast<uint32_t>(c - '0');
+    if (port > 65535) throw bad();
+  }
+  if (port == 0) throw bad();
+  return {address.substr(0, colon), static_cast<uint16_t>(port)};
+}
+
+// ---- RemoteLink ----------------------------------------------------------------
+
+RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClientOptions& options,
+                       Deadline deadline)
+    : generation(os::fork_generation()),
+      address(host + ":" + std::to_string(port)),
+      options_(options) {
+  kick_ = os::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!kick_) throw SystemError("eventfd", errno);
+  worker = std::make_unique<ucx::Worker>();
+  ep = std::make_unique<ucx::Endpoint>(*worker, host, port);
+  const uint64_t ctl = remote::tag(remote::Kind::Control);
+  const wire::Limits limits;
+  const char* what = "remote inference connect";
+  try {
+    ucx::wait_wired_up(*worker, *ep, deadline, what);
+    auto send = [&](const Json& j) { ucx::send_control(*worker, *ep, ctl, j, deadline); };
+    auto recv = [&] { return ucx::recv_control(*worker, *ep, ctl, limits, deadline, what); };
+    wire::PeerIdentity peer = wire::handshake_as_client(
+        remote_handshake_config(options.auth_key, options.liveness_timeout), send, recv);
+    num_slots = remote::parse_num_slots(recv());
+    TensorDict specs[2];
+    wire::Decoder decoder(limits);
+    for (TensorDict& spec : specs) {
+      std::optional<ucx::Endpoint::Probed> m;
+      const bool got = runtime::wait_until(deadline, [&](Deadline slice) {
+        while (worker->progress()) {
+        }
+        m = ep->probe(remote::tag(remote::Kind::Spec), ~uint64_t{0});
+        if (m) return true;
+        if (ep->error() != UCS_OK)
+          throw ClosedError(std::string(what) + ": connection to " + address + " lost");
+        worker->wait(std::chrono::milliseconds(std::max<int>(1, slice.poll_ms())));
+        return false;
+      });
+      if (!got) throw TimeoutError(std::string(what) + ": no spec from " + address + " in time");
+      if (m->length > kMaxSpecBytes)
+        throw ProtocolError("remote inference spec of " + std::to_string(m->length) +
+                            " bytes (at most " + std::to_string(kMaxSpecBytes) + ")");
+      std::vector<std::byte> buf(m->length);
+      size_t len = 0;
+      ucx::Request req = ep->recv(m->message, buf, &len);
+      while (!req.done()) worker->progress();
+      spec = wire::decode_owned(decoder, buf);
+    }
+    request = SlotLayout::from_spec(specs[0], 1, "the server's request_spec");
+    response = SlotLayout::from_spec(specs[1], 1, "the server's response_spec");
+    auto period = liveness_.start(peer.heartbeat_ms, options.liveness_timeout, Clock::now());
+    heartbeat_ = wire::control_frame({{"heartbeat", true}});
+    if (period) heartbeat_period = *period;
+  } catch (...) {
+    for (int i = 0; i < 50 && worker->progress(); ++i) {  // let a refusal reach the server
+    }
+    throw;
+  }
+}
+
+RemoteLink::~RemoteLink() {
+  if (ucx::inherited(generation)) {
+    // A forked child's copy: the UCX state is the parent's (ucx.h).
+    (void)worker.release();
+    (void)ep.release();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& o : orphans) o->recv.cancel(worker->handle());
+  orphans.clear();
+  heartbeat_req_ = ucx::Request();
+  try {
+    if (ep->error() == UCS_OK && failure.empty()) {
+      std::vector<std::byte> bye = wire::control_frame({{"bye", true}});
+      ucx::Request req = ep->send(remote::tag(remote::Kind::Control), bye);
+      const auto until = Clock::now() + std::chrono::milliseconds(200);
+      while (!req.done() && Clock::now() < until) worker->progress();
+    }
+    ep->close(false, std::chrono::milliseconds(200));
+    ep->discard_unexpected();
+  } catch (const Error&) {
+  }
+}
+
+void RemoteLink::fail(const std::string& why, bool protocol) {
+  if (failure.empty()) {
+    failure = why;
+    failure_protocol = protocol;
+  }
+  try {
+    worker->signal();
+  } catch (const Error&) {
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+}
+
+void RemoteLink::check() const {
+  if (failure.empty()) return;
+  if (failure_protocol) throw ProtocolError(failure);
+  throw ClosedError(failure);
+}
+
+void RemoteLink::step() {
+  if (ucx::inherited(generation))
+    throw ClosedError("this remote inference client (to " + address +
+                      ") was connected before a fork: its UCX state belongs to the parent");
+  check();
+  try {
+    if (worker->progress()) {
+      while (worker->progress()) {
+      }
+      if (sleepers_.load(std::memory_order_acquire) > 0) {
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+      }
+    }
+    reap_orphans();
+    if (auto c = ucx::take_control(*worker, *ep, remote::tag(remote::Kind::Control),
+                                   ucx::kMaxControlFrame, wire::Limits{}, "control message")) {
+      if (c->is_object() && c->contains("error"))
+        fail("the remote inference server at " + address + " closed the connection: " +
+                 ((*c)["error"].is_string() ? (*c)["error"].get<std::string>() : c->dump()),
+             true);
+      else
+        fail("the remote inference server at " + address + " closed the connection" +
+                 (c->is_object() && c->contains("closed") && (*c)["closed"].is_string()
+                      ? ": " + (*c)["closed"].get<std::string>()
+                      : std::string()),
+             false);
+    }
+    if (ep->error() != UCS_OK)
+      fail("connection to the remote inference server at " + address +
+               " lost: " + ucs_status_string(ep->error()),
+           false);
+  } catch (const ProtocolError& e) {
+    fail(e.what(), true);
+  }
+  check();
+}
+
+void RemoteLink::reap_orphans() {
+  for (size_t i = 0; i < orphans.size();) {
+    Orphan& o = *orphans[i];
+    bool done = false;
+    try {
+      done = o.recv.done() && o.send.done();
+      if (!done) {
+        if (auto f = ucx::take_control(*worker, *ep, remote::tag(remote::Kind::Failure, o.seq),
+                                       ucx::kMaxControlFrame, wire::Limits{}, "failure")) {
+          o.recv.cancel(worker->handle());
+          done = true;
+        }
+      }
+    } catch (const Error&) {
+      done = true;
+    }
+    if (done && o.send.done()) {
+      --in_flight;
+      orphans[i] = std::move(orphans.back());
+      orphans.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void RemoteLink::wait(Deadline slice, uint64_t seen) {
+  // A reply is often microseconds away: poll briefly, yielding the CPU (see the pipe's
+  // spin_for for why a plain spin hurts on a loaded machine).
+  const auto until = Clock::now() + std::chrono::microseconds(50);
+  do {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (worker->progress()) return;
+    }
+    ::sched_yield();
+  } while (Clock::now() < until);
+  if (slice.passed()) return;
+  sleepers_.fetch_add(1, std::memory_order_acq_rel);
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
+  } leave{sleepers_};
+  if (worker->events() != seen) return;
+  bool busy;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failure.empty() || worker->progress() || !worker->arm()) return;
+    busy = in_flight > 0;
+  }
+  struct pollfd fds[2] = {{worker->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}};
+  // A request in flight may still need progress to leave (UCX's TCP lanes send from
+  // progress, and the fd does not fire for it): look again within a millisecond.
+  ::poll(fds, 2, busy ? std::min(slice.poll_ms(), 1) : slice.poll_ms());
+  if (fds[1].revents & POLLIN) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(kick_.get(), &v, sizeof v);
+  }
+}
+
+void RemoteLink::beat() noexcept {
+  if (ucx::inherited(generation)) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!failure.empty()) return;
+  try {
+    if (worker->progress()) worker->signal();
+    const uint64_t hb = remote::tag(remote::Kind::Heartbeat);
+    for (int i = 0; i < 64; ++i) {
+      auto got = ucx::take_control(*worker, *ep, hb, kMaxHeartbeat, wire::Limits{}, "heartbeat");
+      if (!got) break;
+      if (!got->is_object() || !got->contains("heartbeat"))
+        throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());
+      liveness_.heard(Clock::now());
+    }
+    const auto now = Clock::now();
+    if (liveness_.due(now) && heartbeat_req_.done()) heartbeat_req_ = ep->send(hb, heartbeat_);
+    if (auto why = liveness_.silence(now, "the remote inference server at " + address))
+      fail(*why, false);
+  } catch (const ProtocolError& e) {
+    fail(e.what(), true);
+  } catch (const Error& e) {
+    fail(e.what(), false);
+  }
+}
+
+// ---- requests ------------------------------------------------------------------
+
+namespace {
+
+class RemotePending final : public Pending {
+ public:
+  RemotePending(std::shared_ptr<RemoteLink> link, std::unique_ptr<RemoteLink::Orphan> r)
+      : link_(std::move(link)), r_(std::move(r)) {}
+
+  ~RemotePending() override {
+    if (done_ || !r_) return;
+    std::lock_guard<std::mutex> lock(link_->mu);
+    if (!link_->failure.empty() && !ucx::inherited(link_->generation)) {
+      r_->recv.cancel(link_->worker->handle());
+      return;
+    }
+    link_->orphans.push_back(std::move(r_));  // reaped once its answer arrives
+  }
+
+  bool ready() override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    return poll();
+  }
+
+  bool wait(Deadline slice) override {
+    while (true) {
+      uint64_t seen;
+      {
+        std::lock_guard<std::mutex> lock(link_->mu);
+        seen = link_->worker->events();
+        if (poll()) return true;
+      }
+      if (slice.passed()) return false;
+      link_->wait(slice, seen);
+    }
+  }
+
+  TensorDict take() override {
+    if (!closed_.empty()) throw ClosedError(closed_);
+    if (failure_) {
+      if (failure_->closed) throw ClosedError(failure_->message);
+      throw RemoteError(failure_->type, failure_->message);
+    }
+    size_t expected = 0;
+    for (const LeafSlot& l : link_->response.leaves()) expected += l.row_bytes;
+    if (r_->length != expected)
+      throw ProtocolError("remote inference response of " + std::to_string(r_->length) +
+                          " bytes, the response spec takes " + std::to_string(expected));
+    return link_->response.row(r_->buffer, 0);
+  }
+
+ private:
+  // Under link mu.
+  bool poll() {
+    if (done_) return true;
+    try {
+      link_->step();
+      if (r_->recv.done() && r_->send.done()) return finish();
+      if (auto f = ucx::take_control(*link_->worker, *link_->ep,
+                                     remote::tag(remote::Kind::Failure, r_->seq),
+                                     ucx::kMaxControlFrame, wire::Limits{}, "failure")) {
+        failure_ = remote::parse_failure(*f);
+        r_->recv.cancel(link_->worker->handle());
+        return finish();
+      }
+    } catch (const ProtocolError& e) {
+      link_->fail(e.what(), true);
+      closed_ = e.what();
+      done_ = true;
+    } catch (const Error& e) {
+      closed_ = e.what();
+      done_ = true;
+    }
+    return done_;
+  }
+  bool finish() {
+    done_ = true;
+    --link_->in_flight;
+    return true;
+  }
+
+  std::shared_ptr<RemoteLink> link_;
+  std::unique_ptr<RemoteLink::Orphan> r_;
+  bool done_ = false;
+  std::string closed_;
+  std::optional<remote::Failure> failure_;
+};
+
+}  // namespace
+
+RemoteClient::RemoteClient(std::string host, uint16_t port, RemoteClientOptions options)
+    : host_(std::move(host)), port_(port), options_(std::move(options)) {}
+
+std::string RemoteClient::address() const {
+  return host_ + ":" + std::to_string(port_);
+}
+
+std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw ClosedError("this remote inference client (to " + address() + ") is closed");
+  if (link_ && ucx::inherited(link_->generation)) {
+    // Made by the parent of this forked child: not ours to use nor to tear down.
+    (void)new std::shared_ptr<RemoteLink>(std::move(link_));
+  }
+  if (!link_) {
+    auto l = std::make_shared<RemoteLink>(host_, port_, options_,
+                                          limit.min(Deadline::after(options_.connect_timeout)));
+    if (l->heartbeat_period.count() > 0) runtime::keep_alive(l, l->heartbeat_period);
+    link_ = std::move(l);
+  }
+  return link_;
+}
+
+std::optional<std::vector<Key>> RemoteClient::request_keys() {
+  return link()->request.keys();
+}
+
+void RemoteClient::close() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  link_.reset();
+}
+
+std::unique_ptr<Pending> RemoteClient::submit(const TensorDict& td, Deadline deadline) {
+  std::shared_ptr<RemoteLink> l = link(deadline);
+  std::vector<const Tensor*> leaves;
+  validate_request(td, l->request, leaves, "RemoteTransport");
+  auto r = std::make_unique<RemoteLink::Orphan>();
+  r->request = td;
+  r->copies.reserve(leaves.size());
+  std::vector<std::span<const std::byte>> out;
+  for (const Tensor* t : leaves) {
+    const Tensor* src = t;
+    if (!t->is_contiguous()) {
+      r->copies.push_back(t->contiguous());
+      src = &r->copies.back();
+    }
+    out.emplace_back(static_cast<const std::byte*>(src->data()), src->nbytes());
+  }
+  r->buffer = Storage::allocate(l->response.bank_bytes(), 64);
+  std::vector<std::span<std::byte>> in;
+  for (const LeafSlot& leaf : l->response.leaves())
+    in.emplace_back(r->buffer.data() + leaf.offset, leaf.row_bytes);
+  // Room: at most num_slots requests of this client in flight (the server's bank).
+  const bool room = runtime::wait_until(deadline, [&](Deadline slice) {
+    uint64_t seen;
+    {
+      std::lock_guard<std::mutex> lock(l->mu);
+      l->step();
+      if (l->in_flight < l->num_slots) {
+        r->seq = l->next_seq++;
+        r->recv = l->ep->recv(remote::tag(remote::Kind::Response, r->seq), in, r->iov, &r->length);
+        r->send = l->ep->send(remote::tag(remote::Kind::Request, r->seq), out, r->send_iov);
+        ++l->in_flight;
+        return true;
+      }
+      seen = l->worker->events();
+    }
+    l->wait(slice, seen);
+    return false;
+  });
+  if (!room)
+    throw TimeoutError("RemoteTransport: all " + std::to_string(l->num_slots) +
+                       " slots of this client were in flight until the timeout");
+  return std::make_unique<RemotePending>(std::move(l), std::move(r));
+}
+
+}  // namespace tensorwire::inference::detail

@@ -1,0 +1,458 @@
+// RemoteTransport's server: the listener thread, the connection threads and the slot bank.
+#include "remote_server.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/peer_liveness.h"
+#include "tensorwire/runtime/log.h"
+#include "ucx/control.h"
+#include "wire/control_frame.h"
+#include "wire/handshake.h"
+#include "wire/message_bytes.h"
+#include "wire/remote_frames.h"
+
+namespace tensorwire::inference::detail {
+
+namespace remote = wire::remote;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+constexpr size_t kMaxHeartbeat = 256;
+// Requests a connection takes in per loop turn: one client cannot hold its thread forever.
+constexpr int kMaxTakePerTurn = 64;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<std::byte> encode_spec(const TensorDict& spec) {
+  wire::Encoder enc(wire::Mode::NonConsolidated);
+  std::string out;
+  wire::append_encoded(enc.encode(spec), out);
+  auto* p = reinterpret_cast<const std::byte*>(out.data());
+  return std::vector<std::byte>(p, p + out.size());
+}
+}  // namespace
+
+wire::HandshakeConfig remote_handshake_config(const std::string& auth_key,
+                                              std::chrono::milliseconds liveness_timeout) {
+  return {"inference-remote", "fixed", auth_key, runtime::heartbeat_ms(liveness_timeout)};
+}
+
+// ---- RemoteServer ------------------------------------------------------------
+
+RemoteServer::RemoteServer(const TensorDict& request_spec, const TensorDict& response_spec,
+                           RemoteOptions o)
+    : options(std::move(o)) {
+  if (options.num_slots < 1 || options.num_slots > kMaxSlots)
+    throw ValueError("num_slots must be 1 to " + std::to_string(kMaxSlots) + ", got " +
+                     std::to_string(options.num_slots));
+  if (options.port < 0 || options.port > 65535)
+    throw ValueError("port must be 0 to 65535, got " + std::to_string(options.port));
+  const auto n = static_cast<uint32_t>(options.num_slots);
+  request = SlotLayout::from_spec(request_spec, n, "request_spec");
+  response = SlotLayout::from_spec(response_spec, n, "response_spec");
+  request_bank = Storage::allocate(request.bank_bytes(), 64);
+  response_bank = Storage::allocate(response.bank_bytes(), 64);
+  batch.staging = Storage::allocate(request.bank_bytes(), 64);
+  for (const LeafSlot& l : request.leaves()) request_bytes += l.row_bytes;
+  slots.resize(n);
+  for (uint32_t i = n; i-- > 0;) free_slots.push_back(i);
+  listener_.emplace(static_cast<uint16_t>(options.port), options.host);
+  port = listener_->port();
+  listener_thread_ = std::thread([this] { listen(); });
+}
+
+RemoteServer::~RemoteServer() {
+  stop("the remote transport was closed");
+}
+
+void RemoteServer::stop(const std::string& reason) {
+  std::call_once(stopped_once_, [&] {
+    stop_.store(true);
+    try {
+      listener_->worker().signal();
+    } catch (const Error&) {
+    }
+    if (listener_thread_.joinable()) listener_thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& c : threads_) c->stop(reason);
+    }
+    reap(true);
+    listener_.reset();
+  });
+}
+
+void RemoteServer::listen() noexcept {
+  while (!stop_.load()) {
+    try {
+      if (auto r = listener_->poll()) {
+        std::lock_guard<std::mutex> lock(mu);
+        auto c = std::make_shared<RemoteConnection>(*this, next_conn_++, *r);
+        threads_.push_back(c);
+        c->start();
+        continue;
+      }
+      reap(false);
+      listener_->worker().wait(std::chrono::milliseconds(100));
+    } catch (const Error& e) {
+      log_message(LogLevel::Warning, std::string("RemoteTransport: listener: ") + e.what());
+    }
+  }
+}
+
+// Joins connection threads that ended (all of them when `all`).
+void RemoteServer::reap(bool all) {
+  std::vector<std::shared_ptr<RemoteConnection>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = std::partition(threads_.begin(), threads_.end(),
+                             [&](const auto& c) { return !all && !c->finished(); });
+    done.assign(it, threads_.end());
+    threads_.erase(it, threads_.end());
+  }
+  for (auto& c : done) c->join();
+}
+
+void RemoteServer::free_slot(uint32_t i) {
+  slots[i] = RemoteSlot{};
+  free_slots.push_back(i);
+  if (!starved.empty()) {
+    const uint32_t id = starved.back();
+    starved.pop_back();
+    if (auto it = conns.find(id); it != conns.end()) it->second->wake();
+  }
+}
+
+void RemoteServer::answer(uint32_t slot, std::optional<Json> failure) {
+  RemoteSlot& s = slots[slot];
+  auto it = conns.find(s.conn);
+  if (it == conns.end()) return free_slot(slot);  // its client is gone: the request is dropped
+  s.state = RemoteSlot::Answering;
+  it->second->outbox.push_back({slot, s.seq, std::move(failure)});
+  it->second->wake();
+}
+
+void RemoteServer::refuse(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++refused;
+  last_refusal = why;
+}
+
+// ---- RemoteConnection --------------------------------------------------------
+
+struct RemoteConnection::Receive {
+  uint32_t slot;
+  size_t length = 0;
+  std::vector<ucp_dt_iov_t> iov;
+  ucx::Request req;
+};
+
+struct RemoteConnection::Send {
+  uint32_t slot;
+  std::vector<std::byte> frame;  // a failure message's bytes
+  std::vector<ucp_dt_iov_t> iov;
+  ucx::Request req;
+};
+
+RemoteConnection::RemoteConnection(RemoteServer& server, uint32_t id, ucx::ConnRequest request)
+    : s_(server), id_(id), request_(request), peer_(request.peer) {}
+
+RemoteConnection::~RemoteConnection() {
+  join();
+}
+
+void RemoteConnection::join() {
+  if (!thread_.joinable()) return;
+  // The last reference may be dropped by the connection's own thread (release_slots()).
+  if (thread_.get_id() == std::this_thread::get_id())
+    thread_.detach();
+  else
+    thread_.join();
+}
+
+void RemoteConnection::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void RemoteConnection::stop(const std::string& reason) {
+  stop_reason_ = reason;
+  stop_.store(true);
+  wake();
+}
+
+void RemoteConnection::wake() noexcept {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  try {
+    if (worker_) worker_->signal();
+  } catch (const Error&) {
+  }
+}
+
+void RemoteConnection::run() noexcept {
+  std::string refusal;              // a handshake or protocol failure, counted as a refusal
+  std::optional<std::string> tell;  // what the client is told before the connection goes
+  try {
+    {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      worker_ = std::make_unique<ucx::Worker>();
+    }
+    ep_ = std::make_unique<ucx::Endpoint>(*worker_, request_);
+    handshake();
+    serve();
+    std::lock_guard<std::mutex> lock(s_.mu);
+    tell = Json{{"closed", stop_reason_}}.dump();
+  } catch (const wire::HandshakeError& e) {
+    refusal = std::string("client ") + peer_ + " refused: " + e.what();
+  } catch (const ProtocolError& e) {
+    refusal = std::string("client ") + peer_ + " disconnected: " + e.what();
+    tell = e.what();
+  } catch (const Error&) {
+    // The client went away (closed, died, or its host or link is gone): nobody to tell.
+  }
+  if (!refusal.empty()) {
+    s_.refuse(refusal);
+    log_message(LogLevel::Warning, "RemoteTransport: " + refusal);
+  }
+  try {
+    if (tell && ep_ && ep_->error() == UCS_OK) {
+      Json body = refusal.empty() ? Json{{"closed", stop_reason_}} : Json{{"error", *tell}};
+      std::vector<std::byte> frame = wire::control_frame(body);
+      ucx::Request req = ep_->send(remote::tag(remote::Kind::Control), frame);
+      const auto until = Clock::now() + std::chrono::milliseconds(500);
+      while (!req.done() && Clock::now() < until) worker_->progress();
+    }
+  } catch (const Error&) {
+  }
+  release_slots();
+  finished_.store(true, std::memory_order_release);
+}
+
+void RemoteConnection::handshake() {
+  const Deadline deadline = Deadline::after(s_.options.handshake_timeout);
+  const uint64_t ctl = remote::tag(remote::Kind::Control);
+  const wire::Limits limits;
+  ucx::wait_wired_up(*worker_, *ep_, deadline, "remote inference handshake");
+  auto send = [&](const Json& j) { ucx::send_control(*worker_, *ep_, ctl, j, deadline); };
+  auto recv = [&] {
+    return ucx::recv_control(*worker_, *ep_, ctl, limits, deadline, "remote inference handshake");
+  };
+  wire::PeerIdentity peer;
+  try {
+    peer = wire::handshake_as_server(
+        remote_handshake_config(s_.options.auth_key, s_.options.liveness_timeout), send, recv);
+  } catch (...) {
+    for (int i = 0; i < 50 && worker_->progress(); ++i) {  // let the refusal reach the client
+    }
+    throw;
+  }
+  send({{"num_slots", s_.options.num_slots}});
+  for (const TensorDict* spec : {&s_.request.spec(), &s_.response.spec()}) {
+    std::vector<std::byte> bytes = encode_spec(*spec);
+    ucx::Request req = ep_->send(remote::tag(remote::Kind::Spec), bytes);
+    while (!req.done()) {
+      if (deadline.passed()) throw TimeoutError("remote inference handshake: sending the specs");
+      worker_->wait(std::chrono::milliseconds(10));
+    }
+  }
+  period_ = liveness_.start(peer.heartbeat_ms, s_.options.liveness_timeout, Clock::now())
+                .value_or(std::chrono::milliseconds(100));
+  period_ = std::min(period_, std::chrono::milliseconds(100));
+  heartbeat_ = wire::control_frame({{"heartbeat", true}});
+  std::lock_guard<std::mutex> lock(s_.mu);
+  s_.conns[id_] = shared_from_this();
+  ++s_.connected;
+}
+
+void RemoteConnection::serve() {
+  const uint64_t ctl = remote::tag(remote::Kind::Control);
+  const wire::Limits limits;
+  while (!stop_.load(std::memory_order_acquire)) {
+    while (worker_->progress()) {
+    }
+    if (ep_->error() != UCS_OK)
+      throw ClosedError("client " + peer_ + " lost: " + ucs_status_string(ep_->error()));
+    if (auto c = ucx::take_control(*worker_, *ep_, ctl, ucx::kMaxControlFrame, limits,
+                                   "control message")) {
+      if (c->is_object() && c->contains("error"))
+        throw ClosedError("client " + peer_ + " closed after an error: " + (*c)["error"].dump());
+      return;  // the client closed
+    }
+    heartbeats();
+    complete_receives();
+    take_requests();
+    send_answers();
+    complete_sends();
+    // Sleep until UCX has an event, an answer is queued (wake()) or a heartbeat is due.
+    {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      if (!outbox.empty()) continue;
+    }
+    if (worker_->progress() || !worker_->arm()) continue;
+    struct pollfd p {
+      worker_->efd(), POLLIN, 0
+    };
+    // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
+    // worker is progressed (the fd does not fire for it): look again within a millisecond.
+    const bool busy = !sends_.empty() || !receives_.empty();
+    ::poll(&p, 1, busy ? 1 : static_cast<int>(period_.count()));
+  }
+}
+
+void RemoteConnection::heartbeats() {
+  const uint64_t hb = remote::tag(remote::Kind::Heartbeat);
+  const wire::Limits limits;
+  for (int i = 0; i < 64; ++i) {
+    auto got = ucx::take_control(*worker_, *ep_, hb, kMaxHeartbeat, limits, "heartbeat");
+    if (!got) break;
+    if (!got->is_object() || !got->contains("heartbeat"))
+      throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());
+    liveness_.heard(Clock::now());
+  }
+  const auto now = Clock::now();
+  if (liveness_.due(now) && heartbeat_req_.done()) heartbeat_req_ = ep_->send(hb, heartbeat_);
+  if (auto why = liveness_.silence(now, "client " + peer_)) throw ClosedError(*why);
+}
+
+// Takes in requests that arrived, each straight into a free slot's rows.
+void RemoteConnection::take_requests() {
+  for (int n = 0; n < kMaxTakePerTurn; ++n) {
+    uint32_t slot;
+    {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      if (s_.free_slots.empty()) {
+        // Left in UCX's queue until a slot frees up (free_slot() wakes us).
+        if (std::find(s_.starved.begin(), s_.starved.end(), id_) == s_.starved.end())
+          s_.starved.push_back(id_);
+        return;
+      }
+      slot = s_.free_slots.back();
+      s_.free_slots.pop_back();
+    }
+    auto m = ep_->probe(remote::tag(remote::Kind::Request), remote::kKindMask);
+    std::lock_guard<std::mutex> lock(s_.mu);
+    if (!m) {
+      s_.free_slot(slot);
+      return;
+    }
+    try {
+      remote::check_request_length(m->length, s_.request_bytes);
+    } catch (const ProtocolError&) {
+      s_.free_slot(slot);
+      throw;  // the connection goes; UCX drops the message with the worker
+    }
+    RemoteSlot& rs = s_.slots[slot];
+    rs.state = RemoteSlot::Receiving;
+    rs.conn = id_;
+    rs.seq = remote::seq_of(m->tag);
+    auto r = std::make_unique<Receive>();
+    r->slot = slot;
+    std::vector<std::span<std::byte>> pieces;
+    for (const LeafSlot& l : s_.request.leaves())
+      pieces.emplace_back(s_.request_bank.data() + l.offset + slot * l.row_bytes, l.row_bytes);
+    r->req = ep_->recv(m->message, pieces, r->iov, &r->length);
+    receives_.push_back(std::move(r));
+  }
+}
+
+void RemoteConnection::complete_receives() {
+  for (size_t i = 0; i < receives_.size();) {
+    Receive& r = *receives_[i];
+    if (!r.req.done()) {
+      ++i;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      RemoteSlot& rs = s_.slots[r.slot];
+      rs.submitted_ns = now_ns();
+      if (s_.stopped) {
+        s_.answer(r.slot, remote::failure_json({"RuntimeError", s_.stop_reason, true}));
+      } else {
+        rs.state = RemoteSlot::Ready;
+        s_.ready.push_back(r.slot);
+        ++s_.wakeups;
+        s_.work.notify_one();
+      }
+    }
+    receives_[i] = std::move(receives_.back());
+    receives_.pop_back();
+  }
+}
+
+void RemoteConnection::send_answers() {
+  std::deque<Outgoing> out;
+  {
+    std::lock_guard<std::mutex> lock(s_.mu);
+    out.swap(outbox);
+  }
+  for (Outgoing& o : out) {
+    auto snd = std::make_unique<Send>();
+    snd->slot = o.slot;
+    if (o.failure) {
+      snd->frame = wire::control_frame(*o.failure);
+      snd->req = ep_->send(remote::tag(remote::Kind::Failure, o.seq), snd->frame);
+    } else {
+      std::vector<std::span<const std::byte>> pieces;
+      for (const LeafSlot& l : s_.response.leaves())
+        pieces.emplace_back(s_.response_bank.data() + l.offset + o.slot * l.row_bytes, l.row_bytes);
+      snd->req = ep_->send(remote::tag(remote::Kind::Response, o.seq), pieces, snd->iov);
+    }
+    sends_.push_back(std::move(snd));
+  }
+}
+
+void RemoteConnection::complete_sends() {
+  for (size_t i = 0; i < sends_.size();) {
+    if (!sends_[i]->req.done()) {
+      ++i;
+      continue;
+    }
+    if (sends_[i]->slot != UINT32_MAX) {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      s_.free_slot(sends_[i]->slot);
+    }
+    sends_[i] = std::move(sends_.back());
+    sends_.pop_back();
+  }
+}
+
+// The connection is over: UCX state goes first (nothing can land in a slot after that),
+// then every slot of this client is given back, except those the policy works on (answer()
+// frees them once the batch is done).
+void RemoteConnection::release_slots() noexcept {
+  for (auto& r : receives_) r->req.cancel(worker_ ? worker_->handle() : nullptr);
+  receives_.clear();
+  sends_.clear();
+  heartbeat_req_ = ucx::Request();
+  try {
+    if (ep_) {
+      ep_->close(/*force=*/true, std::chrono::milliseconds(200));
+      ep_->discard_unexpected();
+    }
+  } catch (const Error&) {
+  }
+  ep_.reset();
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    worker_.reset();
+  }
+  std::lock_guard<std::mutex> lock(s_.mu);
+  if (s_.conns.erase(id_)) --s_.connected;
+  outbox.clear();
+  for (uint32_t i = 0; i < s_.slots.size(); ++i) {
+    RemoteSlot& rs = s_.slots[i];
+    if (rs.conn != id_ || rs.state == RemoteSlot::Free || rs.state == RemoteSlot::Taken) continue;
+    if (rs.state == RemoteSlot::Ready)
+      s_.ready.erase(std::find(s_.ready.begin(), s_.ready.end(), i));
+    s_.free_slot(i);
+  }
+  std::erase(s_.starved, id_);
+}
+
+}  // namespace tensorwire::inference::detail

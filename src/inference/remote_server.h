@@ -1,0 +1,159 @@
+// The server side of a RemoteTransport (private): the slot bank, the listener thread and one
+// thread per connected client. remote_transport.h describes the design, remote_frames.h the
+// messages.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bank_batch.h"
+#include "runtime/peer_liveness.h"
+#include "slot_layout.h"
+#include "tensorwire/inference/remote_transport.h"
+#include "ucx/ucx.h"
+#include "wire/handshake.h"
+
+namespace tensorwire::inference::detail {
+
+class RemoteConnection;
+
+struct RemoteSlot {
+  enum State : uint8_t {
+    Free,
+    Receiving,  // a request is being received into it
+    Ready,      // received, waiting for a drain
+    Taken,      // drained: the policy is working on it
+    Answering   // its response or failure is queued or being sent
+  };
+  State state = Free;
+  uint32_t conn = 0;  // the connection whose request it holds
+  uint64_t seq = 0;   // that client's number for the request
+  int64_t submitted_ns = 0;
+};
+
+// An answer handed to a connection thread: a response from `slot`, or a failure message.
+struct Outgoing {
+  uint32_t slot = UINT32_MAX;  // UINT32_MAX: no slot (a request refused before it had one)
+  uint64_t seq = 0;
+  std::optional<Json> failure;
+};
+
+class RemoteServer {
+ public:
+  RemoteServer(const TensorDict& request_spec, const TensorDict& response_spec,
+               RemoteOptions options);
+  ~RemoteServer();  // stop()
+  // Stops the listener and every connection (clients get ClosedError(reason)); joins them.
+  void stop(const std::string& reason);
+
+  const RemoteOptions options;
+  SlotLayout request, response;
+  Storage request_bank, response_bank;
+  size_t request_bytes = 0;  // one request on the wire: its leaves back to back
+  BatchViews batch;          // serving thread only
+  uint16_t port = 0;
+
+  // --- everything below under mu ---
+  mutable std::mutex mu;
+  std::condition_variable work;
+  uint64_t wakeups = 0;
+  std::vector<RemoteSlot> slots;
+  std::vector<uint32_t> free_slots;
+  std::deque<uint32_t> ready;
+  bool serving = false;
+  bool stopped = false;  // the server was shut down: requests are answered with ClosedError
+  std::string stop_reason;
+  std::unordered_map<uint32_t, std::shared_ptr<RemoteConnection>> conns;  // live ones
+  std::vector<uint32_t> starved;  // connections waiting for a free slot
+  uint64_t refused = 0;
+  std::string last_refusal;
+  size_t connected = 0;
+
+  // Under mu: gives a slot back and wakes a connection that waits for one.
+  void free_slot(uint32_t i);
+  // Under mu: queues an answer for the slot's connection, or frees the slot when the
+  // connection is gone.
+  void answer(uint32_t slot, std::optional<Json> failure);
+  void refuse(const std::string& why);
+
+ private:
+  void listen() noexcept;
+  void reap(bool all);
+
+  std::optional<ucx::Listener> listener_;
+  std::thread listener_thread_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::shared_ptr<RemoteConnection>> threads_;  // listener thread (and stop) only
+  uint32_t next_conn_ = 1;
+  std::once_flag stopped_once_;
+};
+
+class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
+ public:
+  RemoteConnection(RemoteServer& server, uint32_t id, ucx::ConnRequest request);
+  ~RemoteConnection();  // join()
+  void start();
+  // Waits for the thread to end (detaches it when called on that thread).
+  void join();
+  // Asks the thread to end, telling the client `reason`; any thread.
+  void stop(const std::string& reason);
+  bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
+  // Wakes the thread (an answer was queued, a slot freed); any thread, under server.mu.
+  void wake() noexcept;
+
+  std::deque<Outgoing> outbox;  // under server.mu
+
+ private:
+  struct Receive;
+  struct Send;
+  void run() noexcept;
+  void handshake();
+  void serve();
+  void take_requests();
+  void complete_receives();
+  void send_answers();
+  void complete_sends();
+  void heartbeats();
+  void release_slots() noexcept;
+
+  RemoteServer& s_;
+  const uint32_t id_;
+  ucx::ConnRequest request_;
+  std::string peer_;
+  std::unique_ptr<ucx::Worker> worker_;
+  std::unique_ptr<ucx::Endpoint> ep_;
+  std::mutex wake_mu_;  // guards worker_ for wake() against its teardown
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+  std::string stop_reason_;  // under server.mu
+  std::vector<std::unique_ptr<Receive>> receives_;
+  std::vector<std::unique_ptr<Send>> sends_;
+  runtime::PeerLiveness liveness_;
+  std::chrono::milliseconds period_{100};  // the longest sleep between two turns
+  std::vector<std::byte> heartbeat_;
+  ucx::Request heartbeat_req_;
+};
+
+// The server side one request at a time, for adapters whose own server batches
+// (tensorwire.torchrl under torchrl's InferenceServer), as ShmAccess (shm_rows.h).
+struct RemoteAccess {
+  static TensorDict request_row(const RemoteTransport& t, uint32_t slot);
+  static void resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response);
+  static void reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error);
+};
+
+// The handshake both sides of a remote transport run (wire/handshake.h).
+wire::HandshakeConfig remote_handshake_config(const std::string& auth_key,
+                                              std::chrono::milliseconds liveness_timeout);
+
+}  // namespace tensorwire::inference::detail

@@ -1,0 +1,184 @@
+// RemoteTransport: the public face of the remote server (remote_server.cpp) and clients
+// (remote_client.cpp); the serving thread's side of the slot protocol.
+#include "tensorwire/inference/remote_transport.h"
+
+#include <algorithm>
+
+#include "bank_batch.h"
+#include "remote_client.h"
+#include "remote_server.h"
+#include "wire/remote_frames.h"
+
+namespace tensorwire::inference {
+
+using namespace detail;
+
+std::shared_ptr<RemoteTransport> RemoteTransport::create(const TensorDict& request_spec,
+                                                         const TensorDict& response_spec,
+                                                         RemoteOptions options) {
+  std::shared_ptr<RemoteTransport> t(new RemoteTransport());
+  t->s_ = std::make_shared<RemoteServer>(request_spec, response_spec, std::move(options));
+  return t;
+}
+
+Client RemoteTransport::connect(const std::string& host, uint16_t port,
+                                RemoteClientOptions options) {
+  auto c = std::make_shared<RemoteClient>(host, port, std::move(options));
+  c->link();
+  return Client(std::move(c));
+}
+
+Client RemoteTransport::client_for(const std::string& address, RemoteClientOptions options) {
+  auto [host, port] = parse_address(address);
+  return Client(std::make_shared<RemoteClient>(host, port, std::move(options)));
+}
+
+RemoteTransport::~RemoteTransport() {
+  if (s_) s_->stop("the remote transport was closed");  // null when create() failed
+}
+
+uint16_t RemoteTransport::port() const noexcept {
+  return s_->port;
+}
+const std::string& RemoteTransport::host() const noexcept {
+  return s_->options.host;
+}
+uint32_t RemoteTransport::num_slots() const noexcept {
+  return static_cast<uint32_t>(s_->options.num_slots);
+}
+const TensorDict& RemoteTransport::request_spec() const noexcept {
+  return s_->request.spec();
+}
+const TensorDict& RemoteTransport::response_spec() const noexcept {
+  return s_->response.spec();
+}
+std::vector<Key> RemoteTransport::request_keys() const {
+  return s_->request.keys();
+}
+std::vector<Key> RemoteTransport::response_keys() const {
+  return s_->response.keys();
+}
+size_t RemoteTransport::connected() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->connected;
+}
+uint32_t RemoteTransport::slots_in_use() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return static_cast<uint32_t>(s_->slots.size() - s_->free_slots.size());
+}
+uint64_t RemoteTransport::refused() const noexcept {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->refused;
+}
+std::string RemoteTransport::last_refusal() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->last_refusal;
+}
+
+Client RemoteTransport::client() {
+  check_open();
+  RemoteClientOptions o;
+  o.auth_key = s_->options.auth_key;
+  o.liveness_timeout = s_->options.liveness_timeout;
+  const std::string host = s_->options.host == "0.0.0.0" ? "127.0.0.1" : s_->options.host;
+  return Client(std::make_shared<RemoteClient>(host, s_->port, std::move(o)));
+}
+
+void RemoteTransport::open_server() {
+  check_open();
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (s_->serving) throw Error("another InferenceServer already serves this transport");
+  s_->serving = true;
+  s_->stopped = false;
+}
+
+void RemoteTransport::close_server(const std::string& reason, bool fail_pending) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->serving = false;
+  s_->stopped = true;
+  s_->stop_reason = reason;
+  ++s_->wakeups;
+  s_->work.notify_all();
+  if (!fail_pending) return;
+  while (!s_->ready.empty()) {
+    const uint32_t i = s_->ready.front();
+    s_->ready.pop_front();
+    s_->answer(i, wire::remote::failure_json({"RuntimeError", reason, true}));
+  }
+}
+
+void RemoteTransport::wait_for_work(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  const uint64_t seen = s_->wakeups;
+  s_->work.wait_until(lock, deadline.when(),
+                      [&] { return !s_->ready.empty() || s_->wakeups != seen; });
+}
+
+void RemoteTransport::interrupt() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  ++s_->wakeups;
+  s_->work.notify_all();
+}
+
+void RemoteTransport::drain(size_t max_items, Drained& out) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (size_t n = 0; n < max_items && !s_->ready.empty(); ++n) {
+    const uint32_t i = s_->ready.front();
+    s_->ready.pop_front();
+    s_->slots[i].state = RemoteSlot::Taken;
+    out.ids.push_back(i);
+    out.submitted_ns.push_back(s_->slots[i].submitted_ns);
+  }
+}
+
+void RemoteTransport::collate(const Drained& drained, std::vector<Group>& groups) {
+  collate_slots(s_->request, s_->request_bank, s_->batch, drained, groups);
+}
+
+void RemoteTransport::resolve(const Drained& drained, const Group& group, const TensorDict& output,
+                              const VersionStamp& stamp) {
+  write_response_rows(s_->response, s_->response_bank.data(), drained, group, output, stamp);
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (size_t row : group.rows) s_->answer(static_cast<uint32_t>(drained.ids[row]), std::nullopt);
+}
+
+void RemoteTransport::reject(const Drained& drained, std::span<const size_t> rows,
+                             const RemoteError& error) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (size_t row : rows)
+    s_->answer(static_cast<uint32_t>(drained.ids[row]),
+               wire::remote::failure_json({error.type_name(), error.message(), false}));
+}
+
+namespace detail {
+
+namespace {
+RemoteServer& taken_slot(const RemoteTransport& t, uint32_t slot,
+                         const std::shared_ptr<RemoteServer>& s) {
+  if (slot >= s->slots.size()) throw ValueError("slot " + std::to_string(slot) + " out of range");
+  (void)t;
+  return *s;
+}
+}  // namespace
+
+TensorDict RemoteAccess::request_row(const RemoteTransport& t, uint32_t slot) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  return s.request.row(s.request_bank, slot);
+}
+
+void RemoteAccess::resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  write_response_row(s.response, s.response_bank.data(), slot, response);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.answer(slot, std::nullopt);
+}
+
+void RemoteAccess::reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error) {
+  RemoteServer& s = taken_slot(t, slot, t.s_);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.answer(slot, wire::remote::failure_json({error.type_name(), error.message(), false}));
+}
+
+}  // namespace detail
+
+}  // namespace tensorwire::inference

@@ -1,0 +1,285 @@
+// RemoteTransport specifics on loopback: the listening address, authentication, refusal of
+// bad frames and of clients built for another spec, clients that go away, a server that
+// goes away. The shared behaviour runs in test_transport_suite.cpp ("remote"); links cut
+// between two hosts are tested in tests/python/test_remote_inference.py.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "common.h"
+#include "inference/remote_server.h"
+#include "ucx/control.h"
+#include "wire/handshake.h"
+#include "wire/remote_frames.h"
+
+namespace tw_test {
+namespace {
+
+namespace remote = wire::remote;
+
+std::shared_ptr<RemoteTransport> make_remote(uint32_t slots, std::string key = "") {
+  return RemoteTransport::create(request_spec(), response_spec(),
+                                 {.num_slots = slots, .host = "127.0.0.1", .auth_key = key});
+}
+
+Client connect_to(const RemoteTransport& t, std::string key = "") {
+  return RemoteTransport::connect("127.0.0.1", t.port(), {.auth_key = key});
+}
+
+template <class Pred>
+bool eventually(Pred&& p, std::chrono::milliseconds limit = 5000ms) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (p()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return p();
+}
+
+// A hand-made client: the real handshake, then whatever bytes a test sends.
+struct RawClient {
+  ucx::Worker worker;
+  std::unique_ptr<ucx::Endpoint> ep;
+  RawClient(uint16_t port) {
+    ep = std::make_unique<ucx::Endpoint>(worker, "127.0.0.1", port);
+    const Deadline d = Deadline::after(5s);
+    const uint64_t ctl = remote::tag(remote::Kind::Control);
+    ucx::wait_wired_up(worker, *ep, d, "test");
+    auto send = [&](const Json& j) { ucx::send_control(worker, *ep, ctl, j, d); };
+    auto recv = [&] { return ucx::recv_control(worker, *ep, ctl, {}, d, "test"); };
+    wire::handshake_as_client(inference::detail::remote_handshake_config("", 0ms), send, recv);
+    recv();  // num_slots
+  }
+  void send(uint64_t tag, std::span<const std::byte> bytes) {
+    ucx::Request r = ep->send(tag, bytes);
+    const auto until = std::chrono::steady_clock::now() + 2s;
+    while (!r.done() && std::chrono::steady_clock::now() < until) worker.progress();
+  }
+  // The server's {"error": ...} once it closed the connection, or "" after `limit`.
+  std::string error(std::chrono::milliseconds limit = 5000ms) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      worker.progress();
+      if (auto j = ucx::take_control(worker, *ep, remote::tag(remote::Kind::Control),
+                                     ucx::kMaxControlFrame, {}, "test"))
+        return j->dump();
+    }
+    return "";
+  }
+};
+
+TEST(RemoteTransport, PortZeroPicksAFreePortAndReportsIt) {
+  auto t = make_remote(4);
+  EXPECT_GT(t->port(), 0);
+  EXPECT_EQ(t->kind(), std::string("remote"));
+  EXPECT_EQ(t->request_keys(), (std::vector<Key>{Key("observation")}));
+  auto taken = [&] {
+    RemoteTransport::create(request_spec(), response_spec(),
+                            {.num_slots = 1, .host = "127.0.0.1", .port = t->port()});
+  };
+  EXPECT_THROW(taken(), SystemError);
+}
+
+TEST(RemoteTransport, SpecsAreValidatedAsForSharedMemory) {
+  TensorDict spec = request_spec();
+  spec.set("name", NonTensor{"cartpole"});
+  EXPECT_THROW(RemoteTransport::create(spec, response_spec(), {.num_slots = 2}), TypeError);
+  EXPECT_THROW(RemoteTransport::create(request_spec(), TensorDict(), {.num_slots = 2}), ValueError);
+  EXPECT_THROW(RemoteTransport::create(request_spec(), response_spec(), {.num_slots = 0}),
+               ValueError);
+}
+
+TEST(RemoteTransport, ABadAddressIsAValueError) {
+  EXPECT_THROW(RemoteTransport::client_for("nohost"), ValueError);
+  EXPECT_THROW(RemoteTransport::client_for("host:99999"), ValueError);
+  EXPECT_THROW(RemoteTransport::client_for("host:x1"), ValueError);
+}
+
+TEST(RemoteTransport, RequestsAreCheckedAgainstTheServersSpecBeforeSending) {
+  auto t = make_remote(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client c = connect_to(*t);
+  EXPECT_EQ(c.request_keys(), (std::vector<Key>{Key("observation")}));
+  TensorDict wrong_key;
+  wrong_key.set("obs", Tensor::zeros({4}, DType::Float32));
+  EXPECT_THROW(c(wrong_key, 5s), KeyError);
+  TensorDict wrong_shape;
+  wrong_shape.set("observation", Tensor::zeros({5}, DType::Float32));
+  try {
+    c(wrong_shape, 5s);
+    ADD_FAILURE();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected float32[4], got float32[5]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(action0(c(observation(2), 5s)), 4);
+}
+
+TEST(RemoteTransport, AWrongKeyIsRefusedOnBothSides) {
+  auto t = make_remote(4, "right key");
+  InferenceServer server(double_policy, t);
+  server.start();
+  EXPECT_THROW(connect_to(*t, "wrong key"), wire::HandshakeError);
+  EXPECT_THROW(connect_to(*t), wire::HandshakeError);
+  EXPECT_TRUE(eventually([&] { return t->refused() == 2; }));
+  EXPECT_NE(t->last_refusal().find("refused"), std::string::npos) << t->last_refusal();
+  EXPECT_EQ(action0(connect_to(*t, "right key")(observation(1), 5s)), 2);
+}
+
+TEST(RemoteTransport, AFrameOfTheWrongSizeIsRefusedAndNoSlotIsWritten) {
+  auto t = make_remote(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client good = connect_to(*t);
+  EXPECT_EQ(action0(good(observation(1), 5s)), 2);
+  RawClient evil(t->port());
+  std::vector<std::byte> bytes(17, std::byte{0x7f});  // float32[4] takes 16
+  evil.send(remote::tag(remote::Kind::Request, 1), bytes);
+  const std::string err = evil.error();
+  EXPECT_NE(err.find("request of 17 bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("exactly 16 bytes"), std::string::npos) << err;
+  EXPECT_TRUE(eventually([&] { return t->refused() == 1 && t->slots_in_use() == 0; }));
+  EXPECT_EQ(action0(good(observation(3), 5s)), 6);
+}
+
+TEST(RemoteTransport, AMalformedControlFrameEndsOnlyThatConnection) {
+  auto t = make_remote(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client good = connect_to(*t);
+  RawClient evil(t->port());
+  std::vector<std::byte> junk(100, std::byte{0x42});
+  evil.send(remote::tag(remote::Kind::Heartbeat), junk);
+  EXPECT_NE(evil.error().find("error"), std::string::npos);
+  EXPECT_TRUE(eventually([&] { return t->refused() == 1; }));
+  EXPECT_EQ(action0(good(observation(4), 5s)), 8);
+}
+
+TEST(RemoteTransport, AClientGoneMidRequestGivesItsSlotsBack) {
+  auto t = make_remote(2);
+  std::atomic<bool> hold{true};
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        while (hold) std::this_thread::sleep_for(1ms);
+        return double_policy(b);
+      },
+      t, {.max_batch_size = 1});
+  server.start();
+  {
+    Client leaving = connect_to(*t);
+    Future a = leaving.submit(observation(1));
+    Future b = leaving.submit(observation(2));
+    ASSERT_TRUE(eventually([&] { return t->slots_in_use() == 2; }));
+    leaving.close();
+  }
+  hold = false;
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0 && t->connected() == 0; }));
+  Client other = connect_to(*t);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(action0(other(observation(float(i)), 5s)), 2.0f * i);
+}
+
+TEST(RemoteTransport, ClientsRaiseClosedErrorPromptlyWhenTheServerGoes) {
+  auto t = make_remote(4);
+  auto server = std::make_unique<InferenceServer>(double_policy, t);
+  server->start();
+  Client c = connect_to(*t);
+  EXPECT_EQ(action0(c(observation(1), 5s)), 2);
+  server.reset();
+  t.reset();  // the transport's process side goes: its connections close
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c(observation(1), 10s), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST(RemoteTransport, NothingListeningIsAClosedError) {
+  uint16_t port;
+  {
+    auto t = make_remote(1);
+    port = t->port();
+  }
+  EXPECT_THROW(RemoteTransport::connect("127.0.0.1", port, {.connect_timeout = 3s}), ClosedError);
+}
+
+TEST(RemoteTransport, ANewClientConnectsWhenAServerListensAgainAtTheAddress) {
+  uint16_t port;
+  {
+    auto t = make_remote(2);
+    port = t->port();
+    InferenceServer s(double_policy, t);
+    s.start();
+    EXPECT_EQ(action0(connect_to(*t)(observation(1), 5s)), 2);
+  }
+  auto again = RemoteTransport::create(request_spec(), response_spec(),
+                                       {.num_slots = 2, .host = "127.0.0.1", .port = port});
+  InferenceServer s(double_policy, again);
+  s.start();
+  Client c = RemoteTransport::client_for("127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(action0(c(observation(5), 5s)), 10);
+}
+
+TEST(SeveralTransports, LocalAndRemoteRequestsShareOnePolicyCall) {
+  auto shm = make_shm(8);
+  auto remote = make_remote(8);
+  std::mutex mu;
+  std::vector<int64_t> sizes;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        std::lock_guard<std::mutex> l(mu);
+        sizes.push_back(b.batch_size()[0]);
+        return double_policy(b);
+      },
+      std::vector<std::shared_ptr<Transport>>{shm, remote}, {.max_batch_size = 8});
+  Client local = shm->client(), far = connect_to(*remote);
+  std::vector<Future> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(local.submit(observation(float(i))));
+    futures.push_back(far.submit(observation(float(100 + i))));
+  }
+  ASSERT_TRUE(eventually([&] { return remote->slots_in_use() == 4; }));
+  server.start();  // all eight are waiting: one batch, one call
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(action0(futures[2 * i].result(5s)), 2.0f * i);
+    EXPECT_EQ(action0(futures[2 * i + 1].result(5s)), 2.0f * (100 + i));
+  }
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{8}));
+}
+
+TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
+  auto shm = make_shm(16);
+  auto remote = make_remote(16);
+  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 4});
+  server.start();
+  std::atomic<int> local_done{0}, remote_done{0};
+  std::atomic<bool> stop{false};
+  auto actor = [&](Client c, std::atomic<int>& done) {
+    while (!stop) {
+      c(observation(1), 5s);
+      ++done;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back(actor, shm->client(), std::ref(local_done));
+    threads.emplace_back(actor, connect_to(*remote), std::ref(remote_done));
+  }
+  std::this_thread::sleep_for(1s);
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_GT(local_done, 0);
+  EXPECT_GT(remote_done, 0);
+}
+
+TEST(SeveralTransports, NoTransportOrOneGivenTwiceIsAValueError) {
+  auto shm = make_shm(2);
+  EXPECT_THROW(InferenceServer(double_policy, std::vector<std::shared_ptr<Transport>>{}),
+               ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, std::vector<std::shared_ptr<Transport>>{shm, shm}),
+               ValueError);
+}
+
+}  // namespace
+}  // namespace tw_test

@@ -1,0 +1,69 @@
+// libFuzzer target: what a remote inference peer controls (wire/remote_frames.h), through the
+// checks the transport runs on it:
+//
+//   the first 8 bytes: a message length -> check_request_length (a bank of 16-byte rows);
+//   the rest: a received control frame -> parse_control_frame -> parse_failure and
+//   parse_num_slots (the client's side) and the heartbeat check.
+//
+// A bad input may only be refused with tensorwire::ProtocolError; another tensorwire::Error
+// is a finding, anything else escapes and libFuzzer reports it. Seeds: valid frames of every
+// kind, written by fuzz_make_corpus into remote_corpus/ at run time (run.sh).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <typeinfo>
+
+#include "wire/control_frame.h"
+#include "wire/remote_frames.h"
+
+namespace tw = tensorwire;
+namespace wire = tensorwire::wire;
+
+namespace {
+
+constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
+                               .max_message_bytes = 1u << 20,
+                               .max_leaves = 1024,
+                               .max_depth = 64,
+                               .max_dims = 16};
+
+[[noreturn]] void finding(const std::string& what) {
+  std::fprintf(stderr, "fuzz_remote_frames finding: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+template <class Fn>
+void refused_or_ok(Fn&& fn) {
+  try {
+    fn();
+  } catch (const tw::ProtocolError&) {
+  } catch (const tw::Error& e) {
+    finding(std::string("a non-ProtocolError ") + typeid(e).name() + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 8) return 0;
+  uint64_t length = 0;
+  std::memcpy(&length, data, 8);
+  refused_or_ok([&] { wire::remote::check_request_length(length, 16); });
+  const auto frame = std::as_bytes(std::span(data + 8, size - 8));
+  refused_or_ok([&] {
+    wire::check_control_length(frame.size(), 64 * 1024, "control message");
+    tw::Json body = wire::parse_control_frame(frame, kLimits, "control message");
+    refused_or_ok([&] {
+      wire::remote::Failure f = wire::remote::parse_failure(body);
+      if (f.type.empty()) finding("a failure without a type was accepted");
+    });
+    refused_or_ok([&] {
+      const uint32_t n = wire::remote::parse_num_slots(body);
+      if (n < 1 || n > (1u << 24)) finding("num_slots out of range accepted");
+    });
+  });
+  return 0;
+}

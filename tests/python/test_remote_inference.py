@@ -1,0 +1,225 @@
+"""Remote inference (tensorwire.inference.RemoteTransport) across simulated hosts (hosts.py):
+the server on host A, actors on host B, over TCP on a veth link; and in one process over
+loopback for the Python API (pickling, specs, keys)."""
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import inference as inf
+
+PEER = os.path.join(os.path.dirname(__file__), "peers", "remote_inference_peer.py")
+
+
+def peer(host, *args, **kw):
+    return host.popen([sys.executable, PEER, *map(str, args)], stdin=subprocess.PIPE, **kw)
+
+
+def first_line(proc, prefix):
+    line = proc.stdout.readline().split()
+    if not line or line[0] != prefix:
+        proc.kill()
+        raise AssertionError(f"peer said {line!r}, expected '{prefix} ...': {proc.communicate()[1]}")
+    return line[1] if len(line) > 1 else ""
+
+
+def results(proc, timeout=90):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def finish(server):
+    """Closes the server peer's stdin (it then shuts down) and returns its report."""
+    server.stdin.close()
+    server.stdin = None  # communicate() would flush it
+    return results(server)[0]
+
+
+SPECS = ({"observation": np.zeros(4, np.float32)}, {"action": np.zeros(4, np.float32)})
+
+
+def double(batch):
+    o = batch["observation"]
+    return tw.TensorDict({"action": o * 2}, batch_size=[len(o)])
+
+
+# ---- one process, loopback -------------------------------------------------------------
+
+@pytest.fixture
+def served():
+    t = inf.RemoteTransport(*SPECS, num_slots=8, host="127.0.0.1")
+    with inf.InferenceServer(double, t):
+        yield t
+
+
+def test_port_zero_picks_a_port_and_clients_round_trip(served):
+    assert served.port > 0 and served.kind == "remote"
+    c = inf.connect("127.0.0.1", served.port)
+    r = c({"observation": np.arange(4, dtype=np.float32)})
+    assert r["action"].tolist() == [0, 2, 4, 6]
+    f = c.submit({"observation": np.ones(4, np.float32)})
+    assert f.result(timeout=5)["action"].tolist() == [2, 2, 2, 2] and f.done()
+    assert c.kind == "remote" and c.address == f"127.0.0.1:{served.port}"
+
+
+def test_a_client_pickles_to_its_address_and_connects_again(served):
+    c = served.client()
+    again = pickle.loads(pickle.dumps(c))
+    assert again({"observation": np.full(4, 3, np.float32)})["action"].tolist() == [6] * 4
+    by_address = inf.RemoteTransport.client_for(served.address)
+    assert by_address({"observation": np.zeros(4, np.float32)})["action"].tolist() == [0] * 4
+
+
+def test_requests_follow_the_specs_rules(served):
+    c = served.client()
+    with pytest.raises(KeyError, match="observation"):
+        c({"obs": np.zeros(4, np.float32)})
+    with pytest.raises(ValueError, match=r"expected float32\[4\], got float32\[5\]"):
+        c({"observation": np.zeros(5, np.float32)})
+    with pytest.raises(ValueError, match="num_slots"):
+        inf.RemoteTransport(*SPECS, num_slots=0)
+    with pytest.raises(ValueError, match="host:port"):
+        inf.RemoteTransport.client_for("nohost")
+
+
+def test_a_wrong_key_is_refused_on_both_sides():
+    t = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1", auth_key="right")
+    with inf.InferenceServer(double, t):
+        with pytest.raises(RuntimeError, match="(?i)authentication"):
+            inf.connect("127.0.0.1", t.port, auth_key="wrong")
+        deadline = time.monotonic() + 5
+        while t.refused < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert t.refused == 1 and "refused" in t.last_refusal
+        good = inf.connect("127.0.0.1", t.port, auth_key="right")
+        assert good({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+
+
+def test_local_and_remote_transports_share_one_server():
+    shm = inf.SharedMemoryTransport(*SPECS, num_slots=8)
+    remote = inf.RemoteTransport(*SPECS, num_slots=8, host="127.0.0.1")
+    with inf.InferenceServer(double, [shm, remote]) as server:
+        futures = [c.submit({"observation": np.full(4, i, np.float32)})
+                   for i, c in enumerate([shm.client(), remote.client()] * 4)]
+        assert [f.result(timeout=10)["action"][0] for f in futures] == [2.0 * i for i in range(8)]
+        assert server.stats()["requests"] == 8
+
+
+# ---- two hosts -------------------------------------------------------------------------
+
+def test_actors_on_another_host_are_served(hosts):
+    a, b = hosts
+    server = peer(a, "server")
+    port = first_line(server, "port")
+    actors = [peer(b, "actor", a.addr, port, 300, "--tag", t) for t in (1, 2, 3)]
+    assert [results(p)[0]["checked"] for p in actors] == [300, 300, 300]
+    report = finish(server)
+    assert sum(n for _, n in report["batches"]) == 900
+    assert report["refused"] == 0 and report["slots_in_use"] == 0
+
+
+def test_a_batch_mixes_local_and_remote_actors(hosts):
+    a, b = hosts
+    server = peer(a, "server", "--local", 2)
+    port = first_line(server, "port")
+    actors = [peer(b, "actor", a.addr, port, 200, "--tag", t) for t in (1, 2)]
+    assert [results(p)[0]["checked"] for p in actors] == [200, 200]
+    report = finish(server)
+    assert report["local_checked"] == [200, 200]
+    batches = report["batches"]
+    assert sum(l for l, _ in batches) == 400 and sum(r for _, r in batches) == 400
+    assert any(l and r for l, r in batches), "no batch held both local and remote requests"
+
+
+def test_a_remote_client_killed_mid_request_gives_its_slots_back(hosts):
+    a, b = hosts
+    server = peer(a, "server", "--slots", 4, "--hold-first", 1.0)
+    port = first_line(server, "port")
+    victim = peer(b, "hang", a.addr, port)
+    first_line(victim, "submitted")
+    os.kill(victim.command_pid(), signal.SIGKILL)  # while the policy holds its request
+    victim.wait(30)
+    # Others go on, using every slot again.
+    actor = peer(b, "actor", a.addr, port, 200, "--tag", 5)
+    assert results(actor)[0]["checked"] == 200
+    report = finish(server)
+    assert report["slots_in_use"] == 0 and report["connected"] == 0
+
+
+def calling_client(host, server_host, port, bound):
+    """A client on `host` that calls once, prints "connected", and after a line on stdin
+    calls in a loop until a call raises: prints {"error", "message", "after"}."""
+    proc = peer(host, "loop", server_host, port, "--liveness", bound)
+    first_line(proc, "connected")
+    return proc
+
+
+def go(proc):
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+@pytest.mark.parametrize("bound", [2.0])
+def test_clients_raise_promptly_when_the_server_is_killed(hosts, bound):
+    a, b = hosts
+    server = peer(a, "server", "--liveness", bound)
+    port = first_line(server, "port")
+    client = calling_client(b, a.addr, port, bound)
+    go(client)
+    time.sleep(0.2)
+    os.kill(server.command_pid(), signal.SIGKILL)
+    (seen,) = results(client, timeout=60)
+    assert seen["error"] == "ClosedError", seen
+
+
+@pytest.mark.parametrize("bound", [2.0])
+def test_a_cut_link_fails_the_client_within_the_liveness_bound(hosts, bound):
+    a, b = hosts
+    server = peer(a, "server", "--liveness", bound)
+    port = first_line(server, "port")
+    client = calling_client(b, a.addr, port, bound)
+    hosts.cut(b)
+    start = time.monotonic()
+    go(client)
+    (seen,) = results(client, timeout=60)
+    assert seen["error"] == "ClosedError" and "no heartbeat" in seen["message"], seen
+    assert time.monotonic() - start <= bound + 1.5, seen
+    # The server dropped that client too; with the link back, a new client is served.
+    hosts.restore(b)
+    assert results(peer(b, "actor", a.addr, port, 20, "--liveness", bound))[0]["checked"] == 20
+    report = finish(server)
+    assert report["slots_in_use"] == 0 and report["connected"] == 0
+
+
+def test_a_wrong_key_from_another_host_is_refused_on_both_sides(hosts):
+    a, b = hosts
+    server = peer(a, "server", "--key", "right")
+    port = first_line(server, "port")
+    wrong = peer(b, "actor", a.addr, port, 1, "--key", "wrong")
+    out, err = wrong.communicate(timeout=60)
+    assert wrong.returncode != 0 and "authentication" in err.lower(), err
+    good = peer(b, "actor", a.addr, port, 5, "--key", "right")
+    assert results(good)[0]["checked"] == 5
+    report = finish(server)
+    assert report["refused"] == 1 and "refused" in report["last_refusal"]
+
+
+def test_a_new_client_connects_when_a_server_listens_again(hosts):
+    a, b = hosts
+    server = peer(a, "server")
+    port = first_line(server, "port")
+    assert results(peer(b, "actor", a.addr, port, 5))[0]["checked"] == 5
+    os.kill(server.command_pid(), signal.SIGKILL)
+    server.wait(30)
+    again = peer(a, "server", "--port", port)
+    assert first_line(again, "port") == port
+    assert results(peer(b, "actor", a.addr, port, 5))[0]["checked"] == 5
+    finish(again)
