@@ -25,14 +25,20 @@ SERIES_KEY = "tensorwire-series"
 # One colour per contender, the same in every figure.
 COLOURS = {"tensorwire": "#1f77b4", "tensordict": "#ff7f0e", "torchrl_shm": "#2ca02c",
            "torchrl_mp": "#d62728", "tensorpack": "#9467bd", "ucx_perftest": "#7f7f7f"}
-_FALLBACK = ["#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+_FALLBACK = ["#17becf", "#8c564b", "#e377c2", "#bcbd22", "#aec7e8", "#ffbb78"]
 
 
-def _colour(name: str, i: int) -> str:
-    for key, colour in COLOURS.items():
-        if name == key or name.startswith(key + " "):
-            return colour
-    return _FALLBACK[i % len(_FALLBACK)]
+def _colours(names) -> list[str]:
+    """The contender's colour for its first series; later variants of the same contender
+    (another mode or transport) and unknown names take the next free colour."""
+    used, out, spare = set(), [], iter(_FALLBACK * 4)
+    for name in names:
+        colour = next((c for key, c in COLOURS.items() if name == key or name.startswith(key + " ")), None)
+        if colour is None or colour in used:
+            colour = next(spare)
+        used.add(colour)
+        out.append(colour)
+    return out
 
 
 def figure(ncols: int, title: str):
@@ -51,12 +57,13 @@ def bars(ax, title: str, groups: Sequence[str], series: Mapping[str, Sequence[fl
     (None or NaN: not measured there)."""
     n = max(len(series), 1)
     width = 0.8 / n
+    colours = _colours(series)
     for k, (name, values) in enumerate(series.items()):
         if len(values) != len(groups):
             raise ValueError(f"series {name!r} has {len(values)} values for {len(groups)} groups")
         xs = [i - 0.4 + width * (k + 0.5) for i in range(len(groups))]
         ys = [float("nan") if v is None else float(v) for v in values]
-        ax.bar(xs, ys, width, label=name, color=_colour(name, k))
+        ax.bar(xs, ys, width, label=name, color=colours[k])
     ax.set_xticks(range(len(groups)), list(groups))
     ax.set_title(title)
     ax.set_ylabel(ylabel)
@@ -69,11 +76,12 @@ def bars(ax, title: str, groups: Sequence[str], series: Mapping[str, Sequence[fl
 def distributions(ax, title: str, curves: Mapping[str, Sequence[float]], xlabel: str) -> None:
     """Percentile curves: `curves[name]` holds the latencies at evenly spaced percentiles
     from 0 to 100 (at least two values; `quantiles` computes them)."""
+    colours = _colours(curves)
     for k, (name, qs) in enumerate(curves.items()):
         if len(qs) < 2:
             raise ValueError(f"distribution {name!r} needs at least two quantiles, got {len(qs)}")
         ps = [100 * i / (len(qs) - 1) for i in range(len(qs))]
-        ax.plot(qs, ps, label=name, color=_colour(name, k))
+        ax.plot(qs, ps, label=name, color=colours[k])
     ax.set_xscale("log")
     ax.set_title(title)
     ax.set_xlabel(xlabel)

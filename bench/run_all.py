@@ -109,10 +109,10 @@ FIGURE_RUNS = [
      ["{python}", str(HERE / "pipe" / "plot_bench_pipe.py"), "{json}", "{png}"]),
     ("pipe_tensordict", ["{python}", str(HERE / "pipe" / "pipe_vs_tensordict.py"), "--rounds", "1",
                          "--messages", "200", "--pingpongs", "1000", "--json", "{json}", "--plot", "{png}"], None),
-    ("inference_torchrl", ["{python}", str(HERE / "inference" / "compare_torchrl.py"), "--rounds", "1",
-                           "--seconds", "2", "--latency-requests", "1000", "--json", "{json}", "--plot", "{png}"],
-     None),
-    ("dataflow_tensorpack", ["{python}", str(HERE / "dataflow" / "compare_tensorpack.py"), "--seconds", "2",
+    ("inference_torchrl", ["{python}", str(HERE / "inference" / "compare_torchrl.py"), "--payloads", "f32x4",
+                           "--rounds", "1", "--seconds", "1", "--latency-requests", "1000", "--json", "{json}",
+                           "--plot", "{png}"], None),
+    ("dataflow_tensorpack", ["{python}", str(HERE / "dataflow" / "compare_tensorpack.py"), "--seconds", "1",
                              "--json", "{json}", "--plot", "{png}"], None),
 ]
 

@@ -105,7 +105,7 @@ void bind_inference_server(nb::module_& m) {
             inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
                                  .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
                                  .timeout = Timeout::seconds(timeout, "timeout").duration(),
-                                 .stats_window = int_arg(stats_window, "stats_window_size"),
+                                 .stats_window_size = int_arg(stats_window, "stats_window_size"),
                                  .policy_version_key = std::nullopt,
                                  .policy_version = policy_version};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);

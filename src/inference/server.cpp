@@ -200,8 +200,9 @@ const ServerOptions& checked(const ServerOptions& o) {
     throw ValueError(
         "min_batch_size must be in [1, max_batch_size=" + std::to_string(o.max_batch_size) +
         "], got " + std::to_string(o.min_batch_size));
-  if (o.stats_window < 1)
-    throw ValueError("stats_window must be at least 1, got " + std::to_string(o.stats_window));
+  if (o.stats_window_size < 1)
+    throw ValueError("stats_window_size must be at least 1, got " +
+                     std::to_string(o.stats_window_size));
   if (o.timeout.count() < 0) throw ValueError("timeout must not be negative");
   return o;
 }
@@ -210,7 +211,7 @@ const ServerOptions& checked(const ServerOptions& o) {
 
 InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> transport,
                                  ServerOptions options)
-    : s_(std::make_unique<State>(static_cast<size_t>(checked(options).stats_window))) {
+    : s_(std::make_unique<State>(static_cast<size_t>(checked(options).stats_window_size))) {
   if (!policy) throw ValueError("InferenceServer: the policy is empty");
   if (!transport) throw ValueError("InferenceServer: the transport is null");
   s_->policy = std::move(policy);

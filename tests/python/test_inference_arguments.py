@@ -76,7 +76,7 @@ def test_allowed_uids(kind, value, error, needle):
     (dict(max_batch_size="8"), TypeError, "max_batch_size must be an integer, got str"),
     (dict(min_batch_size=0), ValueError, r"min_batch_size must be in \[1, max_batch_size=64\], got 0"),
     (dict(min_batch_size=1.5), TypeError, "min_batch_size must be an integer, got float"),
-    (dict(stats_window_size=0), ValueError, "stats_window must be at least 1, got 0"),
+    (dict(stats_window_size=0), ValueError, "stats_window_size must be at least 1, got 0"),
     (dict(stats_window_size=None), TypeError, "stats_window_size must be an integer, got NoneType"),
 ])
 def test_server_counts(kwargs, error, needle):

@@ -40,7 +40,7 @@ struct ServerOptions {
   int64_t max_batch_size = 64;  // >= 1
   int64_t min_batch_size = 1;   // 1 to max_batch_size
   std::chrono::nanoseconds timeout = std::chrono::milliseconds(10);
-  int64_t stats_window = 1024;  // >= 1: samples kept for the percentiles
+  int64_t stats_window_size = 1024;  // >= 1: samples kept for the percentiles
   // Responses get this key set to the policy version: always for the transports without
   // a spec, and where the response spec declares it for the shared-memory transport.
   std::optional<Key> policy_version_key = Key("policy_version");
@@ -62,7 +62,7 @@ struct ServerStats {
 class InferenceServer {
  public:
   // ValueError for max_batch_size < 1, min_batch_size outside [1, max_batch_size],
-  // stats_window < 1 or a negative timeout.
+  // stats_window_size < 1 or a negative timeout.
   InferenceServer(Policy policy, std::shared_ptr<Transport> transport, ServerOptions options = {});
   // Serves several transports as one (e.g. a SharedMemoryTransport for local actors and a
   // RemoteTransport for actors on other hosts): each batch takes from every transport

@@ -385,8 +385,8 @@ TEST(InferenceServerOptions, InvalidBatchSizesAreRejected) {
                ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.min_batch_size = 0}), ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = -3}), ValueError);
-  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window = 0}), ValueError);
-  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window = -1}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window_size = 0}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window_size = -1}), ValueError);
 }
 
 TEST(TransportClients, MakesThatManyAndRejectsFewerThanOne) {
