@@ -195,9 +195,15 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
       }
       return w;
     }
-    // Replaced meanwhile: encode again (the new worker has no schema yet).
+    // Replaced meanwhile: encode again (the new worker has no schema yet), after the
+    // tasks the dead worker held, which are older than this one (order with one worker).
     task_sender->abandon(std::span(static_cast<const std::byte*>(m.data()), m.size()),
                          worker_schema[w]);
+    if (outermost && !reissue.empty()) {
+      dispatching = false;
+      flush_reissue();
+      dispatching = true;
+    }
   }
 }
 

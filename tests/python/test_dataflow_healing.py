@@ -196,6 +196,7 @@ def test_a_stuck_map_worker_is_killed_and_its_datapoint_named(tmp_path):
     with m:
         m.reset_state()
         with pytest.raises(twdf.WorkerDiedError, match="stuck on datapoint 5 of pass [01] "):
+            list(m)  # two epochs: a worker slow to start may do pass 1's 5 first
             list(m)
 
 
@@ -205,7 +206,8 @@ def test_a_stuck_map_worker_is_replaced_and_the_epoch_stays_exact(tmp_path):
     with m:
         m.reset_state()
         with pytest.warns(twdf.WorkerRestartedWarning):
-            assert sorted(check(dp) for dp in m) == list(range(20))
+            for _ in range(2):  # the stuck datapoint may be pass 1's (prefetched)
+                assert sorted(check(dp) for dp in m) == list(range(20))
         assert m.restarts == 1
 
 
