@@ -12,6 +12,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
@@ -87,11 +88,20 @@ class PyDataFlow : public df::DataFlow {
   std::optional<size_t> size_;
 };
 
-// `seed_worker(seed)` runs in each worker right after the fork (Python's generators).
+// `seed_worker(seed)` runs in each worker right after the fork (Python's generators). A
+// restart forks during iteration, where the GIL is released: the hooks take it then.
 df::ForkHooks python_fork_hooks(nb::object seed_worker) {
   df::ForkHooks h;
-  h.before = [] { PyOS_BeforeFork(); };
-  h.parent = [] { PyOS_AfterFork_Parent(); };
+  auto taken = std::make_shared<std::optional<PyGILState_STATE>>();
+  h.before = [taken] {
+    if (!PyGILState_Check()) *taken = PyGILState_Ensure();
+    PyOS_BeforeFork();
+  };
+  h.parent = [taken] {
+    PyOS_AfterFork_Parent();
+    if (*taken) PyGILState_Release(**taken);
+    taken->reset();
+  };
   h.child = [seed = std::make_shared<nb::object>(std::move(seed_worker))] {
     PyOS_AfterFork_Child();
     if (const df::WorkerInfo* w = df::current_worker(); w && !seed->is_none()) {
@@ -118,13 +128,34 @@ Failure describe_python_failure(std::exception_ptr ep) {
   }
 }
 
+std::chrono::milliseconds millis(std::optional<double> s, const char* what) {
+  return std::chrono::ceil<std::chrono::milliseconds>(Timeout::seconds(s, what).duration());
+}
+
+// The worker policy's arguments: (on_worker_death, max_restarts, restart_window seconds,
+// datapoint_timeout seconds or None, on_restart(message) or None).
+using PolicyArgs = std::tuple<std::string, int, double, std::optional<double>, nb::object>;
+
 template <class Options>
-Options runner_options(int num_proc, std::optional<uint64_t> seed, nb::object seed_worker) {
+Options runner_options(int num_proc, std::optional<uint64_t> seed, nb::object seed_worker,
+                       PolicyArgs policy) {
   Options o;
   o.num_proc = num_proc;
   o.seed = seed;
   o.fork_hooks = python_fork_hooks(std::move(seed_worker));
   o.describe_failure = describe_python_failure;
+  auto& [on_death, max_restarts, window, datapoint_timeout, on_restart] = policy;
+  o.policy.on_death = df::parse_on_worker_death(on_death);
+  o.policy.max_restarts = max_restarts;
+  o.policy.restart_window = millis(window, "restart_window");
+  if (datapoint_timeout)
+    o.policy.datapoint_timeout = millis(datapoint_timeout, "datapoint_timeout");
+  if (!on_restart.is_none())
+    o.policy.on_restart =
+        [f = std::make_shared<nb::object>(std::move(on_restart))](const df::WorkerRestart& r) {
+          nb::gil_scoped_acquire gil;
+          (*f)(r.message);
+        };
   return o;
 }
 
@@ -235,6 +266,7 @@ void bind_runner_common(nb::class_<PyRunner<T>>& c) {
       .def_prop_ro("closed", [](R& r) { return r.runner->closed(); })
       .def_prop_ro("size", [](R& r) { return r.runner->size(); })
       .def_prop_ro("pids", [](R& r) { return r.runner->pids(); })
+      .def_prop_ro("restarts", [](R& r) { return r.runner->restarts(); })
       .def_prop_ro("base_seed", [](R& r) { return r.runner->base_seed(); });
 }
 
@@ -268,15 +300,16 @@ void bind_dataflow(nb::module_& m) {
   runner.def(
       "__init__",
       [](Runner* self, nb::object ds, int num_proc, int hwm, std::optional<uint64_t> seed,
-         nb::object seed_worker) {
-        auto o = runner_options<df::RunnerOptions>(num_proc, seed, std::move(seed_worker));
+         nb::object seed_worker, PolicyArgs policy) {
+        auto o = runner_options<df::RunnerOptions>(num_proc, seed, std::move(seed_worker),
+                                                   std::move(policy));
         o.hwm = hwm;
         auto flow = std::make_shared<PyDataFlow>(std::move(ds));
         new (self)
             Runner{flow, std::make_unique<df::MultiProcessRunnerZMQ>(flow, std::move(o)), nullptr};
       },
       nb::arg("ds"), nb::arg("num_proc"), nb::arg("hwm"), nb::arg("seed").none(),
-      nb::arg("seed_worker").none());
+      nb::arg("seed_worker").none(), nb::arg("policy"));
   bind_runner_common(runner);
   runner.def_prop_ro("endpoint", [](Runner& r) { return r.runner->endpoint(); })
       .def_prop_ro("shared_memory_bytes",
@@ -287,11 +320,12 @@ void bind_dataflow(nb::module_& m) {
   map.def(
       "__init__",
       [](Map* self, nb::object ds, int num_proc, nb::object fn, int64_t buffer_size, bool strict,
-         std::optional<uint64_t> seed, nb::object seed_worker) {
+         std::optional<uint64_t> seed, nb::object seed_worker, PolicyArgs policy) {
         if (!PyCallable_Check(fn.ptr()))
           throw TypeError("MultiProcessMapDataZMQ: map_func must be callable, got a " +
                           nb::cast<std::string>(nb::type_name(fn.type())));
-        auto o = runner_options<df::MapOptions>(num_proc, seed, std::move(seed_worker));
+        auto o = runner_options<df::MapOptions>(num_proc, seed, std::move(seed_worker),
+                                                std::move(policy));
         o.buffer_size = static_cast<size_t>(std::max<int64_t>(buffer_size, 0));  // C++ checks
         o.strict = strict;
         auto holder = std::make_shared<nb::object>(std::move(fn));
@@ -306,7 +340,7 @@ void bind_dataflow(nb::module_& m) {
             flow, std::make_unique<df::MultiProcessMapDataZMQ>(flow, map_fn, std::move(o)), holder};
       },
       nb::arg("ds"), nb::arg("num_proc"), nb::arg("map_func"), nb::arg("buffer_size"),
-      nb::arg("strict"), nb::arg("seed").none(), nb::arg("seed_worker").none());
+      nb::arg("strict"), nb::arg("seed").none(), nb::arg("seed_worker").none(), nb::arg("policy"));
   bind_runner_common(map);
   map.def_prop_ro("buffer_size", [](Map& p) { return p.runner->buffer_size(); });
 

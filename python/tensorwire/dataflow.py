@@ -45,6 +45,7 @@ __all__ = [
     "WorkerDiedError",
     "RemoteTraceback",
     "MalformedMessageWarning",
+    "WorkerRestartedWarning",
 ]
 
 logger = logging.getLogger("tensorwire.dataflow")
@@ -156,8 +157,39 @@ class _Forking(DataFlow):
 
     @property
     def base_seed(self):
-        """The base seed: worker ``i`` is seeded with ``base_seed + i``."""
+        """The base seed: worker ``i`` is seeded with ``base_seed + i`` (its ``k``-th
+        replacement under ``on_worker_death="restart"``: ``base_seed + i + k * num_proc``)."""
         return self._core.base_seed
+
+    @property
+    def restarts(self):
+        """Workers replaced so far (``on_worker_death="restart"``)."""
+        return self._core.restarts
+
+
+class WorkerRestartedWarning(RuntimeWarning):
+    """A runner replaced a dead (or stuck) worker; the message names it, its pid and how it
+    died. The same line goes to the ``tensorwire`` logger."""
+
+
+def _warn_restart(message):
+    warnings.warn(message, WorkerRestartedWarning, stacklevel=2)
+
+
+def _policy(on_worker_death, max_restarts, restart_window, datapoint_timeout):
+    # Checked in C++ (ValueError naming the argument); converted by the binding.
+    return (on_worker_death, max_restarts, restart_window, datapoint_timeout, _warn_restart)
+
+
+_POLICY_DOC = """
+    Dead workers: ``on_worker_death="raise"`` (the default) raises ``WorkerDiedError``;
+    ``"restart"`` replaces the worker by a fresh one with a new seed, warns
+    (``WorkerRestartedWarning`` and the ``tensorwire`` logger) naming the worker, its pid and
+    how it died, counts it in ``restarts``, and goes on. A worker that dies more than
+    ``max_restarts`` times within ``restart_window`` seconds ends the run with
+    ``WorkerDiedError``. ``datapoint_timeout`` (seconds, ``None``: no limit): a worker busy
+    on one datapoint for longer is killed and then treated as dead, the datapoint named.
+"""
 
 
 class MultiProcessRunnerZMQ(_Forking):
@@ -178,8 +210,11 @@ class MultiProcessRunnerZMQ(_Forking):
     ``WorkerDiedError`` naming it and its signal within seconds.
     """
 
-    def __init__(self, ds, num_proc=1, hwm=50, *, seed=None):
-        self._core = _C._Runner(ds, num_proc, hwm, seed, _seed_worker)
+    def __init__(self, ds, num_proc=1, hwm=50, *, seed=None, on_worker_death="raise",
+                 max_restarts=3, restart_window=60.0, datapoint_timeout=None):
+        self._core = _C._Runner(ds, num_proc, hwm, seed, _seed_worker,
+                                _policy(on_worker_death, max_restarts, restart_window,
+                                        datapoint_timeout))
         self.ds = ds
         self.num_proc = num_proc
         self._hwm = hwm
@@ -197,6 +232,7 @@ class MultiProcessRunnerZMQ(_Forking):
         return self._core.shared_memory_bytes
 
 
+MultiProcessRunnerZMQ.__doc__ += _POLICY_DOC
 PrefetchDataZMQ = MultiProcessRunnerZMQ
 
 
@@ -210,8 +246,12 @@ class MultiProcessMapDataZMQ(_Forking):
     here with its traceback; a dead worker raises ``WorkerDiedError``. Never a hang.
     """
 
-    def __init__(self, ds, num_proc, map_func, *, buffer_size=200, strict=False, seed=None):
-        self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed, _seed_worker)
+    def __init__(self, ds, num_proc, map_func, *, buffer_size=200, strict=False, seed=None,
+                 on_worker_death="raise", max_restarts=3, restart_window=60.0,
+                 datapoint_timeout=None):
+        self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed, _seed_worker,
+                                 _policy(on_worker_death, max_restarts, restart_window,
+                                         datapoint_timeout))
         self.ds = ds
         self.num_proc = num_proc
         self.map_func = map_func
@@ -223,6 +263,7 @@ class MultiProcessMapDataZMQ(_Forking):
         self._register()
 
 
+MultiProcessMapDataZMQ.__doc__ += _POLICY_DOC
 MultiProcessMapData = MultiProcessMapDataZMQ
 
 

@@ -5,22 +5,41 @@
 #include <unistd.h>
 
 #include <thread>
+#include <tuple>
 
 namespace tensorwire::dataflow::detail {
 
 // ---- MainLink ----------------------------------------------------------------------------
 
-void MainLink::make_sockets(int num_workers) {
+void MainLink::make_sockets(int n) {
   owner_pid = ::getpid();
-  for (int i = 0; i < num_workers; ++i) {
-    auto [a, b] = os::UnixSocket::pair();
-    parent_ends.push_back(std::move(a));
-    child_ends.push_back(std::move(b));
+  num_workers = n;
+  generation.assign(static_cast<size_t>(n), 0);
+  parent_ends.resize(static_cast<size_t>(n * kGenerations));
+  child_ends.resize(parent_ends.size());
+  for (int i = 0; i < n; ++i)
+    std::tie(parent_ends[static_cast<size_t>(i)], child_ends[static_cast<size_t>(i)]) =
+        os::UnixSocket::pair();
+}
+
+uint16_t MainLink::next_generation(int index) {
+  ++generation[static_cast<size_t>(index)];
+  const uint16_t sender = sender_of(index);
+  if (receiver) receiver->forget(sender);
+  std::tie(parent_ends[sender], child_ends[sender]) = os::UnixSocket::pair();
+  return sender;
+}
+
+void MainLink::check_workers() {
+  if (watchdog) watchdog();
+  while (auto d = workers.reap_dead()) {
+    if (!on_death) throw workers.died(*d);
+    on_death(*d);
   }
 }
 
-os::UnixSocket MainLink::take_child_end(int index) {
-  os::UnixSocket mine = std::move(child_ends.at(static_cast<size_t>(index)));
+os::UnixSocket MainLink::take_child_end(uint16_t sender) {
+  os::UnixSocket mine = std::move(child_ends.at(sender));
   parent_ends.clear();
   child_ends.clear();
   workers.forget_in_child();
@@ -28,7 +47,7 @@ os::UnixSocket MainLink::take_child_end(int index) {
 }
 
 void MainLink::open(const std::string& endpoint) {
-  child_ends.clear();  // the children have theirs; EOF on ours must mean "worker gone"
+  for (auto& c : child_ends) c.close();  // the children have theirs; EOF on ours: "worker gone"
   ctx = std::make_unique<zmqio::Context>();
   // The runner's own credits bound what is in flight; the ZeroMQ queue is never the limit.
   pull = std::make_unique<zmqio::Socket>(*ctx, zmq::socket_type::pull,
@@ -40,7 +59,7 @@ void MainLink::open(const std::string& endpoint) {
 }
 
 shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
-  if (sender >= parent_ends.size())
+  if (!valid_sender(sender) || !parent_ends[sender].valid())
     throw ProtocolError(owner + ": descriptor from unknown sender " + std::to_string(sender));
   std::optional<std::pair<uint32_t, shm::Segment>> m;
   // Interruptible, and bounded: the worker sends the segment before naming it.
@@ -51,12 +70,12 @@ shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
         } catch (const ClosedError&) {
           // The worker is gone: say so. Its fds close a moment before its pidfd reports it.
           for (int i = 0; i < 200; ++i) {
-            workers.check();
+            check_workers();
             std::this_thread::sleep_for(Millis(5));
           }
           throw;
         }
-        if (!m) workers.check();
+        if (!m) check_workers();
         return m.has_value();
       });
   if (!got)
@@ -79,7 +98,7 @@ std::optional<ShmReceiver::Received> MainLink::receive(Deadline deadline) {
       const auto now = clock::now();
       // Checked on a clock, not per message: a pidfd poll per datapoint would cost a syscall.
       if (now >= next_check) {
-        workers.check();
+        check_workers();
         next_check = now + liveness;
       }
       if (rest_.empty()) {

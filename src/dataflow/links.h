@@ -4,7 +4,14 @@
 // MainLink (the main process): the worker processes, a Unix socket pair per worker for
 // segments, the PULL socket the workers push descriptors into, and the ShmReceiver that
 // turns them into TensorDicts. receive() waits for the next descriptor while watching
-// every worker's pidfd, so a dead worker ends any wait within `liveness`.
+// every worker's pidfd, so a dead worker ends any wait within `liveness`: it throws
+// WorkerDiedError, or hands the death to `on_death` when one is set (a restart).
+//
+// Senders: a replaced worker gets a new sender id (its index + num_workers x generation,
+// kGenerations of them in turn), with its own socket pair and receiver state, so that
+// descriptors of the dead one still queued in ZeroMQ are read against the dead one's
+// segments, never the new one's. An id comes back after kGenerations restarts of the
+// same worker, long after its dead owner's last descriptor was read.
 //
 // WorkerLink (a worker): its own ZeroMQ context (created after the fork), the PUSH
 // socket, and an ShmSender whose new segments go to the main process over the worker's
@@ -16,6 +23,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,30 +40,46 @@ namespace tensorwire::dataflow::detail {
 using Millis = std::chrono::milliseconds;
 
 struct MainLink {
+  static constexpr int kGenerations = 4;
+
   explicit MainLink(std::string owner_name, Millis liveness_interval)
       : owner(std::move(owner_name)), workers(owner), liveness(liveness_interval) {}
   ~MainLink() { close(); }
 
   // Before forking: one socket pair per worker (`child_ends` go to the children).
   void make_sockets(int num_workers);
+  // Before forking a replacement of worker `index`: its next sender id, with a new socket
+  // pair, the receiver's state of that id forgotten. Returns the id.
+  uint16_t next_generation(int index);
+  uint16_t sender_of(int index) const {
+    return static_cast<uint16_t>(index +
+                                 num_workers * static_cast<int>(generation[index] % kGenerations));
+  }
+  int index_of(uint16_t sender) const { return sender % num_workers; }
+  bool is_current(uint16_t sender) const { return sender_of(index_of(sender)) == sender; }
+  bool valid_sender(uint16_t sender) const { return sender < parent_ends.size(); }
   // In a child, before anything else: drops what belongs to the parent and returns the
   // child's own end of its socket pair.
-  os::UnixSocket take_child_end(int index);
+  os::UnixSocket take_child_end(uint16_t sender);
   // After forking: the ZeroMQ context, the PULL socket bound to `endpoint`, the receiver.
   void open(const std::string& endpoint);
 
   // The next descriptor (decoded), std::nullopt after `timeout` (negative: no limit).
   // WorkerDiedError when a worker has ended; ProtocolError for a bad descriptor.
   std::optional<ShmReceiver::Received> receive(Deadline deadline);
-  // Checks the workers now (throws WorkerDiedError).
-  void check_workers() { workers.check(); }
+  // Runs the watchdog, then hands each ended worker to on_death (or throws WorkerDiedError).
+  void check_workers();
 
   void close() noexcept;
 
   std::string owner;
   WorkerProcesses workers;
   Millis liveness;
-  std::vector<os::UnixSocket> parent_ends, child_ends;
+  int num_workers = 0;
+  std::vector<uint32_t> generation;                     // per worker index
+  std::vector<os::UnixSocket> parent_ends, child_ends;  // per sender id
+  std::function<void(const WorkerProcesses::Death&)> on_death;
+  std::function<void()> watchdog;  // at each liveness check (kills stuck workers)
   std::unique_ptr<zmqio::Context> ctx;
   std::unique_ptr<zmqio::Socket> pull;
   std::unique_ptr<ShmReceiver> receiver;

@@ -4,8 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
+#include <unordered_map>
 #include <variant>
 
 #include "dataflow/links.h"
@@ -23,17 +25,33 @@ using Millis = std::chrono::milliseconds;
 
 struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSource {
   Impl(std::shared_ptr<DataFlow> d, MapFunction f, MapOptions o)
-      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
+      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval, o.policy),
         map(std::move(f)),
         opt(std::move(o)) {}
 
   MapFunction map;
   MapOptions opt;
   size_t buffer_size = 0;
-  std::string result_endpoint, task_endpoint;  // worker i takes tasks from task_endpoint + i
+  // Worker i takes tasks from task_endpoint + its sender id: a replacement gets a socket
+  // of its own, so no task goes into the dead one's queue once it was replaced.
+  std::string result_endpoint, task_endpoint;
   // One task socket per worker, so that a task goes to the least busy worker (not blindly
   // round-robin) and the schema is sent once to each worker that needs it.
   std::vector<std::unique_ptr<zmqio::Socket>> tasks;
+  // Tasks sent and not back, by seq. Under the restart policy each keeps its input, so
+  // that what a dead worker held is sent again (a result that comes twice is dropped).
+  struct Task {
+    uint32_t pass = 0;
+    uint64_t in_pass = 0;  // its index in its pass (named when it is stuck)
+    size_t worker = 0;
+    std::optional<TensorDict> input;
+  };
+  std::unordered_map<uint64_t, Task> pending;
+  std::deque<uint64_t> reissue;  // seqs to send again, oldest first
+  // Inside dispatch(): a restart found there (a nested death) queues its reissues for the
+  // end of the outermost dispatch, which never runs inside the task pool's allocation.
+  bool dispatching = false;
+  uint64_t pass_index = 0;  // index in send_pass of the next task
   std::vector<size_t> worker_in_flight;
   std::vector<uint64_t> worker_schema;
   std::unique_ptr<detail::ShmSender> task_sender;
@@ -57,10 +75,17 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   };
   std::map<uint32_t, PassCount> counts;
 
-  [[noreturn]] void worker_main(int index);
+  [[noreturn]] void worker_main(int index, uint16_t sender);
   void count_result(uint32_t pass, bool kept);
   void check_pass(uint32_t pass);
   void send_task(const TensorDict& td);
+  // Sends task `seq` to the least busy worker (again, after a restart); returns the worker.
+  size_t dispatch(uint64_t seq, const TensorDict& td, uint32_t pass);
+  void bind_tasks(int index, uint16_t sender);
+  void flush_reissue();
+  void send_new_segment(uint32_t index, const shm::Segment& segment);
+  void after_replacing(int index, uint16_t sender) override;
+  std::string describe_item(uint64_t seq) const override;
   void fill();
   // The next result; a worker's own failure (not one datapoint's) throws WorkerError.
   std::optional<detail::ShmReceiver::Received> receive(Deadline deadline);
@@ -71,14 +96,15 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void epoch_end() noexcept override { end_epoch(); }
 };
 
-void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
-  os::UnixSocket sock = link.take_child_end(index);
+void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender) {
+  os::UnixSocket sock = link.take_child_end(sender);
+  detail::WorkerProgress* progress_slot = progress(index);
   // The task socket's end in this worker: its own queue is as deep as the whole buffer,
   // so that the main process never blocks sending a task.
-  detail::WorkerLink w(index, std::move(sock), result_endpoint, 0,
+  detail::WorkerLink w(sender, std::move(sock), result_endpoint, 0,
                        buffer_size / static_cast<size_t>(opt.num_proc) + 4);
   zmqio::Socket pull(w.ctx, zmq::socket_type::pull, {.rcvhwm = static_cast<int>(buffer_size) + 1});
-  pull.connect(task_endpoint + std::to_string(index));
+  pull.connect(task_endpoint + std::to_string(sender));
   detail::ShmReceiver tasks_in([&w](uint16_t, uint32_t index_wanted) {
     while (true) {
       auto m = detail::recv_segment(w.socket, Millis(200));
@@ -104,8 +130,11 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
       if (!r.datapoint) continue;
       std::optional<TensorDict> out;
       try {
+        if (progress_slot) progress_slot->begin(h.seq);
         out = map(r.datapoint->to_tensordict());
+        if (progress_slot) progress_slot->end();
       } catch (...) {
+        if (progress_slot) progress_slot->end();
         Failure f;
         try {
           f = opt.describe_failure(std::current_exception());
@@ -119,7 +148,7 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
       if (out) {
         w.send_datapoint(*out, h);
       } else {
-        h.sender = static_cast<uint16_t>(index);
+        h.sender = sender;
         h.kind = detail::DescriptorKind::Filtered;
         w.scratch.clear();
         h.encode(w.scratch);
@@ -139,18 +168,56 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index) {
   w.park();
 }
 
+size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td, uint32_t pass) {
+  const bool outermost = !dispatching;
+  dispatching = true;
+  struct Reset {
+    bool& flag;
+    bool value;
+    ~Reset() { flag = value; }
+  } reset{dispatching, !outermost};
+  while (true) {
+    size_t w = 0;
+    for (size_t i = 1; i < worker_in_flight.size(); ++i)
+      if (worker_in_flight[i] < worker_in_flight[w]) w = i;
+    const uint32_t generation = link.generation[w];
+    scratch.clear();
+    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = pass}, scratch,
+                        worker_schema[w]);
+    zmq::message_t m(scratch.data(), scratch.size());
+    // The queues hold the whole buffer, so this does not wait; if it does, a worker is
+    // stuck or gone, which the liveness check reports (or replaces the worker).
+    bool sent = false;
+    while (!(sent = tasks[w]->send(m, Millis(100)))) {
+      link.check_workers();
+      if (link.generation[w] != generation) break;
+    }
+    if (sent) {
+      ++worker_in_flight[w];
+      if (outermost && !reissue.empty()) {
+        dispatching = false;
+        flush_reissue();
+      }
+      return w;
+    }
+    // Replaced meanwhile: encode again (the new worker has no schema yet), after the
+    // tasks the dead worker held, which are older than this one (order with one worker).
+    task_sender->abandon(std::span(static_cast<const std::byte*>(m.data()), m.size()),
+                         worker_schema[w]);
+    if (outermost && !reissue.empty()) {
+      dispatching = false;
+      flush_reissue();
+      dispatching = true;
+    }
+  }
+}
+
 void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
-  size_t w = 0;
-  for (size_t i = 1; i < worker_in_flight.size(); ++i)
-    if (worker_in_flight[i] < worker_in_flight[w]) w = i;
-  scratch.clear();
-  task_sender->encode(td, {.sender = detail::kMainSender, .seq = seq++, .pass = send_pass}, scratch,
-                      worker_schema[w]);
-  zmq::message_t m(scratch.data(), scratch.size());
-  // The queues hold the whole buffer, so this does not wait; if it does, a worker is
-  // stuck or gone, which the liveness check reports.
-  while (!tasks[w]->send(m, Millis(100))) link.check_workers();
-  ++worker_in_flight[w];
+  const uint64_t task = seq++;
+  const size_t w = dispatch(task, td, send_pass);
+  Task t{send_pass, pass_index++, w, std::nullopt};
+  if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
+  pending.emplace(task, std::move(t));
   ++in_flight;
   if (opt.strict)
     ++outstanding[send_pass];
@@ -168,6 +235,7 @@ void MultiProcessMapDataZMQ::Impl::fill() {
       continue;
     }
     // The pass is over.
+    pass_index = 0;
     if (opt.strict) complete[send_pass] = true;
     const bool empty = !pass_had_items;
     if (!opt.strict && !empty) {
@@ -183,22 +251,87 @@ void MultiProcessMapDataZMQ::Impl::fill() {
 
 std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::receive(
     Deadline deadline) {
-  auto r = link.receive(deadline);
-  if (!r) return r;
-  if (r->header.sender >= opt.num_proc)
-    throw ProtocolError(std::string(kName) + ": result from sender " +
-                        std::to_string(r->header.sender));
-  if (r->header.kind == detail::DescriptorKind::Error && r->header.seq == ~0ull) {
-    // The worker itself failed (not one datapoint): it is parked and its tasks are lost,
-    // so the map cannot go on.
-    failed = std::make_exception_ptr(worker_error(*r));
-    std::rethrow_exception(failed);
+  while (true) {
+    auto r = link.receive(deadline);
+    if (!r) return r;
+    if (!link.valid_sender(r->header.sender))
+      throw ProtocolError(std::string(kName) + ": result from sender " +
+                          std::to_string(r->header.sender));
+    if (r->header.kind == detail::DescriptorKind::Error && r->header.seq == ~0ull) {
+      // The worker itself failed (not one datapoint): it is parked and its tasks are lost,
+      // so the map cannot go on.
+      failed = std::make_exception_ptr(worker_error(*r));
+      std::rethrow_exception(failed);
+    }
+    auto task = pending.find(r->header.seq);
+    if (task == pending.end()) continue;  // a reissued task's second result
+    const size_t w = task->second.worker;
+    pending.erase(task);
+    --in_flight;
+    if (w < worker_in_flight.size() && worker_in_flight[w] > 0) --worker_in_flight[w];
+    auto it = outstanding.find(r->header.pass);
+    if (it != outstanding.end() && it->second > 0) --it->second;
+    return r;
   }
-  --in_flight;
-  if (worker_in_flight[r->header.sender] > 0) --worker_in_flight[r->header.sender];
-  auto it = outstanding.find(r->header.pass);
-  if (it != outstanding.end() && it->second > 0) --it->second;
-  return r;
+}
+
+void MultiProcessMapDataZMQ::Impl::bind_tasks(int index, uint16_t sender) {
+  auto& sock = tasks[static_cast<size_t>(index)];
+  sock.reset();  // the dead one's queue goes with its socket; pending tasks are reissued
+  sock = std::make_unique<zmqio::Socket>(
+      *link.ctx, zmq::socket_type::push,
+      zmqio::SocketOptions{.sndhwm = static_cast<int>(buffer_size) + 1});
+  sock->bind(task_endpoint + std::to_string(sender));
+}
+
+void MultiProcessMapDataZMQ::Impl::after_replacing(int index, uint16_t sender) {
+  const auto i = static_cast<size_t>(index);
+  bind_tasks(index, sender);
+  worker_schema[i] = 0;
+  worker_in_flight[i] = 0;
+  // The new worker maps the task arenas in order, before any task names them.
+  for (uint32_t k = 0; k < task_sender->num_segments(); ++k)
+    detail::send_segment(link.parent_ends[sender], k, task_sender->segment(k));
+  std::vector<uint64_t> lost;
+  for (auto& [task, t] : pending)
+    if (t.worker == i) lost.push_back(task);
+  std::sort(lost.begin(), lost.end());
+  reissue.insert(reissue.end(), lost.begin(), lost.end());
+  if (!dispatching) flush_reissue();
+}
+
+void MultiProcessMapDataZMQ::Impl::flush_reissue() {
+  while (!reissue.empty()) {
+    const uint64_t task = reissue.front();
+    reissue.pop_front();
+    auto it = pending.find(task);
+    if (it == pending.end() || !it->second.input) continue;  // came back meanwhile
+    const TensorDict input = *it->second.input;
+    const uint32_t pass = it->second.pass;
+    it->second.worker = worker_in_flight.size();  // in no worker's count while it is sent
+    const size_t w = dispatch(task, input, pass);
+    if (auto again = pending.find(task); again != pending.end()) again->second.worker = w;
+  }
+}
+
+void MultiProcessMapDataZMQ::Impl::send_new_segment(uint32_t index, const shm::Segment& segment) {
+  for (int i = 0; i < num_proc; ++i) {
+    const uint16_t sender = link.sender_of(i);
+    try {
+      detail::send_segment(link.parent_ends[sender], index, segment);
+    } catch (const ClosedError&) {
+      link.check_workers();  // throws WorkerDiedError, or replaces it
+      // A replacement was given every segment there is, this one included.
+      if (link.sender_of(i) == sender) throw;
+    }
+  }
+}
+
+std::string MultiProcessMapDataZMQ::Impl::describe_item(uint64_t task) const {
+  auto it = pending.find(task);
+  if (it == pending.end()) return "a datapoint";
+  return "datapoint " + std::to_string(it->second.in_pass) + " of pass " +
+         std::to_string(it->second.pass);
 }
 
 void MultiProcessMapDataZMQ::Impl::count_result(uint32_t pass, bool kept) {
@@ -221,7 +354,8 @@ void MultiProcessMapDataZMQ::Impl::check_pass(uint32_t pass) {
 
 WorkerError MultiProcessMapDataZMQ::Impl::worker_error(detail::ShmReceiver::Received& r) {
   const auto pids = link.workers.pids();
-  return WorkerError(kName, r.header.sender, pids.at(r.header.sender), std::move(r.failure));
+  const int w = link.index_of(r.header.sender);
+  return WorkerError(kName, w, pids.at(static_cast<size_t>(w)), std::move(r.failure));
 }
 
 MultiProcessMapDataZMQ::MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, MapFunction map,
@@ -248,27 +382,15 @@ void MultiProcessMapDataZMQ::reset_state() {
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";
   m.task_endpoint = base + "-tasks-";
-  m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });
+  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender) { m.worker_main(i, sender); });
   m.link.open(m.result_endpoint);
-  for (int i = 0; i < n; ++i) {
-    m.tasks.push_back(std::make_unique<zmqio::Socket>(
-        *m.link.ctx, zmq::socket_type::push,
-        zmqio::SocketOptions{.sndhwm = static_cast<int>(m.buffer_size) + 1}));
-    m.tasks.back()->bind(m.task_endpoint + std::to_string(i));
-  }
+  m.tasks.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) m.bind_tasks(i, static_cast<uint16_t>(i));
   m.worker_in_flight.assign(static_cast<size_t>(n), 0);
   m.worker_schema.assign(static_cast<size_t>(n), 0);
-  m.task_sender = std::make_unique<detail::ShmSender>("dataflow-map-tasks", m.buffer_size + 4,
-                                                      [&m](uint32_t index, const shm::Segment& s) {
-                                                        for (auto& sock : m.link.parent_ends) {
-                                                          try {
-                                                            detail::send_segment(sock, index, s);
-                                                          } catch (const ClosedError&) {
-                                                            m.link.check_workers();
-                                                            throw;
-                                                          }
-                                                        }
-                                                      });
+  m.task_sender = std::make_unique<detail::ShmSender>(
+      "dataflow-map-tasks", m.buffer_size + 4,
+      [&m](uint32_t index, const shm::Segment& s) { m.send_new_segment(index, s); });
   m.ds->reset_state();
   m.ds->start();
   m.fill();
@@ -349,6 +471,9 @@ const MapOptions& MultiProcessMapDataZMQ::options() const noexcept {
 }
 size_t MultiProcessMapDataZMQ::buffer_size() const noexcept {
   return impl_->buffer_size;
+}
+uint64_t MultiProcessMapDataZMQ::restarts() const noexcept {
+  return impl_->restarts;
 }
 std::vector<int> MultiProcessMapDataZMQ::pids() const {
   return impl_->link.workers.pids();

@@ -65,7 +65,7 @@ struct alignas(64) Credit {
 
 struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSource {
   Impl(std::shared_ptr<DataFlow> d, RunnerOptions o)
-      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval),
+      : RunnerCore(kName, std::move(d), o.num_proc, o.seed, o.liveness_interval, o.policy),
         opt(std::move(o)) {}
 
   RunnerOptions opt;
@@ -74,17 +74,25 @@ struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSour
   shm::Segment credits;
 
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
-  [[noreturn]] void worker_main(int index);
+  [[noreturn]] void worker_main(int index, uint16_t sender);
   std::optional<RawDatapoint> next_raw(Deadline deadline);
+  // A replacement starts with no datapoint sent and none received.
+  void before_replacing(int index) override {
+    Credit& c = credit(index);
+    c.received.store(0);
+    c.sleeping.store(0);
+    c.wake_at.store(0);
+  }
 
   Step epoch_step(Deadline deadline) override;
   void epoch_begin() override;
   void epoch_end() noexcept override;
 };
 
-void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
-  detail::WorkerLink w(index, link.take_child_end(index), endpoint, opt.hwm + 2,
+void MultiProcessRunnerZMQ::Impl::worker_main(int index, uint16_t sender) {
+  detail::WorkerLink w(sender, link.take_child_end(sender), endpoint, opt.hwm + 2,
                        static_cast<size_t>(opt.hwm) + 4);
+  detail::WorkerProgress* progress_slot = progress(index);
   w.start_flusher(kMaxDelay);
   Credit& c = credit(index);
   const auto hwm = static_cast<uint32_t>(opt.hwm);
@@ -97,7 +105,11 @@ void MultiProcessRunnerZMQ::Impl::worker_main(int index) {
     while (true) {
       ds->start();
       bool any = false;
-      while (auto dp = ds->next()) {
+      for (uint64_t in_pass = 0;; ++in_pass) {
+        if (progress_slot) progress_slot->begin(in_pass);
+        std::optional<TensorDict> dp = ds->next();
+        if (progress_slot) progress_slot->end();
+        if (!dp) break;
         any = true;
         const auto produced = clock::now();
         uint32_t received = c.received.load(std::memory_order_acquire);
@@ -158,7 +170,7 @@ void MultiProcessRunnerZMQ::reset_state() {
   m.endpoint = "ipc://@" + os::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) new (&m.credit(i)) Credit{};
-  m.start_workers(m.opt.fork_hooks, [&m](int i) { m.worker_main(i); });
+  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender) { m.worker_main(i, sender); });
   // Contexts and threads only after every fork (a context does not survive one).
   m.link.open(m.endpoint);
 }
@@ -182,16 +194,19 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadl
     while (true) {
       auto r = m.link.receive(deadline);
       if (!r) return std::nullopt;
-      const int w = r->header.sender;
-      if (w >= m.opt.num_proc)
-        throw ProtocolError(std::string(kName) + ": descriptor from sender " + std::to_string(w));
+      const uint16_t sender = r->header.sender;
+      if (!m.link.valid_sender(sender))
+        throw ProtocolError(std::string(kName) + ": descriptor from sender " +
+                            std::to_string(sender));
+      const int w = m.link.index_of(sender);
       if (r->header.kind == detail::DescriptorKind::Error) {
         const auto pids = m.link.workers.pids();
         throw WorkerError(kName, w, pids.empty() ? -1 : pids[static_cast<size_t>(w)],
                           std::move(r->failure));
       }
       if (r->header.kind != detail::DescriptorKind::Datapoint) continue;
-      m.credit(w).on_received();
+      // A replaced worker's last datapoints still count, but not against its successor.
+      if (m.link.is_current(sender)) m.credit(w).on_received();
       return std::move(r->datapoint);
     }
   } catch (const ClosedError&) {
@@ -236,6 +251,9 @@ uint64_t MultiProcessRunnerZMQ::base_seed() const noexcept {
 }
 const RunnerOptions& MultiProcessRunnerZMQ::options() const noexcept {
   return impl_->opt;
+}
+uint64_t MultiProcessRunnerZMQ::restarts() const noexcept {
+  return impl_->restarts;
 }
 std::vector<int> MultiProcessRunnerZMQ::pids() const {
   return impl_->link.workers.pids();

@@ -2,47 +2,162 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <random>
 #include <string>
 
 #include "tensorwire/core/error.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow::detail {
 
 namespace {
+using Clock = std::chrono::steady_clock;
+
 uint64_t random_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
 }  // namespace
 
+void WorkerProgress::begin(uint64_t what) noexcept {
+  item.store(what, std::memory_order_relaxed);
+  since_ns.store(now_ns(), std::memory_order_release);
+}
+
 RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> dataflow, int n,
-                       std::optional<uint64_t> base_seed, Millis liveness_interval)
+                       std::optional<uint64_t> base_seed, Millis liveness_interval,
+                       WorkerPolicy worker_policy)
     : name(runner_name),
       ds(std::move(dataflow)),
       num_proc(n),
       seed(base_seed ? *base_seed : random_seed()),
+      policy(std::move(worker_policy)),
       link(runner_name, liveness_interval) {
-  if (!ds) throw ValueError(std::string(name) + ": no dataflow");
+  const std::string who(name);
+  if (!ds) throw ValueError(who + ": no dataflow");
   if (num_proc < 1 || num_proc > 1024)
-    throw ValueError(std::string(name) + ": num_proc must be in [1, 1024], got " +
-                     std::to_string(num_proc));
+    throw ValueError(who + ": num_proc must be in [1, 1024], got " + std::to_string(num_proc));
+  if (policy.max_restarts < 0)
+    throw ValueError(who + ": max_restarts must be 0 or more, got " +
+                     std::to_string(policy.max_restarts));
+  if (policy.restart_window.count() <= 0)
+    throw ValueError(who + ": restart_window must be positive, got " +
+                     seconds(policy.restart_window));
+  if (policy.datapoint_timeout && policy.datapoint_timeout->count() <= 0)
+    throw ValueError(who + ": datapoint_timeout must be positive (or none), got " +
+                     seconds(*policy.datapoint_timeout));
   size = ds->size();
 }
 
 void RunnerCore::start_workers(const ForkHooks& hooks,
-                               const std::function<void(int)>& worker_main) {
+                               std::function<void(int index, uint16_t sender)> worker_main) {
   check_open();
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   reset_done = true;
+  hooks_ = hooks;
+  worker_main_ = std::move(worker_main);
+  deaths_.assign(static_cast<size_t>(num_proc), {});
+  stuck_.assign(static_cast<size_t>(num_proc), {});
+  if (policy.datapoint_timeout) {
+    progress_ = shm::Segment::create("dataflow-progress",
+                                     sizeof(WorkerProgress) * static_cast<size_t>(num_proc));
+    for (int i = 0; i < num_proc; ++i) new (progress(i)) WorkerProgress{};
+    link.watchdog = [this] { watch_stuck(); };
+  }
+  link.on_death = [this](const WorkerProcesses::Death& d) { on_death(d); };
   link.make_sockets(num_proc);
   for (int i = 0; i < num_proc; ++i) {
     WorkerInfo info{i, num_proc, seed + static_cast<uint64_t>(i)};
-    link.workers.spawn(info, hooks, [&worker_main, i]() -> int {
-      worker_main(i);  // a worker ends its process; it does not return
+    const auto sender = static_cast<uint16_t>(i);
+    link.workers.spawn(info, hooks_, [this, i, sender]() -> int {
+      worker_main_(i, sender);  // a worker ends its process; it does not return
       return 0;
     });
   }
+}
+
+WorkerProgress* RunnerCore::progress(int index) const {
+  if (!progress_.data()) return nullptr;
+  return reinterpret_cast<WorkerProgress*>(progress_.data()) + index;
+}
+
+std::string RunnerCore::describe_item(uint64_t item) const {
+  return "datapoint " + std::to_string(item) + " of its pass";
+}
+
+void RunnerCore::watch_stuck() {
+  const int64_t limit_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(*policy.datapoint_timeout).count();
+  const int64_t now = now_ns();
+  for (int i = 0; i < num_proc; ++i) {
+    WorkerProgress& p = *progress(i);
+    const int64_t since = p.since_ns.load(std::memory_order_acquire);
+    auto& why = stuck_[static_cast<size_t>(i)];
+    if (since == 0 || now - since <= limit_ns || !why.empty()) continue;
+    why = ": it was stuck on " + describe_item(p.item.load(std::memory_order_relaxed)) +
+          " for longer than datapoint_timeout (" + seconds(*policy.datapoint_timeout) +
+          ") and was killed";
+    link.workers.kill(i);
+  }
+}
+
+void RunnerCore::on_death(const WorkerProcesses::Death& d) {
+  const auto index = static_cast<size_t>(d.index);
+  std::string why = std::move(stuck_[index]);
+  stuck_[index].clear();
+  if (policy.on_death == OnWorkerDeath::Raise) throw link.workers.died(d, why);
+  auto& times = deaths_[index];
+  const auto now = Clock::now();
+  times.push_back(now);
+  while (now - times.front() > policy.restart_window) times.pop_front();
+  if (times.size() > static_cast<size_t>(policy.max_restarts))
+    throw link.workers.died(
+        d, why + "; it died " + std::to_string(times.size()) + " times within restart_window (" +
+               seconds(policy.restart_window) + "), more than max_restarts (" +
+               std::to_string(policy.max_restarts) + "), so it is not restarted again");
+  const int pid = replace(d.index);
+  WorkerRestart r;
+  r.worker = d.index;
+  r.pid = d.pid;
+  r.wait_status = d.status;
+  r.new_pid = pid;
+  r.new_seed = seed + static_cast<uint64_t>(d.index) +
+               static_cast<uint64_t>(num_proc) * link.generation[index];
+  r.restarts = ++restarts;
+  r.message = std::string(name) + ": worker " + std::to_string(d.index) + " (pid " +
+              std::to_string(d.pid) + ") " + d.how + why + "; restarted as pid " +
+              std::to_string(pid) + " with seed " + std::to_string(r.new_seed) + " (restart " +
+              std::to_string(r.restarts) + ")";
+  log_message(LogLevel::Warning, r.message);
+  if (policy.on_restart) policy.on_restart(r);
+}
+
+int RunnerCore::replace(int index) {
+  const uint16_t sender = link.next_generation(index);
+  if (WorkerProgress* p = progress(index)) p->end();
+  before_replacing(index);
+  const uint64_t gen = link.generation[static_cast<size_t>(index)];
+  WorkerInfo info{index, num_proc,
+                  seed + static_cast<uint64_t>(index) + static_cast<uint64_t>(num_proc) * gen};
+  const int pid = link.workers.spawn(info, hooks_, [this, index, sender]() -> int {
+    worker_main_(index, sender);
+    return 0;
+  });
+  link.child_ends[sender].close();
+  after_replacing(index, sender);
+  return pid;
 }
 
 void RunnerCore::check_open() const {

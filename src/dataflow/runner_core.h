@@ -1,27 +1,44 @@
 // RunnerCore: the main-process state and life cycle that MultiProcessRunnerZMQ and
 // MultiProcessMapDataZMQ share (private): argument checks, the base seed, reset_state()
-// once, forking the workers, one epoch at a time, and "closed" as the final failure.
+// once, forking the workers, one epoch at a time, "closed" as the final failure, and the
+// worker policy (WorkerPolicy: restarts, their limit, the datapoint time limit).
 // Each runner's Impl derives from it and adds what differs (credits; task sockets).
 #pragma once
 
+#include <atomic>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
 
 #include "dataflow/links.h"
+#include "shm/segment.h"
 #include "tensorwire/dataflow/dataflow.h"
 
 namespace tensorwire::dataflow::detail {
 
+// What a worker is busy with, in shared memory (one cache line per worker): the main
+// process's watchdog kills a worker busy on one datapoint longer than the time limit.
+struct alignas(64) WorkerProgress {
+  std::atomic<int64_t> since_ns{0};  // steady clock; 0: not inside a datapoint
+  std::atomic<uint64_t> item{0};     // which datapoint (the runner says how to name it)
+
+  void begin(uint64_t what) noexcept;
+  void end() noexcept { since_ns.store(0, std::memory_order_relaxed); }
+};
+
 struct RunnerCore {
-  // Checks the dataflow and num_proc (ValueError naming `name`); `seed` unset: random.
+  // Checks the dataflow, num_proc and the policy (ValueError naming the argument); `seed`
+  // unset: random.
   RunnerCore(const char* name, std::shared_ptr<DataFlow> ds, int num_proc,
-             std::optional<uint64_t> seed, Millis liveness_interval);
+             std::optional<uint64_t> seed, Millis liveness_interval, WorkerPolicy policy);
+  virtual ~RunnerCore() = default;
 
   // reset_state(): StateError the second time; then the socket pairs and num_proc workers,
-  // worker i running worker_main(i) with WorkerInfo{i, num_proc, seed + i}.
-  void start_workers(const ForkHooks& hooks, const std::function<void(int)>& worker_main);
+  // worker i running worker_main(i, its sender id) with WorkerInfo{i, num_proc, seed + i}.
+  void start_workers(const ForkHooks& hooks,
+                     std::function<void(int index, uint16_t sender)> worker_main);
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
@@ -31,16 +48,40 @@ struct RunnerCore {
   // After link.close(): what any later call raises (in the process that owns the runner).
   void mark_closed() noexcept;
 
+  // In a worker: its progress slot, or nullptr without a datapoint time limit.
+  WorkerProgress* progress(int index) const;
+
   const char* name;
   std::shared_ptr<DataFlow> ds;
   int num_proc;
   std::optional<size_t> size;
   uint64_t seed;
+  WorkerPolicy policy;
+  uint64_t restarts = 0;
   bool reset_done = false;
   bool in_epoch = false;
   bool closed = false;
   MainLink link;
   std::exception_ptr failed;
+
+ protected:
+  // Around a restart of worker `index`: before the fork (reset shared state the new worker
+  // reads), and after it (hand it what it needs, reissue what the dead one held).
+  virtual void before_replacing(int /*index*/) {}
+  virtual void after_replacing(int /*index*/, uint16_t /*sender*/) {}
+  // How to name the datapoint `item` of a worker's progress in a message.
+  virtual std::string describe_item(uint64_t item) const;
+
+ private:
+  void on_death(const WorkerProcesses::Death& d);
+  void watch_stuck();
+  int replace(int index);
+
+  ForkHooks hooks_;
+  std::function<void(int, uint16_t)> worker_main_;
+  shm::Segment progress_;
+  std::vector<std::deque<std::chrono::steady_clock::time_point>> deaths_;  // per index
+  std::vector<std::string> stuck_;  // per index: why the watchdog killed it
 };
 
 }  // namespace tensorwire::dataflow::detail

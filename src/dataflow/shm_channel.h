@@ -45,6 +45,9 @@ class ShmSender {
   // forgets that the destination got its schema).
   void abandon(std::span<const std::byte> descriptor, uint64_t& peer_schema);
 
+  // The segments made so far, in order (for a receiver that joins late).
+  size_t num_segments() const noexcept { return pool_.num_segments(); }
+  const shm::Segment& segment(uint32_t index) const { return pool_.segment(index); }
   size_t shared_memory_bytes() const noexcept { return pool_.total_bytes(); }
   size_t bytes_in_use() const { return pool_.bytes_in_use(); }
 

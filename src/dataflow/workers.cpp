@@ -29,8 +29,8 @@ bool parent_gone() noexcept {
   return g_parent_pid > 0 && ::getppid() != g_parent_pid;
 }
 
-void WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
-                            const std::function<int()>& body) {
+int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
+                           const std::function<int()>& body) {
   if (parent_pid_ < 0) parent_pid_ = ::getpid();
   const int parent = ::getpid();
   std::fflush(nullptr);  // no buffered output written twice
@@ -69,10 +69,16 @@ void WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
     ::waitpid(pid, nullptr, 0);
     throw;
   }
+  for (Worker& old : workers_)
+    if (old.index == info.index) {
+      old = std::move(w);  // a restart: the old one was reaped
+      return pid;
+    }
   workers_.push_back(std::move(w));
+  return pid;
 }
 
-void WorkerProcesses::check() {
+std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
   for (Worker& w : workers_) {
     if (w.reaped || w.watch.alive()) continue;
     int status = 0;
@@ -82,12 +88,27 @@ void WorkerProcesses::check() {
     } while (r < 0 && errno == EINTR);
     w.reaped = true;
     w.status = r == w.pid ? status : -1;
-    const std::string how =
-        r == w.pid ? os::describe_exit(status) : "ended (exit status unavailable)";
-    throw WorkerDiedError(owner_ + ": worker " + std::to_string(w.index) + " (pid " +
-                              std::to_string(w.pid) + ") " + how,
-                          w.index, w.pid, w.status);
+    return Death{w.index, w.pid, w.status,
+                 r == w.pid ? os::describe_exit(status) : "ended (exit status unavailable)"};
   }
+  return std::nullopt;
+}
+
+WorkerDiedError WorkerProcesses::died(const Death& d, const std::string& why) const {
+  return WorkerDiedError(owner_ + ": worker " + std::to_string(d.index) + " (pid " +
+                             std::to_string(d.pid) + ") " + d.how + why,
+                         d.index, d.pid, d.status);
+}
+
+void WorkerProcesses::check() {
+  if (auto d = reap_dead()) throw died(*d);
+}
+
+void WorkerProcesses::kill(int index) noexcept {
+  for (Worker& w : workers_)
+    if (w.index == index && !w.reaped &&
+        ::syscall(SYS_pidfd_send_signal, w.watch.fd(), SIGKILL, nullptr, 0) != 0)
+      ::kill(w.pid, SIGKILL);
 }
 
 std::vector<int> WorkerProcesses::pidfds() const {

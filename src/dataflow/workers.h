@@ -7,15 +7,17 @@
 // is for the main process; workers go when it closes them or dies), and
 // current_worker() describes it.
 //
-// The parent watches each worker through a pidfd: check() throws WorkerDiedError naming
-// the worker and its exit status as soon as one has ended. kill_all() sends SIGKILL and
-// reaps; it does nothing in a process other than the one that forked (a forked copy of
+// The parent watches each worker through a pidfd: reap_dead() reports (and reaps) a worker
+// that has ended, check() throws WorkerDiedError naming it and its exit status. spawn()
+// with the index of a reaped worker replaces it (a runner's "restart" policy). kill_all() sends
+// SIGKILL and reaps; it does nothing in a process other than the one that forked (a forked copy of
 // the object must not kill its siblings).
 //
 // Thread-safety: one thread at a time.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,11 +33,24 @@ class WorkerProcesses {
   WorkerProcesses(const WorkerProcesses&) = delete;
   WorkerProcesses& operator=(const WorkerProcesses&) = delete;
 
-  // Forks worker `info.index`; the child runs body() and _exit()s with its result.
-  void spawn(const WorkerInfo& info, const ForkHooks& hooks, const std::function<int()>& body);
+  // Forks worker `info.index` (replacing a reaped one of that index); the child runs
+  // body() and _exit()s with its result. Returns the child's pid.
+  int spawn(const WorkerInfo& info, const ForkHooks& hooks, const std::function<int()>& body);
 
-  // Throws WorkerDiedError for the first worker found ended (and reaps it).
+  struct Death {
+    int index = 0;
+    int pid = -1;
+    int status = -1;  // as from waitpid(); -1 when unavailable
+    std::string how;  // "killed by signal 9 (SIGKILL)", "exited with status 3"
+  };
+  // The first worker found ended, reaped; std::nullopt when all are alive.
+  std::optional<Death> reap_dead();
+  // The WorkerDiedError for `d` ("<owner>: worker i (pid p) <how><why>").
+  WorkerDiedError died(const Death& d, const std::string& why = "") const;
+  // Throws died() for the first worker found ended (and reaps it).
   void check();
+  // SIGKILLs worker `index` (a stuck one); its death is then reported as any other.
+  void kill(int index) noexcept;
   // Pollable fds, one per worker, readable once it has ended.
   std::vector<int> pidfds() const;
   std::vector<int> pids() const;

@@ -9,11 +9,13 @@
 // independent).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "tensorwire/core/tensordict.h"
 #include "tensorwire/runtime/remote_error.h"
@@ -74,6 +76,43 @@ struct ForkHooks {
   std::function<void()> before;
   std::function<void()> parent;
   std::function<void()> child;
+};
+
+// What a runner does when one of its worker processes dies (killed, out of memory, exited)
+// or, with a datapoint time limit, is stuck.
+enum class OnWorkerDeath {
+  Raise,    // iteration throws WorkerDiedError; the runner is failed (the default)
+  Restart,  // a fresh worker with a new seed takes its place and the stream goes on
+};
+// "raise" or "restart"; ValueError naming `argument` otherwise.
+OnWorkerDeath parse_on_worker_death(std::string_view text,
+                                    const char* argument = "on_worker_death");
+
+// A worker that was replaced (the report of OnWorkerDeath::Restart).
+struct WorkerRestart {
+  int worker = 0;         // its index
+  int pid = -1;           // the process that died
+  int wait_status = -1;   // as from waitpid(); -1 when it is unknown
+  int new_pid = -1;       // the replacement
+  uint64_t new_seed = 0;  // the replacement's WorkerInfo::seed
+  uint64_t restarts = 0;  // the runner's restarts so far, this one included
+  std::string message;    // one line: worker, pid, how it died, what replaced it
+};
+
+// How a runner treats worker deaths (RunnerOptions and MapOptions hold one).
+//
+// With Restart, a worker that dies more than `max_restarts` times within `restart_window`
+// ends the run with WorkerDiedError instead of being restarted for ever. A worker busy on
+// one datapoint (its dataflow's next(), or the map function) for longer than
+// `datapoint_timeout` is killed and then treated as dead, the datapoint named in the
+// message. Checked in the constructor: ValueError naming the field.
+struct WorkerPolicy {
+  OnWorkerDeath on_death = OnWorkerDeath::Raise;
+  int max_restarts = 3;
+  std::chrono::milliseconds restart_window{60000};
+  std::optional<std::chrono::milliseconds> datapoint_timeout;  // none: no limit
+  // Called on the iterating thread after each restart (the library also logs a warning).
+  std::function<void(const WorkerRestart&)> on_restart;
 };
 
 // A worker raised: thrown in the main process by the runner that received the report.

@@ -12,7 +12,9 @@
 //                   next pass is already being sent while the current one finishes, and
 //                   its early results are kept for the next epoch.
 // A map function that throws makes the epoch throw WorkerError (the worker goes on
-// serving); a worker that dies makes it throw WorkerDiedError. Neither ever hangs.
+// serving); a worker that dies makes it throw WorkerDiedError. Neither ever hangs. With
+// policy.on_death = Restart a dead (or stuck) worker is replaced and the datapoints it
+// held are sent again, a result that comes twice counted once: strict epochs stay exact.
 //
 // Thread-safety: one thread at a time; not fork-safe after reset_state().
 #pragma once
@@ -39,6 +41,7 @@ struct MapOptions {
   ForkHooks fork_hooks;
   std::function<Failure(std::exception_ptr)> describe_failure = describe_exception;
   std::chrono::milliseconds liveness_interval{100};
+  WorkerPolicy policy;  // dead and stuck workers
 };
 
 class MultiProcessMapDataZMQ final {
@@ -57,6 +60,7 @@ class MultiProcessMapDataZMQ final {
   const MapOptions& options() const noexcept;
   size_t buffer_size() const noexcept;  // after clamping to size() in strict mode
   std::vector<int> pids() const;
+  uint64_t restarts() const noexcept;  // workers replaced so far (policy Restart)
   void close();
   bool closed() const noexcept;  // close() was called (later calls throw ClosedError)
 

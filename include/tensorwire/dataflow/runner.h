@@ -20,7 +20,10 @@
 // Failures: a worker's exception is rethrown here as WorkerError (type, message,
 // traceback); a worker that dies makes next() throw WorkerDiedError within
 // `liveness_interval`, naming the worker and how it ended. Either leaves the runner
-// failed: later calls throw the same error. Workers die with this process
+// failed: later calls throw the same error. With policy.on_death = Restart, a dead worker
+// is replaced instead (a new seed: base seed + index + num_proc x its restarts; it starts
+// its dataflow from the beginning), a warning is logged and the stream goes on
+// (WorkerPolicy in dataflow.h). Workers die with this process
 // (PR_SET_PDEATHSIG, tied to the thread that called reset_state()) and are killed and
 // reaped by close() and the destructor.
 //
@@ -44,6 +47,7 @@ struct RunnerOptions {
   ForkHooks fork_hooks;
   std::function<Failure(std::exception_ptr)> describe_failure = describe_exception;
   std::chrono::milliseconds liveness_interval{100};  // how often busy iteration checks workers
+  WorkerPolicy policy;                               // dead and stuck workers
 };
 
 class MultiProcessRunnerZMQ final {
@@ -68,8 +72,9 @@ class MultiProcessRunnerZMQ final {
   std::optional<size_t> size() const;  // the dataflow's, read in the constructor
   uint64_t base_seed() const noexcept;
   const RunnerOptions& options() const noexcept;
-  std::vector<int> pids() const;  // the workers' process ids (empty before reset_state)
-  std::string endpoint() const;   // the ipc address of the pipe
+  std::vector<int> pids() const;       // the workers' process ids (empty before reset_state)
+  uint64_t restarts() const noexcept;  // workers replaced so far (policy Restart)
+  std::string endpoint() const;        // the ipc address of the pipe
   // Bytes of shared memory mapped from the workers (their chunk arenas).
   size_t shared_memory_bytes() const;
 

@@ -1,0 +1,302 @@
+// Self-healing runners (WorkerPolicy): a dead or stuck worker replaced by a fresh one, the
+// restart limit, the datapoint time limit, and the policy's argument checks. Real worker
+// processes, killed with SIGKILL.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+#include "flows.h"
+#include "tensorwire/dataflow/map.h"
+#include "tensorwire/dataflow/runner.h"
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::counting;
+using ::testing::HasSubstr;
+using testing::index_of;
+
+constexpr uint64_t kSeed = 1000;
+
+class Healing : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    children_before_ = testing::child_pids();
+    fds_before_ = testing::open_fds();
+  }
+  void TearDown() override {
+    EXPECT_EQ(testing::child_pids(), children_before_);
+    EXPECT_EQ(testing::open_fds(), fds_before_);
+  }
+  std::set<int> children_before_;
+  size_t fds_before_ = 0;
+};
+
+WorkerPolicy restart(int max_restarts = 3) {
+  return {.on_death = OnWorkerDeath::Restart, .max_restarts = max_restarts};
+}
+
+// In the first worker generation only (seed below kSeed + num_proc): true.
+bool first_generation(int num_proc) {
+  const WorkerInfo* w = current_worker();
+  return w && w->seed < kSeed + static_cast<uint64_t>(num_proc);
+}
+
+TEST_F(Healing, AKilledRunnerWorkerIsReplacedAndTheStreamGoesOn) {
+  std::vector<WorkerRestart> seen;
+  RunnerOptions o{.num_proc = 2, .hwm = 4, .seed = kSeed, .policy = restart()};
+  o.policy.on_restart = [&](const WorkerRestart& r) { seen.push_back(r); };
+  MultiProcessRunnerZMQ r(counting(std::nullopt), o);
+  r.reset_state();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(testing::datapoint_ok(*r.next(10s)));
+  const int victim = r.pids()[0];
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  for (auto end = std::chrono::steady_clock::now() + 20s;
+       r.restarts() == 0 && std::chrono::steady_clock::now() < end;)
+    ASSERT_TRUE(testing::datapoint_ok(*r.next(10s)));
+  ASSERT_EQ(r.restarts(), 1u);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].worker, 0);
+  EXPECT_EQ(seen[0].pid, victim);
+  EXPECT_TRUE(WIFSIGNALED(seen[0].wait_status) && WTERMSIG(seen[0].wait_status) == SIGKILL);
+  EXPECT_EQ(seen[0].new_pid, r.pids()[0]);
+  EXPECT_NE(r.pids()[0], victim);
+  EXPECT_EQ(seen[0].new_seed, kSeed + 0 + 2 * 1);  // base + index + num_proc x restarts
+  EXPECT_THAT(seen[0].message, HasSubstr("worker 0 (pid " + std::to_string(victim) + ")"));
+  EXPECT_THAT(seen[0].message, HasSubstr("SIGKILL"));
+  for (int i = 0; i < 200; ++i) {
+    auto dp = r.next(10s);
+    ASSERT_TRUE(dp && testing::datapoint_ok(*dp));
+  }
+  r.close();
+}
+
+TEST_F(Healing, TheReplacementGetsANewSeed) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart()};
+  MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(), o);
+  r.reset_state();
+  EXPECT_EQ(*r.next(10s)->get("seed").data<uint64_t>(), kSeed);
+  ::kill(r.pids()[0], SIGKILL);
+  uint64_t seed = kSeed;
+  for (auto end = std::chrono::steady_clock::now() + 20s;
+       seed == kSeed && std::chrono::steady_clock::now() < end;)
+    seed = *r.next(10s)->get("seed").data<uint64_t>();
+  EXPECT_EQ(seed, kSeed + 1);
+  EXPECT_EQ(r.restarts(), 1u);
+}
+
+TEST_F(Healing, AWorkerThatDiesTooOftenEndsTheRun) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart(1)};
+  MultiProcessRunnerZMQ r(counting(std::nullopt), o);
+  r.reset_state();
+  r.next(10s);
+  ::kill(r.pids()[0], SIGKILL);
+  for (auto end = std::chrono::steady_clock::now() + 20s;
+       r.restarts() == 0 && std::chrono::steady_clock::now() < end;)
+    r.next(10s);
+  ::kill(r.pids()[0], SIGKILL);
+  try {
+    for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;)
+      r.next(10s);
+    FAIL() << "no error";
+  } catch (const WorkerDiedError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("died 2 times within restart_window (60 s)"));
+    EXPECT_THAT(e.what(), HasSubstr("max_restarts (1)"));
+    EXPECT_THAT(e.what(), HasSubstr("SIGKILL"));
+  }
+  EXPECT_THROW(r.next(10s), WorkerDiedError);  // the runner stays failed
+}
+
+TEST_F(Healing, TheRaisePolicyStillRaises) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt), {.num_proc = 1});
+  r.reset_state();
+  r.next(10s);
+  ::kill(r.pids()[0], SIGKILL);
+  EXPECT_THROW(
+      {
+        for (auto end = std::chrono::steady_clock::now() + 20s;
+             std::chrono::steady_clock::now() < end;)
+          r.next(10s);
+      },
+      WorkerDiedError);
+  EXPECT_EQ(r.restarts(), 0u);
+}
+
+// Datapoint 3 of the first pass sleeps for ever in the first worker generation.
+std::shared_ptr<DataFlow> stuck_at_3(int num_proc) {
+  return std::make_shared<FunctionFlow>(
+      [num_proc](uint64_t i) {
+        if (i == 3 && first_generation(num_proc)) std::this_thread::sleep_for(1h);
+        return testing::make_datapoint(i);
+      },
+      20);
+}
+
+TEST_F(Healing, AStuckRunnerWorkerIsKilledAndNamed) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed};
+  o.policy.datapoint_timeout = 300ms;
+  MultiProcessRunnerZMQ r(stuck_at_3(1), o);
+  r.reset_state();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(index_of(*r.next(10s)), i);
+  try {
+    r.next(10s);
+    FAIL() << "no error";
+  } catch (const WorkerDiedError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("stuck on datapoint 3 of its pass"));
+    EXPECT_THAT(e.what(), HasSubstr("datapoint_timeout (0.3 s)"));
+    EXPECT_THAT(e.what(), HasSubstr("SIGKILL"));
+  }
+}
+
+TEST_F(Healing, AStuckRunnerWorkerIsReplaced) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart()};
+  o.policy.datapoint_timeout = 300ms;
+  std::string message;
+  o.policy.on_restart = [&](const WorkerRestart& w) { message = w.message; };
+  MultiProcessRunnerZMQ r(stuck_at_3(1), o);
+  r.reset_state();
+  std::vector<int64_t> got;
+  for (int i = 0; i < 10; ++i) got.push_back(index_of(*r.next(10s)));
+  // 0 1 2 from the first worker, then the replacement's pass from the start.
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_THAT(message, HasSubstr("stuck on datapoint 3"));
+  EXPECT_EQ(r.restarts(), 1u);
+}
+
+// Map: datapoint `bad` kills its worker (first generation only), or sleeps for ever once:
+// in the first worker that claims `marker` (a strict epoch sends the next pass early, so
+// two workers may see a `bad`).
+MapFunction dies_at(int64_t bad, int num_proc, bool sleep, std::string marker = {}) {
+  return [=](TensorDict td) -> std::optional<TensorDict> {
+    if (index_of(td) != bad) return td;
+    if (sleep) {
+      const int fd = ::open(marker.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+      if (fd < 0) return td;
+      ::close(fd);
+      std::this_thread::sleep_for(1h);
+    }
+    if (first_generation(num_proc)) ::raise(SIGKILL);
+    return td;
+  };
+}
+
+std::string marker_path() {
+  std::string p = "/tmp/tw-healing-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  return p;
+}
+
+TEST_F(Healing, AStrictMapReissuesWhatADeadWorkerHeldInOrder) {
+  MapOptions o{.num_proc = 1, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
+  MultiProcessMapDataZMQ m(counting(40), dies_at(17, 1, false), o);
+  m.reset_state();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> got;
+    for (TensorDict& dp : m.epoch()) {
+      EXPECT_TRUE(testing::datapoint_ok(dp));
+      got.push_back(index_of(dp));
+    }
+    std::vector<int64_t> want(40);
+    for (int i = 0; i < 40; ++i) want[static_cast<size_t>(i)] = i;
+    EXPECT_EQ(got, want) << "epoch " << epoch;  // one worker: exact order and count
+  }
+  EXPECT_EQ(m.restarts(), 1u);
+}
+
+TEST_F(Healing, AStrictMapStaysExactWhenWorkersAreKilledFromOutside) {
+  MapOptions o{
+      .num_proc = 3, .buffer_size = 16, .strict = true, .seed = kSeed, .policy = restart(10)};
+  MultiProcessMapDataZMQ m(
+      counting(300),
+      [](TensorDict td) -> std::optional<TensorDict> {
+        std::this_thread::sleep_for(1ms);
+        return td;
+      },
+      o);
+  m.reset_state();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::map<int64_t, int> seen;
+    size_t n = 0;
+    for (TensorDict& dp : m.epoch()) {
+      ASSERT_TRUE(testing::datapoint_ok(dp));
+      ++seen[index_of(dp)];
+      if (++n % 100 == 50) ::kill(m.pids()[n % 3], SIGKILL);
+    }
+    EXPECT_EQ(n, 300u);
+    EXPECT_EQ(seen.size(), 300u);
+    for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
+  }
+  EXPECT_GE(m.restarts(), 5u);
+}
+
+TEST_F(Healing, AStuckMapWorkerIsKilledAndItsDatapointNamed) {
+  MapOptions o{.num_proc = 2, .buffer_size = 8, .strict = true, .seed = kSeed};
+  o.policy.datapoint_timeout = 300ms;
+  const std::string marker = marker_path();
+  MultiProcessMapDataZMQ m(counting(20), dies_at(5, 2, true, marker), o);
+  m.reset_state();
+  try {
+    // Two epochs: a worker slow to start may leave pass 0's 5 to be done after pass 1's.
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (TensorDict& dp : m.epoch()) (void)dp;
+    FAIL() << "no error";
+  } catch (const WorkerDiedError& e) {
+    // Pass 0's, or pass 1's when that one reached a worker first (prefetched).
+    EXPECT_THAT(e.what(), ::testing::ContainsRegex("stuck on datapoint 5 of pass [01] "));
+  }
+  m.close();  // first: a worker may claim the marker again on a prefetched pass
+  ::unlink(marker.c_str());
+}
+
+TEST_F(Healing, AStuckMapWorkerIsReplacedAndTheEpochStaysExact) {
+  MapOptions o{.num_proc = 2, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
+  o.policy.datapoint_timeout = 300ms;
+  const std::string marker = marker_path();
+  MultiProcessMapDataZMQ m(counting(20), dies_at(5, 2, true, marker), o);
+  m.reset_state();
+  // Two epochs: the stuck datapoint may be pass 1's (prefetched by a worker started first).
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::map<int64_t, int> seen;
+    for (TensorDict& dp : m.epoch()) ++seen[index_of(dp)];
+    EXPECT_EQ(seen.size(), 20u);
+    for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
+  }
+  EXPECT_EQ(m.restarts(), 1u);
+  m.close();  // first: a worker may claim the marker again on a prefetched pass
+  ::unlink(marker.c_str());
+}
+
+TEST(HealingArguments, BadPoliciesAreValueErrorsNamingTheArgument) {
+  auto msg = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_THAT(msg([] { parse_on_worker_death("retry"); }),
+              HasSubstr("on_worker_death must be 'raise' or 'restart', got 'retry'"));
+  EXPECT_EQ(parse_on_worker_death("restart"), OnWorkerDeath::Restart);
+  EXPECT_THAT(msg([] { MultiProcessRunnerZMQ(counting(4), {.policy = {.max_restarts = -1}}); }),
+              HasSubstr("max_restarts must be 0 or more, got -1"));
+  EXPECT_THAT(msg([] { MultiProcessRunnerZMQ(counting(4), {.policy = {.restart_window = 0ms}}); }),
+              HasSubstr("restart_window must be positive"));
+  EXPECT_THAT(msg([] {
+                MapOptions o;
+                o.policy.datapoint_timeout = 0ms;
+                MultiProcessMapDataZMQ(
+                    counting(4), [](TensorDict td) { return td; }, o);
+              }),
+              HasSubstr("datapoint_timeout must be positive"));
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow

@@ -1,0 +1,273 @@
+"""Self-healing runners: on_worker_death="restart", the restart limit, datapoint_timeout,
+their argument checks, the tensorpack drop-in's kwargs; fork and spawn. Real workers,
+killed with SIGKILL."""
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from tensorwire import dataflow as twdf
+from tensorwire import tensorpack as tp
+from dataflow_helpers import Counting, Endless, check, no_leftovers  # noqa: F401
+
+SEED = 1000
+
+
+def first_generation(num_proc):
+    """True in a worker of the first generation (seeds SEED .. SEED + num_proc - 1)."""
+    info = twdf.get_worker_info()
+    return info is not None and info.seed < SEED + num_proc
+
+
+def until(cond, it, seconds=20):
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        check(next(it))
+    assert cond()
+
+
+def test_a_killed_runner_worker_is_replaced_with_a_warning_and_a_log(caplog):
+    caplog.set_level(logging.WARNING, logger="tensorwire")
+    with twdf.MultiProcessRunnerZMQ(Endless(), num_proc=2, hwm=4, seed=SEED,
+                                    on_worker_death="restart") as r:
+        r.reset_state()
+        it = iter(r)
+        for _ in range(10):
+            check(next(it))
+        victim = r.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(twdf.WorkerRestartedWarning) as w:
+            until(lambda: r.restarts == 1, it)
+        msg = str(w[0].message)
+        assert f"worker 1 (pid {victim})" in msg and "SIGKILL" in msg
+        assert f"restarted as pid {r.pids[1]}" in msg and f"seed {SEED + 1 + 2}" in msg
+        assert victim not in r.pids
+        assert any(f"pid {victim}" in rec.getMessage() for rec in caplog.records
+                   if rec.name == "tensorwire")
+        for _ in range(200):  # the stream goes on
+            check(next(it))
+
+
+class Seeds:
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        while True:
+            yield [twdf.get_worker_info().seed]
+
+
+def test_the_replacement_gets_a_new_seed():
+    with twdf.MultiProcessRunnerZMQ(Seeds(), num_proc=1, seed=SEED, on_worker_death="restart") as r:
+        r.reset_state()
+        it = iter(r)
+        assert next(it) == [SEED]
+        os.kill(r.pids[0], signal.SIGKILL)
+        with pytest.warns(twdf.WorkerRestartedWarning):
+            end = time.monotonic() + 20
+            while next(it) == [SEED] and time.monotonic() < end:
+                pass
+        assert next(it) == [SEED + 1]
+
+
+def test_a_worker_that_dies_too_often_ends_the_run():
+    with twdf.MultiProcessRunnerZMQ(Endless(), num_proc=1, on_worker_death="restart",
+                                    max_restarts=1, restart_window=60) as r:
+        r.reset_state()
+        it = iter(r)
+        next(it)
+        os.kill(r.pids[0], signal.SIGKILL)
+        with pytest.warns(twdf.WorkerRestartedWarning):
+            until(lambda: r.restarts == 1, it)
+        os.kill(r.pids[0], signal.SIGKILL)
+        with pytest.raises(twdf.WorkerDiedError, match=r"died 2 times within restart_window "
+                           r"\(60 s\), more than max_restarts \(1\)"):
+            for _ in range(10**7):
+                next(it)
+
+
+class MapKillsItself:
+    """Datapoint `bad` SIGKILLs its worker (first generation only)."""
+
+    def __init__(self, bad, num_proc):
+        self.bad, self.num_proc = bad, num_proc
+
+    def __call__(self, dp):
+        if dp[1] == self.bad and first_generation(self.num_proc):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return dp
+
+
+def test_a_strict_map_reissues_what_a_dead_worker_held_in_order():
+    m = twdf.MultiProcessMapDataZMQ(Counting(30), 1, MapKillsItself(11, 1), buffer_size=6,
+                                    strict=True, seed=SEED, on_worker_death="restart")
+    with m:
+        m.reset_state()
+        with pytest.warns(twdf.WorkerRestartedWarning, match="worker 0 .*SIGKILL"):
+            assert [check(dp) for dp in m] == list(range(30))
+        assert [check(dp) for dp in m] == list(range(30))
+        assert m.restarts == 1
+
+
+def slow_identity(dp):
+    time.sleep(0.002)
+    return dp
+
+
+def test_a_strict_map_stays_exact_when_workers_are_killed_from_outside():
+    m = twdf.MultiProcessMapDataZMQ(Counting(200), 3, slow_identity, buffer_size=12, strict=True,
+                                    on_worker_death="restart", max_restarts=10)
+    with m, warnings.catch_warnings():
+        warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
+        m.reset_state()
+        for _ in range(2):
+            got = []
+            for n, dp in enumerate(m):
+                got.append(check(dp))
+                if n % 60 == 30:
+                    os.kill(m.pids[n % 3], signal.SIGKILL)
+            assert sorted(got) == list(range(200))
+        assert m.restarts >= 4
+
+
+class StuckAt:
+    def __init__(self, bad, size=20):
+        self.bad, self.size = bad, size
+
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        for i in range(self.size):
+            if i == self.bad and first_generation(1):
+                time.sleep(3600)
+            yield [np.full(16, i % 251, np.uint8), i, f"dp{i}"]
+
+    def __len__(self):
+        return self.size
+
+
+def test_a_stuck_runner_worker_is_killed_and_its_datapoint_named():
+    with twdf.MultiProcessRunnerZMQ(StuckAt(3), num_proc=1, seed=SEED, datapoint_timeout=0.3) as r:
+        r.reset_state()
+        it = iter(r)
+        assert [check(next(it)) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(twdf.WorkerDiedError, match=r"stuck on datapoint 3 of its pass for longer "
+                           r"than datapoint_timeout \(0\.3 s\)"):
+            next(it)
+
+
+def test_a_stuck_runner_worker_is_replaced():
+    with twdf.MultiProcessRunnerZMQ(StuckAt(3), num_proc=1, seed=SEED, datapoint_timeout=0.3,
+                                    on_worker_death="restart") as r:
+        r.reset_state()
+        with pytest.warns(twdf.WorkerRestartedWarning, match="stuck on datapoint 3"):
+            got = [check(dp) for dp in r]
+        assert got == [0, 1, 2] + list(range(17))  # the replacement starts its pass over
+        assert r.restarts == 1
+
+
+class MapSleepsAt:
+    """Datapoint `bad` sleeps, once: in the first worker that claims the marker file (a
+    strict epoch sends the next pass early, so two workers may see a `bad`)."""
+
+    def __init__(self, bad, marker):
+        self.bad, self.marker = bad, str(marker)
+
+    def __call__(self, dp):
+        if dp[1] == self.bad:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return dp
+            time.sleep(3600)
+        return dp
+
+
+def test_a_stuck_map_worker_is_killed_and_its_datapoint_named(tmp_path):
+    m = twdf.MultiProcessMapDataZMQ(Counting(20), 2, MapSleepsAt(5, tmp_path / "m"), buffer_size=8, strict=True,
+                                    seed=SEED, datapoint_timeout=0.3)
+    with m:
+        m.reset_state()
+        with pytest.raises(twdf.WorkerDiedError, match="stuck on datapoint 5 of pass [01] "):
+            list(m)  # two epochs: a worker slow to start may do pass 1's 5 first
+            list(m)
+
+
+def test_a_stuck_map_worker_is_replaced_and_the_epoch_stays_exact(tmp_path):
+    m = twdf.MultiProcessMapDataZMQ(Counting(20), 2, MapSleepsAt(5, tmp_path / "m"), buffer_size=8, strict=True,
+                                    seed=SEED, datapoint_timeout=0.3, on_worker_death="restart")
+    with m:
+        m.reset_state()
+        with pytest.warns(twdf.WorkerRestartedWarning):
+            for _ in range(2):  # the stuck datapoint may be pass 1's (prefetched)
+                assert sorted(check(dp) for dp in m) == list(range(20))
+        assert m.restarts == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"on_worker_death": "retry"}, "on_worker_death must be 'raise' or 'restart', got 'retry'"),
+    ({"max_restarts": -1}, "max_restarts must be 0 or more, got -1"),
+    ({"restart_window": 0}, "restart_window must be positive"),
+    ({"restart_window": -1}, "restart_window"),
+    ({"restart_window": math.nan}, "restart_window"),
+    ({"datapoint_timeout": 0}, "datapoint_timeout must be positive"),
+    ({"datapoint_timeout": -2.0}, "datapoint_timeout"),
+])
+@pytest.mark.parametrize("make", [
+    lambda kw: twdf.MultiProcessRunnerZMQ(Counting(), 1, **kw),
+    lambda kw: twdf.MultiProcessMapDataZMQ(Counting(), 1, slow_identity, **kw),
+], ids=["runner", "map"])
+def test_bad_policy_arguments_are_value_errors_naming_them(make, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make(kwargs)
+
+
+def test_the_tensorpack_drop_in_takes_the_policy():
+    r = tp.MultiProcessRunnerZMQ(Endless(), 1, on_worker_death="restart", max_restarts=2)
+    m = tp.MultiProcessMapDataZMQ(Counting(10), 1, slow_identity, strict=True,
+                                  on_worker_death="restart", datapoint_timeout=5)
+    with r, m:
+        r.reset_state()
+        m.reset_state()
+        it = iter(r)
+        next(it)
+        os.kill(r.pids[0], signal.SIGKILL)
+        with pytest.warns(twdf.WorkerRestartedWarning):
+            until(lambda: r.restarts == 1, it)
+        assert sorted(check(dp) for dp in m) == list(range(10))
+    with pytest.raises(ValueError, match="on_worker_death"):
+        tp.MultiProcessRunnerZMQ(Endless(), 1, on_worker_death="ignore")
+
+
+def _restart_in_child(q):
+    from dataflow_helpers import Endless as E
+    from tensorwire import dataflow as df
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", df.WorkerRestartedWarning)
+        with df.MultiProcessRunnerZMQ(E(), num_proc=1, on_worker_death="restart") as r:
+            r.reset_state()
+            it = iter(r)
+            next(it)
+            os.kill(r.pids[0], signal.SIGKILL)
+            end = time.monotonic() + 20
+            while r.restarts == 0 and time.monotonic() < end:
+                next(it)
+            q.put(r.restarts)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_restart_works_in_a_forked_or_spawned_process(method):
+    ctx = multiprocessing.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_restart_in_child, args=(q,))
+    p.start()
+    assert q.get(timeout=60) == 1
+    p.join(30)
+    assert p.exitcode == 0
