@@ -36,6 +36,9 @@ void throw_status(const std::string& what, ucs_status_t status) {
     case UCS_ERR_REJECTED:
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_NOT_CONNECTED:
+    // No usable network device: a host whose link has no carrier (cut) has none, and a pipe
+    // connecting then cannot reach its peer any more than over a broken connection.
+    case UCS_ERR_NO_DEVICE:
       throw ClosedError(msg);
     case UCS_ERR_MESSAGE_TRUNCATED:
       throw ProtocolError(msg);

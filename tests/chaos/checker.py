@@ -20,11 +20,9 @@ GRACE = 2.0
 
 # Bugs the soak found in the systems, reported (docs/reliability.md, "Known bugs") and
 # counted on their own, not as survived: (system, exception type, text in its message).
-KNOWN_BUGS = [
-    ("pipe", "RuntimeError", "ucp_worker_create: No such device",
-     "TensorDictPipe.connect while the host's only network interface has no carrier (a cut link) "
-     "raises RuntimeError from UCX instead of a ConnectionError/ClosedError"),
-]
+# Empty: the one found so far (a pipe connect during a cut raised UCX's "ucp_worker_create: No
+# such device" as a bare RuntimeError) is fixed; UCS_ERR_NO_DEVICE is a ClosedError now.
+KNOWN_BUGS: list = []
 
 
 def known_bug(system, ev):

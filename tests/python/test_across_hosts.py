@@ -146,6 +146,29 @@ def test_a_cut_shorter_than_the_liveness_timeout_is_survived(hosts):
     assert served["echoed"] == 1 and served["error"] is None, served
 
 
+def test_connecting_from_a_cut_host_raises_a_connection_error(hosts):
+    # With no carrier on its only link, UCX has no device to connect with: the connect must
+    # fail as a ConnectionError (ClosedError), promptly, not as a bare RuntimeError.
+    a, b = hosts
+    server = peer(a, "pipe-server", 1)
+    port = first_line(server, "port")
+    hosts.cut(b)
+    out = b.run([sys.executable, "-c", f"""
+import time, tensorwire as tw
+t = time.monotonic()
+try:
+    tw.TensorDictPipe.connect("{a.addr}", {port}, timeout=5.0)
+    print("connected")
+except Exception as e:
+    print(type(e).__name__, isinstance(e, ConnectionError) or isinstance(e, TimeoutError),
+          round(time.monotonic() - t, 1), str(e).replace(" ", "_"))
+"""], timeout=60)
+    hosts.restore(b)
+    kind, is_connection_error, after, message = out.stdout.split()
+    assert is_connection_error == "True", out
+    assert float(after) <= 10.0, out
+
+
 def test_a_producer_cut_off_for_a_while_resumes_and_nothing_is_lost(three_hosts):
     a, b, c = three_hosts
     consumer = peer(a, "consumer", a.addr, 4000)
