@@ -490,8 +490,12 @@ Request Endpoint::recv(uint64_t tag, std::span<std::byte> into, size_t* length) 
       true);
 }
 
-Request Endpoint::recv(ucp_tag_message_h msg, std::span<const std::span<std::byte>> pieces,
-                       std::vector<ucp_dt_iov_t>& iov, size_t* length) {
+namespace {
+
+// A scattered receive: the non-empty pieces as UCX's iov (kept by the caller until the
+// request completes) and the parameters that say so.
+ucp_request_param_t iov_recv_param(std::span<const std::span<std::byte>> pieces,
+                                   std::vector<ucp_dt_iov_t>& iov, size_t* length) {
   iov.clear();
   for (auto p : pieces)
     if (!p.empty()) iov.push_back({p.data(), p.size()});
@@ -499,18 +503,20 @@ Request Endpoint::recv(ucp_tag_message_h msg, std::span<const std::span<std::byt
   param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
   param.datatype = ucp_dt_make_iov();
   *length = 0;
+  return param;
+}
+
+}  // namespace
+
+Request Endpoint::recv(ucp_tag_message_h msg, std::span<const std::span<std::byte>> pieces,
+                       std::vector<ucp_dt_iov_t>& iov, size_t* length) {
+  ucp_request_param_t param = iov_recv_param(pieces, iov, length);
   return Request(ucp_tag_msg_recv_nbx(worker_.handle(), iov.data(), iov.size(), msg, &param), true);
 }
 
 Request Endpoint::recv(uint64_t tag, std::span<const std::span<std::byte>> pieces,
                        std::vector<ucp_dt_iov_t>& iov, size_t* length) {
-  iov.clear();
-  for (auto p : pieces)
-    if (!p.empty()) iov.push_back({p.data(), p.size()});
-  ucp_request_param_t param = recv_param(length);
-  param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-  param.datatype = ucp_dt_make_iov();
-  *length = 0;
+  ucp_request_param_t param = iov_recv_param(pieces, iov, length);
   return Request(
       ucp_tag_recv_nbx(worker_.handle(), iov.data(), iov.size(), tag, ~uint64_t{0}, &param), true);
 }
