@@ -108,7 +108,8 @@ FIGURE_RUNS = [
                            "--lat-iters", "5000", "--json", "{json}"],
      ["{python}", str(HERE / "pipe" / "plot_bench_pipe.py"), "{json}", "{png}"]),
     ("pipe_tensordict", ["{python}", str(HERE / "pipe" / "pipe_vs_tensordict.py"), "--rounds", "1",
-                         "--messages", "200", "--pingpongs", "1000", "--json", "{json}", "--plot", "{png}"], None),
+                         "--messages", "200", "--pingpongs", "1000", "--ref-python", "{ref_python}",
+                         "--json", "{json}", "--plot", "{png}"], None),
     ("inference_torchrl", ["{python}", str(HERE / "inference" / "compare_torchrl.py"), "--payloads", "f32x4",
                            "--rounds", "1", "--seconds", "1", "--latency-requests", "1000", "--json", "{json}",
                            "--plot", "{png}"], None),
@@ -123,9 +124,17 @@ def run_figures(build: Path, figures: Path, out_dir: Path) -> list[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
     failed = []
+    # tensordict's pipe runs on ucxx, kept out of .venv: a reference venv of its own, made once.
+    ref_venv = build / "bench-ref-venv"
+    ref_python = str(ref_venv / "bin" / "python")
+    if subprocess.run([str(ROOT / "scripts" / "bench-ref-venv.sh"), str(ref_venv)],
+                      env={**env, "PYTHON": sys.executable}).returncode != 0:
+        print("run_all: the reference venv (ucxx) could not be made; the pipe figure lacks "
+              "tensordict's side", file=sys.stderr)
     for name, *commands in FIGURE_RUNS:
         fill = {"json": str(out_dir / f"{name}.json"), "png": str(figures / f"{name}.png"),
-                "tensorwire": str(build / "tools" / "tensorwire"), "python": sys.executable}
+                "tensorwire": str(build / "tools" / "tensorwire"), "python": sys.executable,
+                "ref_python": ref_python}
         for cmd in filter(None, commands):
             cmd = [part.format(**fill) for part in cmd]
             print("\n$ " + " ".join(cmd), flush=True)
