@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -75,6 +76,11 @@ def _shm_names():
 
 
 def pytest_sessionstart(session):
+    # A suite started in the background by a non-interactive shell (`make test &`) inherits
+    # SIGINT ignored, and so would every child: Python then installs no KeyboardInterrupt
+    # handler and the Ctrl-C tests' real SIGINTs do nothing. Children inherit a handled
+    # SIGINT as the default disposition, so give this process Python's own handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     session.config._tw_start_ticks = _clock_ticks_now()
     session.config._tw_shm = _shm_names()
 
