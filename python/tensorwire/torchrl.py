@@ -53,9 +53,10 @@ class _SlotBankTransport(InferenceTransport):
 
     def submit(self, td):
         """Submits through a transport-wide client; returns a future."""
-        if self._default_client is None:
-            self._default_client = self._tw.client()
-        return self._default_client.submit(td)
+        client = self._default_client
+        if client is None:
+            client = self._default_client = self._tw.client()
+        return client.submit(td)
 
     @property
     def num_slots(self) -> int:
