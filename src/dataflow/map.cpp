@@ -418,10 +418,10 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
       }
     }
     while (true) {
-      auto& stash = m.stash[m.yield_pass];
-      if (!stash.empty()) {
-        auto item = std::move(stash.front());
-        stash.pop_front();
+      auto& waiting = m.stash[m.yield_pass];
+      if (!waiting.empty()) {
+        auto item = std::move(waiting.front());
+        waiting.pop_front();
         if (auto* err = std::get_if<std::exception_ptr>(&item)) std::rethrow_exception(*err);
         return {std::move(std::get<RawDatapoint>(item)), false};
       }
