@@ -15,6 +15,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "tensorwire/core/error.h"
 #include "wire/control_frame.h"
 #include "wire/remote_frames.h"
 
