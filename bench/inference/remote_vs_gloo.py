@@ -26,7 +26,7 @@ from hosts import Hosts  # noqa: E402
 SYSTEMS = ["tensorwire", "torchrl_gloo"]
 PAYLOADS = {"f32x4": ((4,), "float32"), "u8x84x84x3": ((84, 84, 3), "uint8")}
 # A file, not -c: spawned actors re-import the main module by its path.
-ACTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_vs_gloo_actors.py")
+ACTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_actors.py")
 
 # Host A: prints one line (what an actor needs to reach the server), then serves until
 # its stdin closes.

@@ -1,9 +1,11 @@
-"""The actors of bench/inference/remote_vs_gloo.py, run on host B:
+"""Actor processes on one simulated host, for bench/inference/remote_vs_gloo.py and
+bench/inference/mixed_batch.py:
 
-    python remote_vs_gloo_actors.py SYSTEM REACH ACTORS SHAPE DTYPE SECONDS LATENCY
+    python host_actors.py SYSTEM REACH ACTORS SHAPE DTYPE SECONDS LATENCY
 
-spawns ACTORS processes, each with its own client of SYSTEM's server (REACH: tensorwire's
-"host:port", or torchrl's pickled clients in base64); with LATENCY=0 each calls in a loop
+spawns ACTORS processes, each with its own client of SYSTEM's server (REACH: for
+"tensorwire", a RemoteTransport's "host:port"; for "shm", a SharedMemoryTransport's name;
+for "torchrl_gloo", torchrl's pickled clients in base64); with LATENCY=0 each calls in a loop
 for SECONDS and the requests/s summed over them is printed, else one actor times LATENCY
 calls and their p50/p99 are printed (JSON, one line).
 """
@@ -22,11 +24,14 @@ def make_client(system, reach, i):
         from tensorwire import inference as inf
         host, port = reach.rsplit(":", 1)
         return inf.connect(host, int(port))
+    if system == "shm":
+        from tensorwire import inference as inf
+        return inf.SharedMemoryTransport.client_for(reach)
     return pickle.loads(base64.b64decode(reach))[i]
 
 
 def request(system, shape, dtype):
-    if system == "tensorwire":
+    if system in ("tensorwire", "shm"):
         import tensorwire as tw
         return tw.TensorDict({"observation": np.ones(shape, dtype)})
     import torch
