@@ -25,6 +25,13 @@ DOCUMENTED = {
     "remote": {"TimeoutError"},
 }
 
+# The runner's datapoint_timeout (runner_stream.py), which a worker that takes the
+# killer's stall request (a file of this name in the run's directory) exceeds. Longer
+# than the soak's SIGSTOPs (up to 2.5 s, to be survived) and than a worker legitimately
+# takes on a loaded machine.
+RUNNER_DATAPOINT_TIMEOUT = 5.0
+STALL_REQUEST = "stall_runner_worker"
+
 
 def emit(ev, **fields):
     """Writes one event line (thread-safe); a closed stdout (the driver is gone) ends the

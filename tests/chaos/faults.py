@@ -15,10 +15,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from events import RUNNER_DATAPOINT_TIMEOUT, STALL_REQUEST
 from supervisor import HERE, alive, children
 
 KINDS = [
-    "kill_runner_worker", "kill_actor", "kill_pipe_client", "kill_pipe_server",
+    "kill_runner_worker", "stall_runner_worker", "kill_actor", "kill_pipe_client", "kill_pipe_server",
     "kill_inference_server", "kill_runner", "kill_producer", "kill_consumer",
     "stop_cont", "link_cut", "rogue_zmq", "rogue_tcp", "rogue_unix",
 ]
@@ -105,18 +106,49 @@ class Killer:
         return f
 
     # --- the kinds ---------------------------------------------------------------------
-    def kill_runner_worker(self, f):
+    def runner_worker(self, f):
+        """A worker of the runner, drawn at random, or None (the runner is restarting)."""
         f.target = "runner"
         pid = self.sup.pid("runner")
         workers = sorted(children(pid)) if pid else []
-        if not workers:
+        return self.rng.choice(workers) if workers else None
+
+    def restart_after(self, f, stuck):
+        """The runner's report that it replaced a worker (on_worker_death="restart"), after
+        fault `f` began; for a stuck one, naming datapoint_timeout. (The report names the
+        worker by its pid in the host's pid namespace, not the pid the killer sees; one
+        fault runs at a time, so any replacement after its start is its effect.)"""
+        def pred(ev):
+            return (ev["role"] == "runner" and ev["ev"] == "restart" and ev["t"] >= f.t
+                    and (not stuck or "datapoint_timeout" in ev.get("message", "")))
+        return pred
+
+    def kill_runner_worker(self, f):
+        # Healed by the runner itself: nothing may fail, a restart must be reported.
+        w = self.runner_worker(f)
+        if w is None:
             return None
-        w = self.rng.choice(workers)
         f.detail = f"worker pid {w}"
-        f.excuses = {"runner"}
         os.kill(w, signal.SIGKILL)
-        f.expects.append(Expect("runner raises WorkerDiedError", self.error_from(
-            "runner", pid, {"WorkerDiedError"}), self.soak.bound_local))
+        f.expects.append(Expect("the runner restarts the killed worker", self.restart_after(f, False),
+                                self.soak.bound_local))
+        return f
+
+    def stall_runner_worker(self, f):
+        # A worker hangs inside the dataflow's next() (runner_stream.py takes the request):
+        # past datapoint_timeout the runner kills and restarts it; nothing may fail.
+        # (A SIGSTOP would not do: a worker stopped while it waits for the consumer is not
+        # stuck on a datapoint, and rightly not killed.)
+        if self.sup.pid("runner") is None:
+            return None
+        f.target = "runner"
+        f.detail = f"a worker hangs in next() past datapoint_timeout ({RUNNER_DATAPOINT_TIMEOUT} s)"
+        request = os.path.join(self.soak.rundir, STALL_REQUEST)
+        with open(request + ".tmp", "w") as out:
+            out.write(str(f.n))
+        os.replace(request + ".tmp", request)
+        f.expects.append(Expect("the runner replaces the stuck worker", self.restart_after(f, True),
+                                RUNNER_DATAPOINT_TIMEOUT + self.soak.bound_local))
         return f
 
     def kill_actor(self, f):
