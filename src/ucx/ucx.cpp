@@ -4,12 +4,14 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/debug.h>
 #include <ucs/debug/log_def.h>
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -95,24 +97,38 @@ ucs_log_func_rc_t drop_log(const char*, unsigned, const char*, ucs_log_level_t l
   return level <= UCS_LOG_LEVEL_FATAL ? UCS_LOG_FUNC_RC_CONTINUE : UCS_LOG_FUNC_RC_STOP;
 }
 
-// Once per process (a forked child inherits the parent's settings).
+// Once per process (a forked child inherits the parent's settings). A flag, not
+// std::call_once: a fork() while another thread is inside call_once leaves the child
+// waiting for ever on the copied once_flag. A caller racing the first one may go on before
+// the logs are quiet: harmless.
 void quiet_ucx() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_log_push_handler(&drop_log);
-    if (std::getenv("UCX_ERROR_SIGNALS") == nullptr)
-      for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
-        ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
-  });
+  static std::atomic<bool> done{false};
+  if (done.exchange(true)) return;
+  if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_log_push_handler(&drop_log);
+  if (std::getenv("UCX_ERROR_SIGNALS") == nullptr)
+    for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
+      ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
+}
+
+// Guards the process's context. Held across fork(): a child forked while another thread
+// made the context (ucp_init takes milliseconds) would otherwise inherit it locked and wait
+// for ever in its first Context::get.
+std::mutex& context_mutex() {
+  static std::mutex* mu = [] {
+    auto* m = new std::mutex;  // never destroyed: atfork handlers outlive static destructors
+    ::pthread_atfork([] { context_mutex().lock(); }, [] { context_mutex().unlock(); },
+                     [] { context_mutex().unlock(); });
+    return m;
+  }();
+  return *mu;
 }
 
 }  // namespace
 
 std::shared_ptr<Context> Context::get() {
-  static std::mutex mu;
   static std::weak_ptr<Context> cached;
   quiet_ucx();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(context_mutex());
   auto c = cached.lock();
   if (c && inherited(c->generation_)) {
     // fork() while the parent's context was alive. UCX 1.13 keeps one async thread per

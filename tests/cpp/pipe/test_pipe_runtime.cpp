@@ -212,6 +212,32 @@ TEST(PipeRuntime, AChildThatOnlyExitsLeavesTheParentsPipesWorking) {
   EXPECT_EQ(p.connected->recv(nullptr, 20s).get("v").data<float>()[0], 4.f);
 }
 
+// ctest runs each test in a process of its own: the thread below starts the process's UCX
+// (ucp_init takes milliseconds), and the fork lands while it runs. The child must not
+// wait for ever on what that thread held (it used to, on the context's mutex): it fails at
+// once (UCX was in use at the fork) or starts UCX afresh (it was not yet); either way its
+// connect to a closed port fails with an Error.
+TEST(PipeRuntime, AChildForkedWhileAnotherThreadStartsUcxDoesNotWaitForIt) {
+  std::atomic<bool> starting{false};
+  std::thread starter([&] {
+    starting = true;
+    PipeListener listener(0);
+  });
+  while (!starting) {
+  }
+  EXPECT_EQ(in_forked_child([] {
+              ::alarm(10);  // a child that waits for ever dies of SIGALRM
+              try {
+                TensorDictPipe::connect("127.0.0.1", 1, {.connect_timeout = 2s});
+                return 30;
+              } catch (const Error&) {
+                return 0;
+              }
+            }),
+            0);
+  starter.join();
+}
+
 TEST(PipeRuntime, ANewPipeInAChildForkedWhileUcxWasInUseFailsAtOnceSayingWhy) {
   Pair p;
   const uint16_t port = p.listener.port();
