@@ -473,7 +473,7 @@ size_t MultiProcessMapDataZMQ::buffer_size() const noexcept {
   return impl_->buffer_size;
 }
 uint64_t MultiProcessMapDataZMQ::restarts() const noexcept {
-  return impl_->restarts;
+  return impl_->restarts();
 }
 std::vector<int> MultiProcessMapDataZMQ::pids() const {
   return impl_->link.workers.pids();
