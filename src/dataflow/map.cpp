@@ -38,8 +38,9 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   // One task socket per worker, so that a task goes to the least busy worker (not blindly
   // round-robin) and the schema is sent once to each worker that needs it.
   std::vector<std::unique_ptr<zmqio::Socket>> tasks;
-  // Tasks sent and not back, by seq. Under the restart policy each keeps its input, so
-  // that what a dead worker held is sent again (a result that comes twice is dropped).
+  // Tasks sent and not back, by seq (their number is what is in flight). Under the restart
+  // policy each keeps its input, so that what a dead worker held is sent again (a result
+  // that comes twice is dropped).
   struct Task {
     uint32_t pass = 0;
     uint64_t in_pass = 0;  // its index in its pass (named when it is stuck)
@@ -58,7 +59,6 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
 
   // What is in flight, per pass of the dataflow (strict mode keeps passes apart).
   uint64_t seq = 0;
-  size_t in_flight = 0;
   uint32_t send_pass = 0;                  // the pass tasks are being taken from
   uint32_t yield_pass = 0;                 // the pass the current epoch yields
   bool pass_had_items = false;             // send_pass has produced at least one task
@@ -218,7 +218,6 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   Task t{send_pass, pass_index++, w, std::nullopt};
   if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
   pending.emplace(task, std::move(t));
-  ++in_flight;
   if (opt.strict)
     ++outstanding[send_pass];
   else
@@ -227,7 +226,7 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
 }
 
 void MultiProcessMapDataZMQ::Impl::fill() {
-  while (in_flight < buffer_size) {
+  while (pending.size() < buffer_size) {
     if (opt.strict && send_pass > yield_pass + 1) return;  // prefetch one pass ahead at most
     std::optional<TensorDict> dp = ds->next();
     if (dp) {
@@ -267,7 +266,6 @@ std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::recei
     if (task == pending.end()) continue;  // a reissued task's second result
     const size_t w = task->second.worker;
     pending.erase(task);
-    --in_flight;
     if (w < worker_in_flight.size() && worker_in_flight[w] > 0) --worker_in_flight[w];
     auto it = outstanding.find(r->header.pass);
     if (it != outstanding.end() && it->second > 0) --it->second;
@@ -407,7 +405,7 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
     if (!m.opt.strict) {
       while (true) {
         m.fill();
-        if (m.in_flight == 0) return {std::nullopt, true};  // an empty dataflow
+        if (m.pending.empty()) return {std::nullopt, true};  // an empty dataflow
         auto r = m.receive(deadline);
         if (!r) return {};
         const bool filtered = r->header.kind == detail::DescriptorKind::Filtered;
