@@ -44,9 +44,10 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   struct Task {
     uint32_t pass = 0;
     uint64_t in_pass = 0;  // its index in its pass (named when it is stuck)
-    size_t worker = 0;
+    size_t worker = 0;     // kNoWorker until sent
     std::optional<TensorDict> input;
   };
+  static constexpr size_t kNoWorker = ~size_t{0};
   std::unordered_map<uint64_t, Task> pending;
   std::deque<uint64_t> reissue;  // seqs to send again, oldest first
   // Inside dispatch(): a restart found there (a nested death) queues its reissues for the
@@ -79,8 +80,10 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void count_result(uint32_t pass, bool kept);
   void check_pass(uint32_t pass);
   void send_task(const TensorDict& td);
-  // Sends task `seq` to the least busy worker (again, after a restart); returns the worker.
-  size_t dispatch(uint64_t seq, const TensorDict& td, uint32_t pass);
+  // Sends pending task `seq` to the least busy worker (again, after a restart) and records
+  // that worker in it the moment it is sent: a death found later (even while reissuing
+  // other tasks before dispatch() returns) then reissues it too.
+  void dispatch(uint64_t seq, const TensorDict& td);
   void bind_tasks(int index, uint16_t sender);
   void flush_reissue();
   void send_new_segment(uint32_t index, const shm::Segment& segment);
@@ -168,7 +171,7 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender) {
   w.park();
 }
 
-size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td, uint32_t pass) {
+void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td) {
   const bool outermost = !dispatching;
   dispatching = true;
   struct Reset {
@@ -176,14 +179,15 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
     bool value;
     ~Reset() { flag = value; }
   } reset{dispatching, !outermost};
+  Task& entry = pending.at(task);  // stays put: only results erase, and none is read here
   while (true) {
     size_t w = 0;
     for (size_t i = 1; i < worker_in_flight.size(); ++i)
       if (worker_in_flight[i] < worker_in_flight[w]) w = i;
     const uint32_t generation = link.generation[w];
     scratch.clear();
-    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = pass}, scratch,
-                        worker_schema[w]);
+    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = entry.pass},
+                        scratch, worker_schema[w]);
     zmq::message_t m(scratch.data(), scratch.size());
     // The queues hold the whole buffer, so this does not wait; if it does, a worker is
     // stuck or gone, which the liveness check reports (or replaces the worker).
@@ -194,11 +198,12 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
     }
     if (sent) {
       ++worker_in_flight[w];
+      entry.worker = w;
       if (outermost && !reissue.empty()) {
         dispatching = false;
         flush_reissue();
       }
-      return w;
+      return;
     }
     // Replaced meanwhile: encode again (the new worker has no schema yet), after the
     // tasks the dead worker held, which are older than this one (order with one worker).
@@ -214,10 +219,17 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
 
 void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   const uint64_t task = seq++;
-  const size_t w = dispatch(task, td, send_pass);
-  Task t{send_pass, pass_index++, w, std::nullopt};
+  Task t{send_pass, pass_index++, kNoWorker, std::nullopt};
   if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
   pending.emplace(task, std::move(t));
+  try {
+    dispatch(task, td);
+  } catch (...) {
+    // Not sent (a bad datapoint, a failed map): it is not in flight. Sent, it stays.
+    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kNoWorker)
+      pending.erase(it);
+    throw;
+  }
   if (opt.strict)
     ++outstanding[send_pass];
   else
@@ -305,10 +317,8 @@ void MultiProcessMapDataZMQ::Impl::flush_reissue() {
     auto it = pending.find(task);
     if (it == pending.end() || !it->second.input) continue;  // came back meanwhile
     const TensorDict input = *it->second.input;
-    const uint32_t pass = it->second.pass;
-    it->second.worker = worker_in_flight.size();  // in no worker's count while it is sent
-    const size_t w = dispatch(task, input, pass);
-    if (auto again = pending.find(task); again != pending.end()) again->second.worker = w;
+    it->second.worker = kNoWorker;  // in no worker's count while it is sent
+    dispatch(task, input);
   }
 }
 
