@@ -191,11 +191,12 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
     zmq::message_t m(scratch.data(), scratch.size());
     // The queues hold the whole buffer, so this does not wait; if it does, a worker is
     // stuck or gone, which the liveness check reports (or replaces the worker).
+    // encode() itself may have replaced w (a new task segment goes to every worker, and
+    // one found dead there is replaced): the message, made for the dead one, may lack the
+    // schema the new one needs, so it is not sent but made again.
     bool sent = false;
-    while (!(sent = tasks[w]->send(m, Millis(100)))) {
+    while (link.generation[w] == generation && !(sent = tasks[w]->send(m, Millis(100))))
       link.check_workers();
-      if (link.generation[w] != generation) break;
-    }
     if (sent) {
       ++worker_in_flight[w];
       entry.worker = w;
