@@ -329,9 +329,9 @@ void MultiProcessMapDataZMQ::Impl::send_new_segment(uint32_t index, const shm::S
     try {
       detail::send_segment(link.parent_ends[sender], index, segment);
     } catch (const ClosedError&) {
-      link.check_workers();  // throws WorkerDiedError, or replaces it
-      // A replacement was given every segment there is, this one included.
-      if (link.sender_of(i) == sender) throw;
+      // Throws WorkerDiedError, or replaces it: the replacement was given every segment
+      // there is, this one included.
+      if (!link.await_death(i)) throw;
     }
   }
 }
