@@ -101,6 +101,10 @@ test-sanitize: deps
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -E '$(ASAN_EXCLUDE)'
 
 # Concurrent code under ThreadSanitizer.
+# KNOWN BUG (issue 11, the cause given at test-sanitize): the 7 Healing tests that restart a
+# worker fail here, as TSan ends each replacement forked from the threaded main process
+# ("starting new threads after multi-threaded fork is not supported"). With
+# TSAN_OPTIONS=die_after_fork=0 they pass and TSan reports no race.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=thread -DTENSORWIRE_BENCH=OFF >/dev/null
