@@ -30,6 +30,16 @@ uint16_t MainLink::next_generation(int index) {
   return sender;
 }
 
+bool MainLink::await_death(int index) {
+  const uint32_t was = generation[static_cast<size_t>(index)];
+  for (int i = 0; i < 200; ++i) {
+    check_workers();
+    if (generation[static_cast<size_t>(index)] != was) return true;
+    std::this_thread::sleep_for(Millis(5));
+  }
+  return false;
+}
+
 void MainLink::check_workers() {
   if (watchdog) watchdog();
   while (auto d = workers.reap_dead()) {
@@ -68,11 +78,7 @@ shm::Segment MainLink::fetch_segment(uint16_t sender, uint32_t index) {
         try {
           m = recv_segment(parent_ends[sender], Millis(slice.poll_ms()));
         } catch (const ClosedError&) {
-          // The worker is gone: say so. Its fds close a moment before its pidfd reports it.
-          for (int i = 0; i < 200; ++i) {
-            check_workers();
-            std::this_thread::sleep_for(Millis(5));
-          }
+          await_death(index_of(sender));  // the worker is gone: say so
           throw;
         }
         if (!m) check_workers();

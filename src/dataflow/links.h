@@ -69,6 +69,11 @@ struct MainLink {
   std::optional<ShmReceiver::Received> receive(Deadline deadline);
   // Runs the watchdog, then hands each ended worker to on_death (or throws WorkerDiedError).
   void check_workers();
+  // A socket of worker `index` was found closed: its fds close a moment before its pidfd
+  // reports the death, so this checks the workers for up to a second. Throws
+  // WorkerDiedError, or returns true once on_death replaced the worker; false: it did not
+  // end meanwhile.
+  bool await_death(int index);
 
   void close() noexcept;
 

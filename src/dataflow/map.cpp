@@ -38,14 +38,16 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   // One task socket per worker, so that a task goes to the least busy worker (not blindly
   // round-robin) and the schema is sent once to each worker that needs it.
   std::vector<std::unique_ptr<zmqio::Socket>> tasks;
-  // Tasks sent and not back, by seq. Under the restart policy each keeps its input, so
-  // that what a dead worker held is sent again (a result that comes twice is dropped).
+  // Tasks sent and not back, by seq (their number is what is in flight). Under the restart
+  // policy each keeps its input, so that what a dead worker held is sent again (a result
+  // that comes twice is dropped).
   struct Task {
     uint32_t pass = 0;
     uint64_t in_pass = 0;  // its index in its pass (named when it is stuck)
-    size_t worker = 0;
+    size_t worker = 0;     // kNoWorker until sent
     std::optional<TensorDict> input;
   };
+  static constexpr size_t kNoWorker = ~size_t{0};
   std::unordered_map<uint64_t, Task> pending;
   std::deque<uint64_t> reissue;  // seqs to send again, oldest first
   // Inside dispatch(): a restart found there (a nested death) queues its reissues for the
@@ -58,7 +60,6 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
 
   // What is in flight, per pass of the dataflow (strict mode keeps passes apart).
   uint64_t seq = 0;
-  size_t in_flight = 0;
   uint32_t send_pass = 0;                  // the pass tasks are being taken from
   uint32_t yield_pass = 0;                 // the pass the current epoch yields
   bool pass_had_items = false;             // send_pass has produced at least one task
@@ -79,8 +80,10 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void count_result(uint32_t pass, bool kept);
   void check_pass(uint32_t pass);
   void send_task(const TensorDict& td);
-  // Sends task `seq` to the least busy worker (again, after a restart); returns the worker.
-  size_t dispatch(uint64_t seq, const TensorDict& td, uint32_t pass);
+  // Sends pending task `seq` to the least busy worker (again, after a restart) and records
+  // that worker in it the moment it is sent: a death found later (even while reissuing
+  // other tasks before dispatch() returns) then reissues it too.
+  void dispatch(uint64_t seq, const TensorDict& td);
   void bind_tasks(int index, uint16_t sender);
   void flush_reissue();
   void send_new_segment(uint32_t index, const shm::Segment& segment);
@@ -168,7 +171,7 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender) {
   w.park();
 }
 
-size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td, uint32_t pass) {
+void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td) {
   const bool outermost = !dispatching;
   dispatching = true;
   struct Reset {
@@ -176,29 +179,32 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
     bool value;
     ~Reset() { flag = value; }
   } reset{dispatching, !outermost};
+  Task& entry = pending.at(task);  // stays put: only results erase, and none is read here
   while (true) {
     size_t w = 0;
     for (size_t i = 1; i < worker_in_flight.size(); ++i)
       if (worker_in_flight[i] < worker_in_flight[w]) w = i;
     const uint32_t generation = link.generation[w];
     scratch.clear();
-    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = pass}, scratch,
-                        worker_schema[w]);
+    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = entry.pass},
+                        scratch, worker_schema[w]);
     zmq::message_t m(scratch.data(), scratch.size());
     // The queues hold the whole buffer, so this does not wait; if it does, a worker is
     // stuck or gone, which the liveness check reports (or replaces the worker).
+    // encode() itself may have replaced w (a new task segment goes to every worker, and
+    // one found dead there is replaced): the message, made for the dead one, may lack the
+    // schema the new one needs, so it is not sent but made again.
     bool sent = false;
-    while (!(sent = tasks[w]->send(m, Millis(100)))) {
+    while (link.generation[w] == generation && !(sent = tasks[w]->send(m, Millis(100))))
       link.check_workers();
-      if (link.generation[w] != generation) break;
-    }
     if (sent) {
       ++worker_in_flight[w];
+      entry.worker = w;
       if (outermost && !reissue.empty()) {
         dispatching = false;
         flush_reissue();
       }
-      return w;
+      return;
     }
     // Replaced meanwhile: encode again (the new worker has no schema yet), after the
     // tasks the dead worker held, which are older than this one (order with one worker).
@@ -214,11 +220,17 @@ size_t MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& t
 
 void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   const uint64_t task = seq++;
-  const size_t w = dispatch(task, td, send_pass);
-  Task t{send_pass, pass_index++, w, std::nullopt};
+  Task t{send_pass, pass_index++, kNoWorker, std::nullopt};
   if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
   pending.emplace(task, std::move(t));
-  ++in_flight;
+  try {
+    dispatch(task, td);
+  } catch (...) {
+    // Not sent (a bad datapoint, a failed map): it is not in flight. Sent, it stays.
+    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kNoWorker)
+      pending.erase(it);
+    throw;
+  }
   if (opt.strict)
     ++outstanding[send_pass];
   else
@@ -227,7 +239,7 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
 }
 
 void MultiProcessMapDataZMQ::Impl::fill() {
-  while (in_flight < buffer_size) {
+  while (pending.size() < buffer_size) {
     if (opt.strict && send_pass > yield_pass + 1) return;  // prefetch one pass ahead at most
     std::optional<TensorDict> dp = ds->next();
     if (dp) {
@@ -267,7 +279,6 @@ std::optional<detail::ShmReceiver::Received> MultiProcessMapDataZMQ::Impl::recei
     if (task == pending.end()) continue;  // a reissued task's second result
     const size_t w = task->second.worker;
     pending.erase(task);
-    --in_flight;
     if (w < worker_in_flight.size() && worker_in_flight[w] > 0) --worker_in_flight[w];
     auto it = outstanding.find(r->header.pass);
     if (it != outstanding.end() && it->second > 0) --it->second;
@@ -307,10 +318,8 @@ void MultiProcessMapDataZMQ::Impl::flush_reissue() {
     auto it = pending.find(task);
     if (it == pending.end() || !it->second.input) continue;  // came back meanwhile
     const TensorDict input = *it->second.input;
-    const uint32_t pass = it->second.pass;
-    it->second.worker = worker_in_flight.size();  // in no worker's count while it is sent
-    const size_t w = dispatch(task, input, pass);
-    if (auto again = pending.find(task); again != pending.end()) again->second.worker = w;
+    it->second.worker = kNoWorker;  // in no worker's count while it is sent
+    dispatch(task, input);
   }
 }
 
@@ -320,9 +329,9 @@ void MultiProcessMapDataZMQ::Impl::send_new_segment(uint32_t index, const shm::S
     try {
       detail::send_segment(link.parent_ends[sender], index, segment);
     } catch (const ClosedError&) {
-      link.check_workers();  // throws WorkerDiedError, or replaces it
-      // A replacement was given every segment there is, this one included.
-      if (link.sender_of(i) == sender) throw;
+      // Throws WorkerDiedError, or replaces it: the replacement was given every segment
+      // there is, this one included.
+      if (!link.await_death(i)) throw;
     }
   }
 }
@@ -407,7 +416,7 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
     if (!m.opt.strict) {
       while (true) {
         m.fill();
-        if (m.in_flight == 0) return {std::nullopt, true};  // an empty dataflow
+        if (m.pending.empty()) return {std::nullopt, true};  // an empty dataflow
         auto r = m.receive(deadline);
         if (!r) return {};
         const bool filtered = r->header.kind == detail::DescriptorKind::Filtered;
@@ -473,7 +482,7 @@ size_t MultiProcessMapDataZMQ::buffer_size() const noexcept {
   return impl_->buffer_size;
 }
 uint64_t MultiProcessMapDataZMQ::restarts() const noexcept {
-  return impl_->restarts;
+  return impl_->restarts();
 }
 std::vector<int> MultiProcessMapDataZMQ::pids() const {
   return impl_->link.workers.pids();

@@ -253,7 +253,7 @@ const RunnerOptions& MultiProcessRunnerZMQ::options() const noexcept {
   return impl_->opt;
 }
 uint64_t MultiProcessRunnerZMQ::restarts() const noexcept {
-  return impl_->restarts;
+  return impl_->restarts();
 }
 std::vector<int> MultiProcessRunnerZMQ::pids() const {
   return impl_->link.workers.pids();

@@ -78,14 +78,26 @@ void RunnerCore::start_workers(const ForkHooks& hooks,
   }
   link.on_death = [this](const WorkerProcesses::Death& d) { on_death(d); };
   link.make_sockets(num_proc);
-  for (int i = 0; i < num_proc; ++i) {
-    WorkerInfo info{i, num_proc, seed + static_cast<uint64_t>(i)};
-    const auto sender = static_cast<uint16_t>(i);
-    link.workers.spawn(info, hooks_, [this, i, sender]() -> int {
-      worker_main_(i, sender);  // a worker ends its process; it does not return
-      return 0;
-    });
-  }
+  for (int i = 0; i < num_proc; ++i) spawn(i, link.sender_of(i));
+}
+
+uint64_t RunnerCore::worker_seed(int index) const {
+  return seed + static_cast<uint64_t>(index) +
+         static_cast<uint64_t>(num_proc) * link.generation[static_cast<size_t>(index)];
+}
+
+int RunnerCore::spawn(int index, uint16_t sender) {
+  return link.workers.spawn(WorkerInfo{index, num_proc, worker_seed(index)}, hooks_,
+                            [this, index, sender]() -> int {
+                              worker_main_(index, sender);  // it ends its process, no return
+                              return 0;
+                            });
+}
+
+uint64_t RunnerCore::restarts() const noexcept {
+  uint64_t n = 0;
+  for (uint32_t g : link.generation) n += g;  // each replacement is a new generation
+  return n;
 }
 
 WorkerProgress* RunnerCore::progress(int index) const {
@@ -133,9 +145,8 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
   r.pid = d.pid;
   r.wait_status = d.status;
   r.new_pid = pid;
-  r.new_seed = seed + static_cast<uint64_t>(d.index) +
-               static_cast<uint64_t>(num_proc) * link.generation[index];
-  r.restarts = ++restarts;
+  r.new_seed = worker_seed(d.index);
+  r.restarts = restarts();
   r.message = std::string(name) + ": worker " + std::to_string(d.index) + " (pid " +
               std::to_string(d.pid) + ") " + d.how + why + "; restarted as pid " +
               std::to_string(pid) + " with seed " + std::to_string(r.new_seed) + " (restart " +
@@ -148,13 +159,7 @@ int RunnerCore::replace(int index) {
   const uint16_t sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();
   before_replacing(index);
-  const uint64_t gen = link.generation[static_cast<size_t>(index)];
-  WorkerInfo info{index, num_proc,
-                  seed + static_cast<uint64_t>(index) + static_cast<uint64_t>(num_proc) * gen};
-  const int pid = link.workers.spawn(info, hooks_, [this, index, sender]() -> int {
-    worker_main_(index, sender);
-    return 0;
-  });
+  const int pid = spawn(index, sender);
   link.child_ends[sender].close();
   after_replacing(index, sender);
   return pid;

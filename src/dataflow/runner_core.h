@@ -36,7 +36,8 @@ struct RunnerCore {
   virtual ~RunnerCore() = default;
 
   // reset_state(): StateError the second time; then the socket pairs and num_proc workers,
-  // worker i running worker_main(i, its sender id) with WorkerInfo{i, num_proc, seed + i}.
+  // worker i running worker_main(i, its sender id) with WorkerInfo{i, num_proc, seed + i}
+  // (its k-th replacement: seed + i + k x num_proc).
   void start_workers(const ForkHooks& hooks,
                      std::function<void(int index, uint16_t sender)> worker_main);
   // StateError before reset_state() or while another epoch runs.
@@ -50,6 +51,8 @@ struct RunnerCore {
 
   // In a worker: its progress slot, or nullptr without a datapoint time limit.
   WorkerProgress* progress(int index) const;
+  // Workers replaced so far.
+  uint64_t restarts() const noexcept;
 
   const char* name;
   std::shared_ptr<DataFlow> ds;
@@ -57,7 +60,6 @@ struct RunnerCore {
   std::optional<size_t> size;
   uint64_t seed;
   WorkerPolicy policy;
-  uint64_t restarts = 0;
   bool reset_done = false;
   bool in_epoch = false;
   bool closed = false;
@@ -76,6 +78,9 @@ struct RunnerCore {
   void on_death(const WorkerProcesses::Death& d);
   void watch_stuck();
   int replace(int index);
+  // Forks worker `index` (its current generation) as `sender`; returns its pid.
+  int spawn(int index, uint16_t sender);
+  uint64_t worker_seed(int index) const;  // seed + index + num_proc x its generation
 
   ForkHooks hooks_;
   std::function<void(int, uint16_t)> worker_main_;

@@ -1,4 +1,5 @@
 """Dataflows and process checks shared by the test_dataflow_*.py files."""
+import multiprocessing
 import os
 import select
 import subprocess
@@ -149,3 +150,15 @@ def python(script, **kw):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (PYTHONPATH, os.path.join(ROOT, "tests", "python")) if p))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, **kw)
+
+
+def in_child(method, target, *args):
+    """Runs target(*args, q) in a multiprocessing child started by `method` ("fork" or
+    "spawn"); returns what it put in q (waited for 60 s) and its exit code (joined, 30 s)."""
+    ctx = multiprocessing.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(30)
+    return got, p.exitcode

@@ -13,7 +13,7 @@ import pytest
 
 import tensorwire
 from tensorwire import dataflow as twdf
-from dataflow_helpers import Counting, check, no_leftovers, python  # noqa: F401
+from dataflow_helpers import Counting, check, in_child, no_leftovers, python  # noqa: F401
 
 
 class Empty:
@@ -255,13 +255,9 @@ def _child_uses_inherited(r, q):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_child_process_makes_and_uses_its_own_runner(method):
-    ctx = multiprocessing.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_uses_own_runner, args=(q,))
-    p.start()
-    assert q.get(timeout=60) == [0, 1, 2, 3]
-    p.join(30)
-    assert p.exitcode == 0
+    got, exitcode = in_child(method, _child_uses_own_runner)
+    assert got == [0, 1, 2, 3]
+    assert exitcode == 0
 
 
 def _child_uses_inherited_remote(r, q):

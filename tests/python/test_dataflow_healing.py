@@ -3,7 +3,6 @@ their argument checks, the tensorpack drop-in's kwargs; fork and spawn. Real wor
 killed with SIGKILL."""
 import logging
 import math
-import multiprocessing
 import os
 import signal
 import time
@@ -14,7 +13,7 @@ import pytest
 
 from tensorwire import dataflow as twdf
 from tensorwire import tensorpack as tp
-from dataflow_helpers import Counting, Endless, check, no_leftovers  # noqa: F401
+from dataflow_helpers import Counting, Endless, check, in_child, no_leftovers  # noqa: F401
 
 SEED = 1000
 
@@ -30,6 +29,13 @@ def until(cond, it, seconds=20):
     while not cond() and time.monotonic() < end:
         check(next(it))
     assert cond()
+
+
+def kill_and_await_restart(r, it):
+    """SIGKILLs worker 0 and iterates until it was replaced, with a WorkerRestartedWarning."""
+    os.kill(r.pids[0], signal.SIGKILL)
+    with pytest.warns(twdf.WorkerRestartedWarning):
+        until(lambda: r.restarts == 1, it)
 
 
 def test_a_killed_runner_worker_is_replaced_with_a_warning_and_a_log(caplog):
@@ -82,9 +88,7 @@ def test_a_worker_that_dies_too_often_ends_the_run():
         r.reset_state()
         it = iter(r)
         next(it)
-        os.kill(r.pids[0], signal.SIGKILL)
-        with pytest.warns(twdf.WorkerRestartedWarning):
-            until(lambda: r.restarts == 1, it)
+        kill_and_await_restart(r, it)
         os.kill(r.pids[0], signal.SIGKILL)
         with pytest.raises(twdf.WorkerDiedError, match=r"died 2 times within restart_window "
                            r"\(60 s\), more than max_restarts \(1\)"):
@@ -238,9 +242,7 @@ def test_the_tensorpack_drop_in_takes_the_policy():
         m.reset_state()
         it = iter(r)
         next(it)
-        os.kill(r.pids[0], signal.SIGKILL)
-        with pytest.warns(twdf.WorkerRestartedWarning):
-            until(lambda: r.restarts == 1, it)
+        kill_and_await_restart(r, it)
         assert sorted(check(dp) for dp in m) == list(range(10))
     with pytest.raises(ValueError, match="on_worker_death"):
         tp.MultiProcessRunnerZMQ(Endless(), 1, on_worker_death="ignore")
@@ -264,10 +266,6 @@ def _restart_in_child(q):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_restart_works_in_a_forked_or_spawned_process(method):
-    ctx = multiprocessing.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=_restart_in_child, args=(q,))
-    p.start()
-    assert q.get(timeout=60) == 1
-    p.join(30)
-    assert p.exitcode == 0
+    restarts, exitcode = in_child(method, _restart_in_child)
+    assert restarts == 1
+    assert exitcode == 0

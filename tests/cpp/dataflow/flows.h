@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "os/process.h"
 #include "tensorwire/dataflow/dataflow.h"
 
@@ -122,6 +124,22 @@ inline size_t open_fds() {
   ::closedir(d);
   return n;
 }
+
+// A fixture for tests that fork workers: after each test no child of this process is left
+// (workers killed and reaped) and no file descriptor leaked.
+class NoLeftovers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    children_before_ = child_pids();
+    fds_before_ = open_fds();
+  }
+  void TearDown() override {
+    EXPECT_EQ(child_pids(), children_before_);
+    EXPECT_EQ(open_fds(), fds_before_);
+  }
+  std::set<int> children_before_;
+  size_t fds_before_ = 0;
+};
 
 // True when `pid` has ended within `timeout` (it may be a zombie of another parent).
 inline bool ends_within(int pid, std::chrono::milliseconds timeout) {

@@ -25,19 +25,7 @@ using testing::index_of;
 
 constexpr uint64_t kSeed = 1000;
 
-class Healing : public ::testing::Test {
- protected:
-  void SetUp() override {
-    children_before_ = testing::child_pids();
-    fds_before_ = testing::open_fds();
-  }
-  void TearDown() override {
-    EXPECT_EQ(testing::child_pids(), children_before_);
-    EXPECT_EQ(testing::open_fds(), fds_before_);
-  }
-  std::set<int> children_before_;
-  size_t fds_before_ = 0;
-};
+class Healing : public testing::NoLeftovers {};
 
 WorkerPolicy restart(int max_restarts = 3) {
   return {.on_death = OnWorkerDeath::Restart, .max_restarts = max_restarts};

@@ -18,20 +18,7 @@ using testing::counting;
 using ::testing::HasSubstr;
 using testing::index_of;
 
-class Runner : public ::testing::Test {
- protected:
-  void SetUp() override {
-    children_before_ = testing::child_pids();
-    fds_before_ = testing::open_fds();
-  }
-  void TearDown() override {
-    // No worker left behind, no descriptor leaked.
-    EXPECT_EQ(testing::child_pids(), children_before_);
-    EXPECT_EQ(testing::open_fds(), fds_before_);
-  }
-  std::set<int> children_before_;
-  size_t fds_before_ = 0;
-};
+class Runner : public testing::NoLeftovers {};
 
 TEST_F(Runner, NothingForksBeforeResetState) {
   MultiProcessRunnerZMQ r(counting(10), {.num_proc = 2});
