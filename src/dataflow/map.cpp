@@ -19,6 +19,10 @@ namespace tensorwire::dataflow {
 namespace {
 
 constexpr const char* kName = "MultiProcessMapDataZMQ";
+// How long a worker's task queue may refuse before the worker is taken for one that never
+// connected (a connected worker's queue holds the whole buffer; connecting takes
+// milliseconds, seconds on a starved machine).
+constexpr std::chrono::milliseconds kStartBound{10'000};
 using Millis = std::chrono::milliseconds;
 
 }  // namespace
@@ -194,9 +198,25 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
     // encode() itself may have replaced w (a new task segment goes to every worker, and
     // one found dead there is replaced): the message, made for the dead one, may lack the
     // schema the new one needs, so it is not sent but made again.
+    // A connected worker's queue never refuses a task, so refusals for kStartBound mean
+    // it never connected: it is killed, and the policy replaces it (or raises).
     bool sent = false;
-    while (link.generation[w] == generation && !(sent = tasks[w]->send(m, Millis(100))))
-      link.check_workers();
+    const auto refused_since = std::chrono::steady_clock::now();
+    try {
+      while (link.generation[w] == generation && !(sent = tasks[w]->send(m, Millis(100)))) {
+        link.check_workers();
+        check_interrupt();
+        if (link.generation[w] == generation &&
+            std::chrono::steady_clock::now() - refused_since > kStartBound)
+          kill_unstarted(static_cast<int>(w), kStartBound);  // not its replacement
+      }
+    } catch (...) {
+      // Not sent (interrupted, or a worker's death raised): its chunk is freed, and the
+      // worker does not have the schema it may have carried.
+      task_sender->abandon(std::span(static_cast<const std::byte*>(m.data()), m.size()),
+                           worker_schema[w]);
+      throw;
+    }
     if (sent) {
       ++worker_in_flight[w];
       entry.worker = w;

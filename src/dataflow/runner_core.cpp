@@ -125,6 +125,13 @@ void RunnerCore::watch_stuck() {
   }
 }
 
+void RunnerCore::kill_unstarted(int index, std::chrono::milliseconds waited) {
+  auto& why = stuck_[static_cast<size_t>(index)];
+  if (!why.empty()) return;
+  why = ": it had not connected " + seconds(waited) + " after it was needed, and was killed";
+  link.workers.kill(index);
+}
+
 void RunnerCore::on_death(const WorkerProcesses::Death& d) {
   const auto index = static_cast<size_t>(d.index);
   std::string why = std::move(stuck_[index]);
@@ -139,29 +146,43 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
         d, why + "; it died " + std::to_string(times.size()) + " times within restart_window (" +
                seconds(policy.restart_window) + "), more than max_restarts (" +
                std::to_string(policy.max_restarts) + "), so it is not restarted again");
-  const int pid = replace(d.index);
+  uint16_t sender = 0;
+  const int pid = replace(d.index, sender);
+  // Reported before after_replacing(): that may send tasks, wait, and see (and report)
+  // another death inside this one; the reports then keep their order. after_replacing()
+  // runs whatever the report does (a Python warning may be turned into an exception).
+  try {
+    report_restart(d, why, pid);
+  } catch (...) {
+    after_replacing(d.index, sender);
+    throw;
+  }
+  after_replacing(d.index, sender);
+}
+
+void RunnerCore::report_restart(const WorkerProcesses::Death& d, const std::string& why,
+                                int new_pid) {
   WorkerRestart r;
   r.worker = d.index;
   r.pid = d.pid;
   r.wait_status = d.status;
-  r.new_pid = pid;
+  r.new_pid = new_pid;
   r.new_seed = worker_seed(d.index);
   r.restarts = restarts();
   r.message = std::string(name) + ": worker " + std::to_string(d.index) + " (pid " +
               std::to_string(d.pid) + ") " + d.how + why + "; restarted as pid " +
-              std::to_string(pid) + " with seed " + std::to_string(r.new_seed) + " (restart " +
+              std::to_string(new_pid) + " with seed " + std::to_string(r.new_seed) + " (restart " +
               std::to_string(r.restarts) + ")";
   log_message(LogLevel::Warning, r.message);
   if (policy.on_restart) policy.on_restart(r);
 }
 
-int RunnerCore::replace(int index) {
-  const uint16_t sender = link.next_generation(index);
+int RunnerCore::replace(int index, uint16_t& sender) {
+  sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();
   before_replacing(index);
   const int pid = spawn(index, sender);
   link.child_ends[sender].close();
-  after_replacing(index, sender);
   return pid;
 }
 

@@ -53,6 +53,11 @@ struct RunnerCore {
   WorkerProgress* progress(int index) const;
   // Workers replaced so far.
   uint64_t restarts() const noexcept;
+  // Worker `index` never connected, `waited` after it was needed: it is killed (once), and
+  // its death, seen by the next check of the workers, takes the policy's way, this reason
+  // named. A worker connects right after its fork, before any user code: one that has not
+  // is stuck (e.g. on a lock its parent held at the fork, docs/design.md).
+  void kill_unstarted(int index, std::chrono::milliseconds waited);
 
   const char* name;
   std::shared_ptr<DataFlow> ds;
@@ -76,8 +81,12 @@ struct RunnerCore {
 
  private:
   void on_death(const WorkerProcesses::Death& d);
+  // The warning (log and on_restart) that worker d.index was replaced by `new_pid`.
+  void report_restart(const WorkerProcesses::Death& d, const std::string& why, int new_pid);
   void watch_stuck();
-  int replace(int index);
+  // Forks the replacement of worker `index` (as `sender`); returns its pid. The caller
+  // then calls after_replacing().
+  int replace(int index, uint16_t& sender);
   // Forks worker `index` (its current generation) as `sender`; returns its pid.
   int spawn(int index, uint16_t sender);
   uint64_t worker_seed(int index) const;  // seed + index + num_proc x its generation
