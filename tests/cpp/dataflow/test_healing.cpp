@@ -224,6 +224,36 @@ TEST_F(Healing, AStrictMapStaysExactWhenWorkersAreKilledFromOutside) {
   EXPECT_GE(m.restarts(), 5u);
 }
 
+// A replacement that hangs before it connects (here in its fork hook; in the wild, on a
+// lock its parent held at the fork) would be waited for for ever by the map's dispatch:
+// after 10 s of refusals it is killed, named, and replaced, and the epoch stays exact.
+TEST_F(Healing, AMapWorkerThatNeverConnectsIsKilledAndReplaced) {
+  MapOptions o{.num_proc = 2, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
+  const std::string marker = marker_path();
+  o.fork_hooks.child = [marker] {  // the worker that claims the marker hangs
+    if (::unlink(marker.c_str()) == 0) ::pause();
+  };
+  std::vector<std::string> messages;
+  o.policy.on_restart = [&](const WorkerRestart& r) { messages.push_back(r.message); };
+  MultiProcessMapDataZMQ m(
+      counting(40), [](TensorDict td) -> std::optional<TensorDict> { return td; }, o);
+  m.reset_state();
+  std::map<int64_t, int> seen;
+  for (TensorDict& dp : m.epoch()) {
+    if (seen.size() == 5) {
+      ::close(::open(marker.c_str(), O_CREAT | O_WRONLY, 0600));  // for the replacement
+      ::kill(m.pids()[0], SIGKILL);
+    }
+    ++seen[index_of(dp)];
+  }
+  EXPECT_EQ(seen.size(), 40u);
+  for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
+  ASSERT_EQ(m.restarts(), 2u);
+  EXPECT_THAT(messages[1], HasSubstr("had not connected 10 s after it was needed"));
+  m.close();
+  ::unlink(marker.c_str());
+}
+
 TEST_F(Healing, AStuckMapWorkerIsKilledAndItsDatapointNamed) {
   MapOptions o{.num_proc = 2, .buffer_size = 8, .strict = true, .seed = kSeed};
   o.policy.datapoint_timeout = 300ms;
