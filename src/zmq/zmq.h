@@ -41,6 +41,12 @@ struct SocketOptions {
   int rcvhwm = -1;
   int linger_ms = 0;  // pending messages are dropped on close: peers are gone or going
   int reconnect_ivl_ms = 10;
+  // ZMTP heartbeats (ZMQ_HEARTBEAT_IVL/TIMEOUT): a PING every heartbeat_ivl_ms, and a
+  // connection that carried nothing for heartbeat_timeout_ms is dropped. A host that
+  // vanishes, or the link to it, sends no FIN and no RST; without them TCP keeps the dead
+  // connection for many minutes. 0: none.
+  int heartbeat_ivl_ms = 0;
+  int heartbeat_timeout_ms = 0;
 };
 
 class Socket {
@@ -73,6 +79,32 @@ class Socket {
   std::unique_ptr<zmq::socket_t> sock_;
   uint64_t generation_;
 };
+
+// Connection events of a socket (zmq_socket_monitor), read without waiting, so that a
+// receiver can tell its peers apart (with source_fd()) and know which are connected.
+class Monitor {
+ public:
+  struct Event {
+    bool connected;  // true: a connection accepted or made; false: one closed or dropped
+    int fd;          // the connection's fd, as source_fd() reports it for its messages
+  };
+  Monitor(Context& ctx, Socket& socket);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+  bool try_next(Event& event);
+
+ private:
+  Socket* watched_;
+  uint64_t generation_;
+  std::unique_ptr<Socket> pair_;
+};
+
+// The fd of the connection a received frame came in on (ZMQ_SRCFD); -1 when unknown.
+int source_fd(zmq::message_t& frame);
+// "tcp://host:port" of the peer at the other end of a connected socket fd ("" when
+// unknown; for ipc, the path of the socket is not the peer's: "ipc peer").
+std::string peer_address(int fd);
 
 // One thing to wait on: a socket (readable = a message can be received) or a plain fd.
 struct PollItem {
