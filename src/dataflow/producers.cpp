@@ -36,16 +36,19 @@ void ProducerTable::disconnected(int socket, int fd) {
 }
 
 void ProducerTable::forget_closed() {
-  // Closed connections that never sent are dropped at once (a port scanner, a producer
-  // that had nothing to send); of the others, the oldest beyond kClosedKept.
+  // A closed connection stays while its last messages may still be queued (they are
+  // counted to it); beyond kClosedKept, those that never sent go first (a port scanner, a
+  // producer that had nothing to send), then the oldest.
+  auto closed = [](const Entry& e) { return !e.info.connected; };
+  if (static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(), closed)) <= kClosedKept)
+    return;
   std::erase_if(entries_,
                 [](const Entry& e) { return !e.info.connected && e.info.datapoints == 0; });
-  size_t closed = std::count_if(entries_.begin(), entries_.end(),
-                                [](const Entry& e) { return !e.info.connected; });
-  for (auto it = entries_.begin(); closed > kClosedKept && it != entries_.end();) {
-    if (!it->info.connected) {
+  size_t n = std::count_if(entries_.begin(), entries_.end(), closed);
+  for (auto it = entries_.begin(); n > kClosedKept && it != entries_.end();) {
+    if (closed(*it)) {
       it = entries_.erase(it);
-      --closed;
+      --n;
     } else {
       ++it;
     }
@@ -71,7 +74,8 @@ std::optional<ProducerTable::Silent> ProducerTable::silent(Clock::time_point now
 std::vector<ProducerInfo> ProducerTable::list() const {
   std::vector<ProducerInfo> out;
   out.reserve(entries_.size());
-  for (const Entry& e : entries_) out.push_back(e.info);
+  for (const Entry& e : entries_)
+    if (e.info.connected || e.info.datapoints > 0) out.push_back(e.info);
   return out;
 }
 

@@ -19,15 +19,17 @@ class ProducerTable {
 
   void connected(int socket, int fd, std::string address);
   void disconnected(int socket, int fd);
-  // A datapoint from the connection `fd` of `socket` (a connection not seen yet is added,
-  // named by `address_of(fd)`). Read the connection events first: a message comes after
+  // A datapoint from the connection `fd` of `socket` (a connection not seen yet, or not
+  // named yet, is named by `address_of()`). Read the connection events first: a message comes after
   // the event of its connection.
   template <class AddressOf>
   void datapoint(int socket, int fd, Clock::time_point now, AddressOf address_of) {
     Entry* e = find(socket, fd, false);
     if (e == nullptr) {
-      connected(socket, fd, address_of(fd));
+      connected(socket, fd, address_of());
       e = find(socket, fd, false);
+    } else if (e->info.address.empty()) {
+      e->info.address = address_of();  // it closed before its event was read
     }
     ++e->info.datapoints;
     e->info.last_datapoint = now;

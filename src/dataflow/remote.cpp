@@ -8,7 +8,6 @@
 
 #include "dataflow/producers.h"
 #include "dataflow/raw_datapoint.h"
-#include "runtime/peer_liveness.h"
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
@@ -23,15 +22,6 @@ namespace {
 // Frames of one remote datapoint: [frame header][metadata][storage].
 constexpr size_t kFrames = 3;
 
-// ZMTP heartbeats for a liveness timeout: a PING every quarter of it (three lost in a row
-// are survived, as runtime::heartbeat_ms asks of UCX links), the connection dropped after
-// the whole of it.
-zmqio::SocketOptions with_heartbeats(zmqio::SocketOptions o, std::chrono::milliseconds timeout) {
-  o.heartbeat_ivl_ms = static_cast<int>(runtime::heartbeat_ms(timeout));
-  o.heartbeat_timeout_ms = static_cast<int>(timeout.count());
-  return o;
-}
-
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -43,13 +33,10 @@ uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOpti
     throw ValueError("send_dataflow_zmq: hwm must be at least 1, got " + std::to_string(o.hwm));
   if (o.max_datapoints && *o.max_datapoints == 0)
     throw ValueError("send_dataflow_zmq: max_datapoints must be at least 1");
-  if (o.liveness_timeout.count() < 0)
-    throw ValueError("send_dataflow_zmq: liveness_timeout must be >= 0 (0: no checks)");
   zmqio::Context ctx;
   // Linger: what was queued for a connected receiver is delivered (for up to 5 s) when we
   // return.
-  zmqio::Socket push(ctx, zmq::socket_type::push,
-                     with_heartbeats({.sndhwm = o.hwm, .linger_ms = 5000}, o.liveness_timeout));
+  zmqio::Socket push(ctx, zmq::socket_type::push, {.sndhwm = o.hwm, .linger_ms = 5000});
   // Immediate: datapoints are queued only for a receiver that is connected, so with none a
   // send blocks (instead of filling a queue nobody reads and returning as if delivered).
   push.ref().set(zmq::sockopt::immediate, 1);
@@ -218,9 +205,8 @@ void RemoteDataZMQ::reset_state() {
   m.owner_pid = ::getpid();
   m.ctx = std::make_unique<zmqio::Context>();
   for (int i = 0; i < m.num(); ++i) {
-    m.socks[i] = std::make_unique<zmqio::Socket>(
-        *m.ctx, zmq::socket_type::pull,
-        with_heartbeats({.rcvhwm = m.opt.hwm}, m.opt.liveness_timeout));
+    m.socks[i] = std::make_unique<zmqio::Socket>(*m.ctx, zmq::socket_type::pull,
+                                                 zmqio::SocketOptions{.rcvhwm = m.opt.hwm});
     // Before bind/connect: the first connection's event is not missed.
     m.monitors[i] = std::make_unique<zmqio::Monitor>(*m.ctx, *m.socks[i]);
     if (m.opt.bind)
@@ -260,7 +246,12 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
         try {
           out = m.decode(i);
           m.read_events();  // the event of this message's connection came before it
-          m.producers.datapoint(i, fd, Clock::now(), zmqio::peer_address);
+          m.producers.datapoint(i, fd, Clock::now(), [&] {
+            // A connection that closed before its event was read has no peer any more:
+            // its host, from the message, without the port.
+            std::string a = zmqio::peer_address(fd);
+            return a.empty() && !m.frames.empty() ? zmqio::peer_host(m.frames[0]) : a;
+          });
           return true;
         } catch (const ProtocolError& e) {
           if (!m.opt.on_rejected) throw;

@@ -47,10 +47,6 @@ Socket::Socket(Context& ctx, zmq::socket_type type, const SocketOptions& o)
     if (o.sndhwm >= 0) sock_->set(zmq::sockopt::sndhwm, o.sndhwm);
     if (o.rcvhwm >= 0) sock_->set(zmq::sockopt::rcvhwm, o.rcvhwm);
     sock_->set(zmq::sockopt::reconnect_ivl, o.reconnect_ivl_ms);
-    if (o.heartbeat_ivl_ms > 0) {
-      sock_->set(zmq::sockopt::heartbeat_ivl, o.heartbeat_ivl_ms);
-      sock_->set(zmq::sockopt::heartbeat_timeout, o.heartbeat_timeout_ms);
-    }
   } catch (const zmq::error_t& e) {
     fail("socket", e);
   }
@@ -217,6 +213,11 @@ int source_fd(zmq::message_t& frame) {
   // ZMQ_SRCFD is deprecated in favour of the "Peer-Address" property, which names the host
   // only: two producers on one host would be one.
   return zmq_msg_get(frame.handle(), ZMQ_SRCFD);
+}
+
+std::string peer_host(zmq::message_t& frame) {
+  const char* host = zmq_msg_gets(frame.handle(), "Peer-Address");
+  return host == nullptr ? "" : "tcp://" + std::string(host);
 }
 
 std::string peer_address(int fd) {

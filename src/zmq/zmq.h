@@ -41,12 +41,6 @@ struct SocketOptions {
   int rcvhwm = -1;
   int linger_ms = 0;  // pending messages are dropped on close: peers are gone or going
   int reconnect_ivl_ms = 10;
-  // ZMTP heartbeats (ZMQ_HEARTBEAT_IVL/TIMEOUT): a PING every heartbeat_ivl_ms, and a
-  // connection that carried nothing for heartbeat_timeout_ms is dropped. A host that
-  // vanishes, or the link to it, sends no FIN and no RST; without them TCP keeps the dead
-  // connection for many minutes. 0: none.
-  int heartbeat_ivl_ms = 0;
-  int heartbeat_timeout_ms = 0;
 };
 
 class Socket {
@@ -105,6 +99,9 @@ int source_fd(zmq::message_t& frame);
 // "tcp://host:port" of the peer at the other end of a connected socket fd ("" when
 // unknown; for ipc, the path of the socket is not the peer's: "ipc peer").
 std::string peer_address(int fd);
+// "tcp://host" of the peer a received frame came from (its "Peer-Address" property: no
+// port), for a connection already closed when its messages are read; "" when unknown.
+std::string peer_host(zmq::message_t& frame);
 
 // One thing to wait on: a socket (readable = a message can be received) or a plain fd.
 struct PollItem {

@@ -9,8 +9,9 @@
 // The receiver knows its producers (producers()): each connection, whether it is still
 // open, how many datapoints came from it and when the last one came. A producer that sent
 // and then stays silent for longer than liveness_timeout is reported once (TimeoutError,
-// or the on_silent callback) while the others go on. ZMTP heartbeats on both ends drop a
-// connection whose host vanished, or the link to it, within the same bound.
+// or the on_silent callback) while the others go on. The connection itself is kept: when a
+// cut link comes back, TCP delivers what was in flight and nothing is lost (ZMTP heartbeats
+// would drop it, and the datapoints queued in it with it).
 #pragma once
 
 #include <chrono>
@@ -34,9 +35,6 @@ struct SendOptions {
   std::optional<uint64_t> max_datapoints;  // stop after this many (default: run for ever)
   // Called after each datapoint with the running count; returning false stops the loop.
   std::function<bool(uint64_t sent)> progress;
-  // ZMTP heartbeats: a receiver silent for longer than this (its host vanished, or the link
-  // to it) is dropped, so datapoints are no longer queued for it. 0: none.
-  std::chrono::milliseconds liveness_timeout = default_liveness_timeout();
 };
 
 // Resets `df` and sends its datapoints, pass after pass, to `addr`. Datapoints are queued
@@ -59,8 +57,7 @@ struct RemoteOptions {
   // instead of throwing.
   std::function<void(const ProtocolError&)> on_rejected;
   // A producer that sent datapoints and then sent none for longer than this is reported
-  // once (until it sends again); connections silent that long are dropped (ZMTP
-  // heartbeats). 0: no checks.
+  // once (until it sends again). 0: no checks.
   std::chrono::milliseconds liveness_timeout = default_liveness_timeout();
   // Called with each silent producer's error; when set, next() goes on instead of throwing.
   std::function<void(const TimeoutError&)> on_silent;
@@ -68,8 +65,10 @@ struct RemoteOptions {
 
 // One producer connection of a RemoteDataZMQ.
 struct ProducerInfo {
-  std::string address;  // the producer's end, "tcp://host:port" as the receiver sees it
-  int socket = 0;       // 0: addr1, 1: addr2
+  // The producer's end, "tcp://host:port" as the receiver sees it ("tcp://host" for a
+  // connection that closed before the receiver read its first message).
+  std::string address;
+  int socket = 0;  // 0: addr1, 1: addr2
   bool connected = false;
   uint64_t datapoints = 0;
   // When the last datapoint came; std::nullopt before the first.

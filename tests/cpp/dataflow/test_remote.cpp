@@ -302,14 +302,15 @@ TEST(RemoteProducers, AStoppedProducerIsReportedOnceWhileTheOtherGoesOn) {
   EXPECT_GE(with_address(after, busy)->datapoints, before + 190);
   const uint64_t quiet_count = with_address(after, quiet)->datapoints;
   EXPECT_EQ(silent.size(), 1u);  // reported once
-  // Once the stopped producer's connection is dropped (ZMTP heartbeats), the table says so.
-  const auto dropped = std::chrono::steady_clock::now() + 10s;
-  while (with_address(recv.producers(), quiet)->connected &&
-         std::chrono::steady_clock::now() < dropped)
+  // Its connection is kept: woken up, it goes on where it stopped.
+  EXPECT_TRUE(with_address(after, quiet)->connected);
+  ::kill(a, SIGCONT);
+  const auto resumed = std::chrono::steady_clock::now() + 10s;
+  while (with_address(recv.producers(), quiet)->datapoints == quiet_count &&
+         std::chrono::steady_clock::now() < resumed)
     (void)recv.next(100ms);
-  EXPECT_FALSE(with_address(recv.producers(), quiet)->connected);
-  EXPECT_EQ(with_address(recv.producers(), quiet)->datapoints, quiet_count);
-  EXPECT_TRUE(with_address(recv.producers(), busy)->connected);
+  EXPECT_GT(with_address(recv.producers(), quiet)->datapoints, quiet_count);
+  EXPECT_EQ(silent.size(), 1u);
   end_producer(a);
   end_producer(b);
 }
@@ -390,8 +391,6 @@ TEST(RemoteProducers, ZeroLivenessTimeoutReportsNothing) {
 
 TEST(RemoteProducers, ANegativeLivenessTimeoutIsAValueError) {
   EXPECT_THROW(RemoteDataZMQ("tcp://127.0.0.1:*", {}, {.liveness_timeout = -1ms}), ValueError);
-  EXPECT_THROW(send_dataflow_zmq(*counting(1), "tcp://127.0.0.1:1", {.liveness_timeout = -1ms}),
-               ValueError);
 }
 
 }  // namespace
