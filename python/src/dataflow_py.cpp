@@ -21,6 +21,7 @@
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/remote.h"
 #include "tensorwire/dataflow/runner.h"
+#include "tensorwire/runtime/liveness.h"
 
 namespace tensorwire::py {
 
@@ -348,28 +349,54 @@ void bind_dataflow(nb::module_& m) {
       .def(
           "__init__",
           [](PyRemote* self, std::string addr1, std::string addr2, int hwm, bool bind,
-             bool allow_pickle, nb::object on_rejected) {
+             bool allow_pickle, nb::object on_rejected, std::optional<double> liveness_timeout,
+             nb::object on_silent) {
             df::RemoteOptions o;
             o.hwm = hwm;
             o.bind = bind;
             o.allow_pickle = allow_pickle;
+            o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
             if (!on_rejected.is_none())
               o.on_rejected = [f = std::make_shared<nb::object>(std::move(on_rejected))](
                                   const ProtocolError& e) {
                 nb::gil_scoped_acquire gil;
                 (*f)(nb::str(e.what()));
               };
+            if (!on_silent.is_none())
+              o.on_silent =
+                  [f = std::make_shared<nb::object>(std::move(on_silent))](const TimeoutError& e) {
+                    nb::gil_scoped_acquire gil;
+                    (*f)(nb::str(e.what()));
+                  };
             new (self)
                 PyRemote{std::make_unique<df::RemoteDataZMQ>(std::move(addr1), std::move(addr2), o),
                          allow_pickle};
           },
           nb::arg("addr1"), nb::arg("addr2"), nb::arg("hwm"), nb::arg("bind"),
-          nb::arg("allow_pickle"), nb::arg("on_rejected").none())
+          nb::arg("allow_pickle"), nb::arg("on_rejected").none(),
+          nb::arg("liveness_timeout").none(), nb::arg("on_silent").none())
       .def("reset_state", [](PyRemote& r) { r.remote->reset_state(); })
       .def("next", &PyRemote::next, nb::arg("timeout").none() = nb::none())
       .def("endpoint", [](PyRemote& r, int which) { return r.remote->endpoint(which); })
       .def("count", [](PyRemote& r, int which) { return r.remote->count(which); })
       .def_prop_ro("rejected", [](PyRemote& r) { return r.remote->rejected(); })
+      // (address, socket, connected, datapoints, last datapoint in time.monotonic() seconds
+      // or None): steady_clock is CLOCK_MONOTONIC, as Python's monotonic clock.
+      .def("producers",
+           [](PyRemote& r) {
+             std::vector<std::tuple<std::string, int, bool, uint64_t, std::optional<double>>> out;
+             for (const auto& p : r.remote->producers()) {
+               std::optional<double> last;
+               if (p.last_datapoint)
+                 last = std::chrono::duration<double>(p.last_datapoint->time_since_epoch()).count();
+               out.emplace_back(p.address, p.socket, p.connected, p.datapoints, last);
+             }
+             return out;
+           })
+      .def_prop_ro("liveness_timeout",
+                   [](PyRemote& r) {
+                     return std::chrono::duration<double>(r.remote->liveness_timeout()).count();
+                   })
       .def_prop_ro("closed", [](PyRemote& r) { return r.remote->closed(); })
       .def("close", [](PyRemote& r) { r.remote->close(); });
 

@@ -45,6 +45,8 @@ __all__ = [
     "WorkerDiedError",
     "RemoteTraceback",
     "MalformedMessageWarning",
+    "ProducerSilentWarning",
+    "Producer",
     "WorkerRestartedWarning",
 ]
 
@@ -286,6 +288,18 @@ class MalformedMessageWarning(RuntimeWarning):
     """A message RemoteDataZMQ rejected (the stream goes on)."""
 
 
+class ProducerSilentWarning(RuntimeWarning):
+    """A producer of RemoteDataZMQ that sent and then went silent for longer than its
+    ``liveness_timeout`` (the stream of the others goes on)."""
+
+
+Producer = collections.namedtuple("Producer", ["address", "socket", "connected", "datapoints",
+                                               "last_datapoint"])
+Producer.__doc__ = ("A producer connection of RemoteDataZMQ: its end (``tcp://host:port``), "
+                    "the socket (0: addr1, 1: addr2), whether it is open, the datapoints it "
+                    "sent, and when the last came (``time.monotonic()`` seconds, or None).")
+
+
 class RemoteDataZMQ(DataFlow):
     """Receives datapoints sent by ``send_dataflow_zmq`` on one or two PULL sockets.
 
@@ -294,14 +308,25 @@ class RemoteDataZMQ(DataFlow):
     instead; iterating again goes on with the stream) and never stops the datapoints of
     other producers. Pickled values (odd objects in Python datapoints) are refused unless
     ``allow_pickle=True``: unpickling runs code chosen by whoever can reach the socket.
+
+    ``producers`` lists the producer connections. A producer that sent and then sends
+    nothing for longer than ``liveness_timeout`` seconds (``None``: the environment variable
+    ``TENSORWIRE_LIVENESS_TIMEOUT``, else 10; ``0``: no checks) is reported once with a
+    ``ProducerSilentWarning`` naming it (``errors="raise"``: raised as ``TimeoutError``;
+    iterating again goes on), while the others go on; its connection is kept, so a producer
+    whose link comes back goes on without a gap. Time this receiver spends away from
+    ``recv``/iteration for longer than a quarter of the timeout does not count as silence.
     """
 
-    def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn"):
+    def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn",
+                 liveness_timeout=None):
         if errors not in ("warn", "raise"):
             raise ValueError(f"errors must be 'warn' or 'raise', got {errors!r}")
         self._errors = errors
+        warn = errors == "warn"
         self._core = _C._RemoteData(addr1, addr2 or "", hwm, bind, allow_pickle,
-                                    _warn_rejected if errors == "warn" else None)
+                                    _warn_rejected if warn else None, liveness_timeout,
+                                    _warn_silent if warn else None)
         self._guard = threading.Lock()
 
     def reset_state(self):
@@ -323,6 +348,17 @@ class RemoteDataZMQ(DataFlow):
     def rejected(self):
         """Malformed messages dropped so far."""
         return self._core.rejected
+
+    @property
+    def producers(self):
+        """The producer connections (``Producer`` tuples): the open ones, and closed ones that
+        sent datapoints (the last 64), in the order they connected."""
+        return [Producer(*p) for p in self._core.producers()]
+
+    @property
+    def liveness_timeout(self):
+        """Seconds a producer that was sending may stay silent before it is reported."""
+        return self._core.liveness_timeout
 
     def recv(self, timeout=None):
         """The next datapoint, or ``None`` after ``timeout`` seconds (``None``: wait for
@@ -352,3 +388,7 @@ class RemoteDataZMQ(DataFlow):
 
 def _warn_rejected(message):
     warnings.warn(message, MalformedMessageWarning, stacklevel=3)
+
+
+def _warn_silent(message):
+    warnings.warn(message, ProducerSilentWarning, stacklevel=3)

@@ -1,10 +1,12 @@
 #include "tensorwire/dataflow/remote.h"
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 #include <unistd.h>
 
+#include "dataflow/producers.h"
 #include "dataflow/raw_datapoint.h"
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
@@ -19,6 +21,10 @@ namespace {
 
 // Frames of one remote datapoint: [frame header][metadata][storage].
 constexpr size_t kFrames = 3;
+
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -79,6 +85,10 @@ struct RemoteDataZMQ::Impl {
   bool closed = false;
   std::unique_ptr<zmqio::Context> ctx;
   std::unique_ptr<zmqio::Socket> socks[2];
+  std::unique_ptr<zmqio::Monitor> monitors[2];  // declared after socks: closed before them
+  ProducerTable producers;
+  // When next() last returned: a longer pause of the consumer is no producer's silence.
+  std::optional<ProducerTable::Clock::time_point> last_return;
   uint64_t counts[2] = {0, 0};
   uint64_t rejected = 0;
   int next_first = 0;  // alternate which socket is read first, for fairness
@@ -93,6 +103,8 @@ struct RemoteDataZMQ::Impl {
       : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
   int num() const { return addr[1].empty() ? 1 : 2; }
   RawDatapoint decode(int which);
+  void read_events();
+  void check_silence(ProducerTable::Clock::time_point now);
   int owner_pid = -1;  // the process that called reset_state()
   void check_usable() const {
     if (closed) throw ClosedError("RemoteDataZMQ is closed");
@@ -148,12 +160,39 @@ RawDatapoint RemoteDataZMQ::Impl::decode(int which) {
   }
 }
 
+void RemoteDataZMQ::Impl::read_events() {
+  zmqio::Monitor::Event e{};
+  for (int i = 0; i < num(); ++i)
+    while (monitors[i]->try_next(e)) {
+      if (e.connected)
+        producers.connected(i, e.fd, zmqio::peer_address(e.fd));
+      else
+        producers.disconnected(i, e.fd);
+    }
+}
+
+void RemoteDataZMQ::Impl::check_silence(ProducerTable::Clock::time_point now) {
+  while (auto s = producers.silent(now, opt.liveness_timeout)) {
+    char why[200];
+    std::snprintf(why, sizeof why, " datapoints, then none for %.1f s (liveness_timeout %.1f s; ",
+                  seconds(s->silence), seconds(opt.liveness_timeout));
+    TimeoutError e("RemoteDataZMQ: producer " + s->info.address + " on " + bound[s->info.socket] +
+                   " sent " + std::to_string(s->info.datapoints) + why +
+                   (s->info.connected ? "its connection is open" : "its connection closed") +
+                   "): its host or the link to it is down, or it is stopped or has ended");
+    if (!opt.on_silent) throw e;
+    opt.on_silent(e);
+  }
+}
+
 RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, RemoteOptions options)
     : impl_(std::make_unique<Impl>(std::move(addr1), std::move(addr2), std::move(options))) {
   if (impl_->addr[0].empty()) throw ValueError("RemoteDataZMQ: no address");
   if (impl_->opt.hwm < 1)
     throw ValueError("RemoteDataZMQ: hwm must be at least 1, got " +
                      std::to_string(impl_->opt.hwm));
+  if (impl_->opt.liveness_timeout.count() < 0)
+    throw ValueError("RemoteDataZMQ: liveness_timeout must be >= 0 (0: no checks)");
 }
 
 RemoteDataZMQ::~RemoteDataZMQ() = default;
@@ -168,6 +207,8 @@ void RemoteDataZMQ::reset_state() {
   for (int i = 0; i < m.num(); ++i) {
     m.socks[i] = std::make_unique<zmqio::Socket>(*m.ctx, zmq::socket_type::pull,
                                                  zmqio::SocketOptions{.rcvhwm = m.opt.hwm});
+    // Before bind/connect: the first connection's event is not missed.
+    m.monitors[i] = std::make_unique<zmqio::Monitor>(*m.ctx, *m.socks[i]);
     if (m.opt.bind)
       m.socks[i]->bind(m.addr[i]);
     else
@@ -179,15 +220,38 @@ void RemoteDataZMQ::reset_state() {
 std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeout timeout) {
   RemoteDataZMQ::Impl& m = *remote.impl_;
   m.check_usable();
+  using Clock = ProducerTable::Clock;
+  const auto live = m.opt.liveness_timeout;
+  if (m.last_return && live.count() > 0) {
+    const auto gap = Clock::now() - *m.last_return;
+    if (gap > live / 4) m.producers.pause(gap);
+  }
+  struct Returned {  // on every way out, the throws included
+    RemoteDataZMQ::Impl& m;
+    ~Returned() { m.last_return = Clock::now(); }
+  } returned{m};
+  // Often enough to report a silent producer within a twentieth of the timeout.
+  const auto check_every = live.count() > 0 ? std::max(live / 20, std::chrono::milliseconds(10))
+                                            : std::chrono::milliseconds::max();
   std::optional<RawDatapoint> out;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
     while (true) {
+      m.read_events();
+      m.check_silence(Clock::now());
       for (int k = 0; k < m.num(); ++k) {
         const int i = (m.next_first + k) % m.num();
         if (!m.socks[i]->try_recv(m.frames)) continue;
         m.next_first = (i + 1) % m.num();
+        const int fd = m.frames.empty() ? -1 : zmqio::source_fd(m.frames[0]);
         try {
           out = m.decode(i);
+          m.read_events();  // the event of this message's connection came before it
+          m.producers.datapoint(i, fd, Clock::now(), [&] {
+            // A connection that closed before its event was read has no peer any more:
+            // its host, from the message, without the port.
+            std::string a = zmqio::peer_address(fd);
+            return a.empty() && !m.frames.empty() ? zmqio::peer_host(m.frames[0]) : a;
+          });
           return true;
         } catch (const ProtocolError& e) {
           if (!m.opt.on_rejected) throw;
@@ -197,7 +261,7 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
       if (slice.passed()) return false;
       zmqio::PollItem items[2] = {{m.socks[0].get(), -1, false}, {m.socks[1].get(), -1, false}};
       zmqio::poll(std::span(items, static_cast<size_t>(m.num())),
-                  std::chrono::milliseconds(slice.poll_ms()));
+                  std::min(std::chrono::milliseconds(slice.poll_ms()), check_every));
     }
   });
   return out;
@@ -222,9 +286,20 @@ uint64_t RemoteDataZMQ::count(int which) const {
 uint64_t RemoteDataZMQ::rejected() const {
   return impl_->rejected;
 }
+std::chrono::milliseconds RemoteDataZMQ::liveness_timeout() const {
+  return impl_->opt.liveness_timeout;
+}
+std::vector<ProducerInfo> RemoteDataZMQ::producers() const {
+  Impl& m = *impl_;
+  // Connections made since the last next() are listed too.
+  if (m.reset_done && !m.closed && m.owner_pid == ::getpid()) m.read_events();
+  return m.producers.list();
+}
 
 void RemoteDataZMQ::close() {
   impl_->closed = true;
+  impl_->monitors[0].reset();
+  impl_->monitors[1].reset();
   impl_->socks[0].reset();
   impl_->socks[1].reset();
   impl_->ctx.reset();

@@ -2,7 +2,13 @@
 
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 
 #include "os/fork.h"
 #include "tensorwire/core/error.h"
@@ -162,6 +168,74 @@ int poll(std::span<PollItem> items, Millis timeout) {
 
 zmq::message_t frame(std::span<const std::byte> bytes) {
   return zmq::message_t(bytes.data(), bytes.size());
+}
+
+Monitor::Monitor(Context& ctx, Socket& socket)
+    : watched_(&socket), generation_(os::fork_generation()) {
+  static std::atomic<uint64_t> next_id{0};
+  const std::string endpoint = "inproc://tensorwire-monitor-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(next_id.fetch_add(1));
+  if (zmq_socket_monitor(socket.handle(), endpoint.c_str(),
+                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw SystemError("zmq_socket_monitor", zmq_errno());
+  pair_ = std::make_unique<Socket>(ctx, zmq::socket_type::pair);
+  pair_->connect(endpoint);
+}
+
+Monitor::~Monitor() {
+  // Stop the monitor before its PAIR closes (a fork child leaks both, see Socket).
+  if (pair_ && os::fork_generation() == generation_)
+    (void)zmq_socket_monitor(watched_->handle(), nullptr, 0);
+}
+
+bool Monitor::try_next(Event& event) {
+  while (true) {
+    std::vector<zmq::message_t> frames;
+    if (!pair_->try_recv(frames)) return false;
+    // libzmq's event: [uint16 event, uint32 value][endpoint]; the value of these events is
+    // the connection's fd.
+    if (frames.empty() || frames[0].size() < 6) continue;
+    uint16_t kind = 0;
+    uint32_t value = 0;
+    std::memcpy(&kind, frames[0].data(), sizeof kind);
+    std::memcpy(&value, static_cast<const char*>(frames[0].data()) + 2, sizeof value);
+    if (kind == ZMQ_EVENT_ACCEPTED || kind == ZMQ_EVENT_CONNECTED)
+      event = {true, static_cast<int>(value)};
+    else if (kind == ZMQ_EVENT_DISCONNECTED)
+      event = {false, static_cast<int>(value)};
+    else
+      continue;
+    return true;
+  }
+}
+
+int source_fd(zmq::message_t& frame) {
+  // ZMQ_SRCFD is deprecated in favour of the "Peer-Address" property, which names the host
+  // only: two producers on one host would be one.
+  return zmq_msg_get(frame.handle(), ZMQ_SRCFD);
+}
+
+std::string peer_host(zmq::message_t& frame) {
+  const char* host = zmq_msg_gets(frame.handle(), "Peer-Address");
+  return host == nullptr ? "" : "tcp://" + std::string(host);
+}
+
+std::string peer_address(int fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof sa;
+  if (fd < 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "";
+  char host[INET6_ADDRSTRLEN] = {};
+  if (sa.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&sa);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return "tcp://" + std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    return "tcp://[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "ipc peer";
 }
 
 }  // namespace tensorwire::zmqio

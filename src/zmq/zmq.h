@@ -74,6 +74,35 @@ class Socket {
   uint64_t generation_;
 };
 
+// Connection events of a socket (zmq_socket_monitor), read without waiting, so that a
+// receiver can tell its peers apart (with source_fd()) and know which are connected.
+class Monitor {
+ public:
+  struct Event {
+    bool connected;  // true: a connection accepted or made; false: one closed or dropped
+    int fd;          // the connection's fd, as source_fd() reports it for its messages
+  };
+  Monitor(Context& ctx, Socket& socket);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+  bool try_next(Event& event);
+
+ private:
+  Socket* watched_;
+  uint64_t generation_;
+  std::unique_ptr<Socket> pair_;
+};
+
+// The fd of the connection a received frame came in on (ZMQ_SRCFD); -1 when unknown.
+int source_fd(zmq::message_t& frame);
+// "tcp://host:port" of the peer at the other end of a connected socket fd ("" when
+// unknown; for ipc, the path of the socket is not the peer's: "ipc peer").
+std::string peer_address(int fd);
+// "tcp://host" of the peer a received frame came from (its "Peer-Address" property: no
+// port), for a connection already closed when its messages are read; "" when unknown.
+std::string peer_host(zmq::message_t& frame);
+
 // One thing to wait on: a socket (readable = a message can be received) or a plain fd.
 struct PollItem {
   Socket* socket = nullptr;

@@ -52,10 +52,15 @@ def consumer(endpoint):
     progress = Progress()
     last = {}
 
-    def rejected(message, *args, **kwargs):
-        emit("rejected", message=str(message)[:300], total=remote.rejected)
+    def warned(message, category, *args, **kwargs):
+        # A producer cut off (or killed) for longer than the liveness bound is reported
+        # (ProducerSilentWarning); that is no rejected message.
+        if issubclass(category, tw.dataflow.ProducerSilentWarning):
+            emit("silent", message=str(message)[:300])
+        else:
+            emit("rejected", message=str(message)[:300], total=remote.rejected)
 
-    warnings.showwarning = rejected
+    warnings.showwarning = warned
     while True:
         dp = remote.recv(timeout=1.0)
         if dp is None:

@@ -7,7 +7,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include "dataflow/raw_datapoint.h"
 #include "flows.h"
@@ -217,6 +219,178 @@ TEST(Remote, SendingWithNoReceiverBlocksAndCanBeInterrupted) {
                Interrupted);
   set_interrupt_check(nullptr);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// Producers' liveness: the receiver's table of producers and its report of a producer that
+// goes silent while the others go on.
+
+// Forks a producer that sends to `addr` about 500 datapoints/s until it is killed.
+int spawn_endless_producer(const std::string& addr) {
+  const int pid = ::fork();
+  if (pid == 0) {
+    try {
+      send_dataflow_zmq(*counting(10, 64), addr, {.progress = [](uint64_t) {
+        ::usleep(2000);
+        return true;
+      }});
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  return pid;
+}
+
+// Kills (SIGKILL, after SIGCONT for a stopped one) and reaps a producer.
+void end_producer(int pid) {
+  ::kill(pid, SIGKILL);
+  ::kill(pid, SIGCONT);
+  wait_exit(pid);
+}
+
+const ProducerInfo* with_address(const std::vector<ProducerInfo>& table, const std::string& a) {
+  for (const auto& p : table)
+    if (p.address == a) return &p;
+  return nullptr;
+}
+
+// Receives until each of `n` producers has sent a datapoint (at most 10 s).
+std::vector<ProducerInfo> until_all_sent(RemoteDataZMQ& recv, size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    (void)recv.next(100ms);
+    auto table = recv.producers();
+    if (std::count_if(table.begin(), table.end(),
+                      [](const ProducerInfo& p) { return p.datapoints > 0; }) >= std::ptrdiff_t(n))
+      return table;
+  }
+  ADD_FAILURE() << "the producers did not all send within 10 s";
+  return {};
+}
+
+TEST(RemoteProducers, AStoppedProducerIsReportedOnceWhileTheOtherGoesOn) {
+  const std::string addr = free_tcp_address();
+  const int a = spawn_endless_producer(addr), b = spawn_endless_producer(addr);
+  std::vector<std::string> silent;
+  RemoteDataZMQ recv(addr, {}, {.liveness_timeout = 1s, .on_silent = [&](const TimeoutError& e) {
+                                  silent.push_back(e.what());
+                                }});
+  recv.reset_state();
+  auto table = until_all_sent(recv, 2);
+  ASSERT_EQ(table.size(), 2u);
+  for (const auto& p : table) {
+    EXPECT_THAT(p.address, HasSubstr("tcp://127.0.0.1:"));
+    EXPECT_NE(p.address, addr);  // the producer's end, not the receiver's
+    EXPECT_TRUE(p.connected);
+    EXPECT_EQ(p.socket, 0);
+    EXPECT_TRUE(p.last_datapoint.has_value());
+  }
+  ::kill(a, SIGSTOP);
+  // Datapoints go on flowing (from b) while a is reported, once.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (silent.empty() && std::chrono::steady_clock::now() < deadline) (void)recv.next(100ms);
+  ASSERT_EQ(silent.size(), 1u);
+  EXPECT_THAT(silent[0], HasSubstr("RemoteDataZMQ: producer tcp://127.0.0.1:"));
+  EXPECT_THAT(silent[0], HasSubstr("on " + addr));
+  EXPECT_THAT(silent[0], HasSubstr("liveness_timeout 1.0 s"));
+  std::string quiet, busy;
+  for (const auto& p : table)
+    (silent[0].find(p.address + " ") != std::string::npos ? quiet : busy) = p.address;
+  ASSERT_FALSE(quiet.empty()) << silent[0];
+  const uint64_t before = with_address(recv.producers(), busy)->datapoints;
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(recv.next(10s));
+  auto after = recv.producers();
+  EXPECT_GE(with_address(after, busy)->datapoints, before + 190);
+  const uint64_t quiet_count = with_address(after, quiet)->datapoints;
+  EXPECT_EQ(silent.size(), 1u);  // reported once
+  // Its connection is kept: woken up, it goes on where it stopped.
+  EXPECT_TRUE(with_address(after, quiet)->connected);
+  ::kill(a, SIGCONT);
+  const auto resumed = std::chrono::steady_clock::now() + 10s;
+  while (with_address(recv.producers(), quiet)->datapoints == quiet_count &&
+         std::chrono::steady_clock::now() < resumed)
+    (void)recv.next(100ms);
+  EXPECT_GT(with_address(recv.producers(), quiet)->datapoints, quiet_count);
+  EXPECT_EQ(silent.size(), 1u);
+  end_producer(a);
+  end_producer(b);
+}
+
+TEST(RemoteProducers, AKilledProducerIsATimeoutErrorFromNextOnceThenTheStreamGoesOn) {
+  const std::string addr = free_tcp_address();
+  const int a = spawn_endless_producer(addr);
+  RemoteDataZMQ recv(addr, {}, {.liveness_timeout = 500ms});
+  recv.reset_state();
+  until_all_sent(recv, 1);
+  end_producer(a);
+  std::string error;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (error.empty() && std::chrono::steady_clock::now() < deadline) {
+    try {
+      (void)recv.next(100ms);
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    }
+  }
+  EXPECT_THAT(error, HasSubstr("RemoteDataZMQ: producer tcp://127.0.0.1:"));
+  EXPECT_THAT(error, HasSubstr("datapoints, then none for"));
+  EXPECT_THAT(error, HasSubstr("its connection closed"));
+  EXPECT_FALSE(recv.next(300ms).has_value());  // reported once: the stream goes on
+  auto table = recv.producers();
+  ASSERT_EQ(table.size(), 1u);
+  EXPECT_FALSE(table[0].connected);
+  EXPECT_GT(table[0].datapoints, 0u);
+}
+
+TEST(RemoteProducers, AConsumerThatStopsReadingDoesNotMakeItsProducersSilent) {
+  const std::string addr = free_tcp_address();
+  const int a = spawn_endless_producer(addr);
+  std::vector<std::string> silent;
+  RemoteDataZMQ recv(addr, {}, {.liveness_timeout = 500ms, .on_silent = [&](const TimeoutError& e) {
+                                  silent.push_back(e.what());
+                                }});
+  recv.reset_state();
+  until_all_sent(recv, 1);
+  std::this_thread::sleep_for(1500ms);  // the producer waits under the high-water mark
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(recv.next(10s));
+  EXPECT_TRUE(silent.empty()) << silent[0];
+  end_producer(a);
+}
+
+TEST(RemoteProducers, ConnectionsAreListedBeforeTheySendAndForgottenIfTheyNeverDo) {
+  RemoteDataZMQ recv("tcp://127.0.0.1:*");
+  recv.reset_state();
+  EXPECT_TRUE(recv.producers().empty());
+  zmq::context_t ctx;
+  auto push = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::push);
+  push->set(zmq::sockopt::linger, 0);
+  push->connect(recv.endpoint(0));
+  auto until = [&](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!done(recv.producers()) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(10ms);
+    return done(recv.producers());
+  };
+  ASSERT_TRUE(until([](const std::vector<ProducerInfo>& t) { return t.size() == 1; }));
+  const ProducerInfo p = recv.producers()[0];
+  EXPECT_TRUE(p.connected);
+  EXPECT_EQ(p.datapoints, 0u);
+  EXPECT_FALSE(p.last_datapoint.has_value());
+  push.reset();
+  EXPECT_TRUE(until([](const std::vector<ProducerInfo>& t) { return t.empty(); }));
+}
+
+TEST(RemoteProducers, ZeroLivenessTimeoutReportsNothing) {
+  const std::string addr = free_tcp_address();
+  const int a = spawn_endless_producer(addr);
+  RemoteDataZMQ recv(addr, {}, {.liveness_timeout = 0ms});
+  recv.reset_state();
+  until_all_sent(recv, 1);
+  end_producer(a);
+  EXPECT_NO_THROW(EXPECT_FALSE(recv.next(1500ms).has_value()));
+}
+
+TEST(RemoteProducers, ANegativeLivenessTimeoutIsAValueError) {
+  EXPECT_THROW(RemoteDataZMQ("tcp://127.0.0.1:*", {}, {.liveness_timeout = -1ms}), ValueError);
 }
 
 }  // namespace
