@@ -10,10 +10,13 @@ One run measures, in this order:
 
 Every client is its own process that connects and sends --messages consolidated
 TensorDicts of one uint8 leaf of --kib KiB (64 by default) back to back, then closes. The
-clients of a case are started together. The receiving side counts messages and times
-from the first message received to the last (all clients): aggregate messages/s. Ratios
-are server / listener of the same run. /proc/loadavg is printed before each case (the
-machine is shared).
+clients of a case are started together, and begin sending together: each connects, says
+so on its stdout and waits for a go on its stdin, sent once all of them are connected
+(else one client's Python start-up, seconds on a loaded machine, lands inside the timed
+window while another already streams: 3,000 messages take well under a second). The
+receiving side counts messages and times from the first message received to the last
+(all clients): aggregate messages/s. Ratios are server / listener of the same run.
+/proc/loadavg is printed before each case (the machine is shared).
 
     PYTHONPATH=python .venv/bin/python bench/pipe/server_vs_listener.py [--runs 1]
 """
@@ -37,6 +40,9 @@ def client(port: int, messages: int, kib: int) -> None:
 
     td = tw.TensorDict({"x": np.full(kib * 1024, 7, dtype=np.uint8)}, batch_size=[])
     with tw.TensorDictPipe.connect("127.0.0.1", port, timeout=60) as pipe:
+        print("connected", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("client: no go from the benchmark")
         for _ in range(messages):
             pipe.send(td, timeout=60)
 
@@ -45,7 +51,21 @@ def start_clients(port: int, n: int, args) -> list:
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     cmd = [sys.executable, __file__, "--client", str(port), "--messages", str(args.messages),
            "--kib", str(args.kib)]
-    return [subprocess.Popen(cmd, env=env) for _ in range(n)]
+    return [subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(n)]
+
+
+async def go(procs) -> None:
+    """Once every client is connected, lets them all send (a client that dies first gives
+    EOF, so the readline ends)."""
+    loop = asyncio.get_running_loop()
+    for p in procs:
+        line = await asyncio.wait_for(loop.run_in_executor(None, p.stdout.readline), 120)
+        if line.strip() != "connected":
+            raise SystemExit(f"a client did not connect (exit code {p.poll()})")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
 
 
 def finish(procs) -> None:
@@ -80,6 +100,7 @@ async def listener_case(args) -> float:
         procs = start_clients(listener.port, 1, args)
         loop = asyncio.get_running_loop()
         pipe = await loop.run_in_executor(None, lambda: listener.accept(timeout=60))
+        await go(procs)
         await asyncio.wait_for(count.drain(pipe), 300)
         pipe.close()
     finish(procs)
@@ -93,6 +114,7 @@ async def server_case(args, clients: int) -> float:
     async with tw.TensorDictServer(0) as server:
         procs = start_clients(server.port, clients, args)
         serving = asyncio.ensure_future(server.serve(count.drain))
+        await go(procs)
         await asyncio.wait_for(count.done.wait(), 300)
         server.close()
         await serving

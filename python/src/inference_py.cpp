@@ -91,10 +91,19 @@ PyClient client_for(const std::string& kind, nb::handle name) {
 
 }  // namespace
 
-// The per-request server side of a fixed-layout transport, for tensorwire.torchrl (torchrl's
-// server batches): one binding for the shared-memory and the remote transport.
+// What the two fixed-layout transports (a bank of slots: shared-memory and remote) share,
+// bound once: their layout and counters, and the per-request server side for
+// tensorwire.torchrl (torchrl's server batches).
 template <class T, class Access>
-void bind_per_request(nb::class_<T, inf::Transport>& c) {
+void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
+  c.def_prop_ro("num_slots", &T::num_slots)
+      .def_prop_ro("slots_in_use", &T::slots_in_use)
+      .def_prop_ro("refused", &T::refused)
+      .def_prop_ro("last_refusal", &T::last_refusal)
+      .def_prop_ro("request_keys", [](const T& t) { return key_list(t.request_keys()); })
+      .def_prop_ro("response_keys", [](const T& t) { return key_list(t.response_keys()); })
+      .def_prop_ro("request_spec", [](const T& t) { return PyTensorDict(t.request_spec()); })
+      .def_prop_ro("response_spec", [](const T& t) { return PyTensorDict(t.response_spec()); });
   c.def("_wait_for_work",
         [](T& t, std::optional<double> timeout) {
           const Deadline d = Deadline::after(timeout_arg(timeout));
@@ -191,7 +200,7 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("closed", &inf::Transport::closed);
 
   auto shm = nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport");
-  bind_per_request<Shm, Access>(shm);
+  bind_fixed_layout<Shm, Access>(shm);
   shm.def_static(
          "create",
          [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
@@ -220,16 +229,8 @@ void bind_inference(nb::module_& m) {
           },
           nb::arg("name").none(), nb::arg("timeout").none() = 5.0)
       .def_prop_ro("name", &Shm::name)
-      .def_prop_ro("num_slots", &Shm::num_slots)
       .def_prop_ro("copy_result", &Shm::copy_result)
       .def_prop_ro("is_owner", &Shm::is_owner)
-      .def_prop_ro("slots_in_use", &Shm::slots_in_use)
-      .def_prop_ro("refused", &Shm::refused)
-      .def_prop_ro("last_refusal", &Shm::last_refusal)
-      .def_prop_ro("request_keys", [](const Shm& t) { return key_list(t.request_keys()); })
-      .def_prop_ro("response_keys", [](const Shm& t) { return key_list(t.response_keys()); })
-      .def_prop_ro("request_spec", [](const Shm& t) { return PyTensorDict(t.request_spec()); })
-      .def_prop_ro("response_spec", [](const Shm& t) { return PyTensorDict(t.response_spec()); })
       .def_prop_ro("_sizes", [](const Shm& t) {
         auto s = t.sizes();
         return std::make_tuple(s.control, s.requests, s.responses);
@@ -237,7 +238,7 @@ void bind_inference(nb::module_& m) {
 
   using Remote = inf::RemoteTransport;
   auto remote = nb::class_<Remote, inf::Transport>(m, "_RemoteTransport");
-  bind_per_request<Remote, inf::detail::RemoteAccess>(remote);
+  bind_fixed_layout<Remote, inf::detail::RemoteAccess>(remote);
   remote
       .def_static(
           "create",
@@ -259,16 +260,7 @@ void bind_inference(nb::module_& m) {
           nb::arg("liveness_timeout").none())
       .def_prop_ro("port", &Remote::port)
       .def_prop_ro("host", &Remote::host)
-      .def_prop_ro("num_slots", &Remote::num_slots)
-      .def_prop_ro("connected", &Remote::connected)
-      .def_prop_ro("slots_in_use", &Remote::slots_in_use)
-      .def_prop_ro("refused", &Remote::refused)
-      .def_prop_ro("last_refusal", &Remote::last_refusal)
-      .def_prop_ro("request_keys", [](const Remote& t) { return key_list(t.request_keys()); })
-      .def_prop_ro("response_keys", [](const Remote& t) { return key_list(t.response_keys()); })
-      .def_prop_ro("request_spec", [](const Remote& t) { return PyTensorDict(t.request_spec()); })
-      .def_prop_ro("response_spec",
-                   [](const Remote& t) { return PyTensorDict(t.response_spec()); });
+      .def_prop_ro("connected", &Remote::connected);
   m.def(
       "_remote_client",
       // "host:port", or a host and a port of their own (the address parser checks both).

@@ -177,7 +177,18 @@ class _Transport:
         return self._impl.kind
 
 
-class SharedMemoryTransport(_Transport):
+class _FixedLayout(_Transport):
+    """What the transports with a bank of slots of one layout (shared-memory, remote) share."""
+
+    num_slots = property(lambda self: self._impl.num_slots)
+    slots_in_use = property(lambda self: self._impl.slots_in_use)
+    request_keys = property(lambda self: self._impl.request_keys)
+    response_keys = property(lambda self: self._impl.response_keys)
+    request_spec = property(lambda self: self._impl.request_spec)
+    response_spec = property(lambda self: self._impl.response_spec)
+
+
+class SharedMemoryTransport(_FixedLayout):
     """Requests and responses in two preallocated shared-memory slot banks.
 
     Args:
@@ -226,18 +237,13 @@ class SharedMemoryTransport(_Transport):
         return (SharedMemoryTransport.attach, (self.name,))
 
     name = property(lambda self: self._impl.name, doc="The name other processes attach to.")
-    num_slots = property(lambda self: self._impl.num_slots)
     refused = property(lambda self: self._impl.refused,
                        doc="Attachments refused: their user is not admitted (see allowed_uids).")
     last_refusal = property(lambda self: self._impl.last_refusal,
                             doc="Why the last attachment was refused ('' when none was).")
     copy_result = property(lambda self: self._impl.copy_result)
-    request_keys = property(lambda self: self._impl.request_keys)
-    response_keys = property(lambda self: self._impl.response_keys)
-    request_spec = property(lambda self: self._impl.request_spec)
-    response_spec = property(lambda self: self._impl.response_spec)
     is_owner = property(lambda self: self._impl.is_owner, doc="True in the creating process.")
-    slots_in_use = property(lambda self: self._impl.slots_in_use)
+
     @property
     def sizes(self) -> dict:
         """Bytes of the control area and of each bank."""
@@ -273,7 +279,7 @@ class ThreadTransport(_Transport):
         self._impl = _C._ThreadTransport.create()
 
 
-class RemoteTransport(_Transport):
+class RemoteTransport(_FixedLayout):
     """Requests from actors on other hosts, over UCX, into a bank of ``num_slots`` slots.
 
     Args:
@@ -326,16 +332,10 @@ class RemoteTransport(_Transport):
 
     port = property(lambda self: self._impl.port, doc="The port it listens on.")
     host = property(lambda self: self._impl.host, doc="The address it listens on.")
-    num_slots = property(lambda self: self._impl.num_slots)
     connected = property(lambda self: self._impl.connected, doc="Clients connected now.")
-    slots_in_use = property(lambda self: self._impl.slots_in_use)
     refused = property(lambda self: self._impl.refused,
                        doc="Connections refused or dropped for breaking the protocol.")
     last_refusal = property(lambda self: self._impl.last_refusal)
-    request_keys = property(lambda self: self._impl.request_keys)
-    response_keys = property(lambda self: self._impl.response_keys)
-    request_spec = property(lambda self: self._impl.request_spec)
-    response_spec = property(lambda self: self._impl.response_spec)
 
 
 def _to_tensorwire(out, response_keys, batch_size):

@@ -128,6 +128,7 @@ class TensorDictPipe:
         self._send_keep: list = []                  # TensorDicts of a timed-out send, in flight
         self._recv_targets: list = []               # targets of receives in flight
         self._receiving = False                     # an arecv is running
+        self._recv_owes_yield = False               # an arecv returned since the last yield
 
     # -- connecting ---------------------------------------------------------------
     @classmethod
@@ -241,6 +242,14 @@ class TensorDictPipe:
                                "delivers messages in order to one receiver: await it first")
         self._receiving = True
         try:
+            if self._recv_owes_yield:
+                # Let the loop run other tasks between two messages: a message already
+                # here is taken without awaiting, so a pipe whose messages keep coming,
+                # read with `async for`, would hold the loop, and a server's other pipes
+                # and its accepting would wait until that stream ends. Before the receive,
+                # so a cancellation here loses no message.
+                self._recv_owes_yield = False
+                await asyncio.sleep(0)
             self._keep_recv_target(td)
             budget = self._recv_spin.budget()
             seen = self._impl.events
@@ -250,6 +259,7 @@ class TensorDictPipe:
                 await self._wait(seen)
                 seen = self._impl.events
                 got = self._impl.poll_recv(td, 0)
+            self._recv_owes_yield = True
         finally:
             self._receiving = False
         self._recv_targets.clear()

@@ -40,9 +40,6 @@ namespace tensorwire::inference {
 namespace {
 
 using Kind = wire::SocketFrameKind;
-constexpr Kind kRequest = Kind::Request, kResponse = Kind::Response, kFailure = Kind::Failure,
-               kWelcome = Kind::Welcome;
-constexpr size_t kPrefix = wire::kSocketFramePrefix;
 // The largest message os::UnixSocket carries (src/os/unix_socket.cpp).
 constexpr size_t kMaxMessageBytes = size_t{64} << 20;
 
@@ -53,15 +50,6 @@ void check_size(const std::string& bytes, const char* what) {
                    " bytes (encoded) is over the socket transport's message limit of 64 MiB; "
                    "use a SharedMemoryTransport for large fixed-layout requests, or send "
                    "smaller ones");
-}
-
-std::string frame(Kind kind, uint64_t id) {
-  return wire::socket_frame(kind, id);
-}
-
-std::string failure_frame(uint64_t id, const std::string& type, const std::string& message,
-                          bool closed) {
-  return wire::socket_failure_frame(id, {type, message, closed});
 }
 
 // --- owner side ----------------------------------------------------------------------
@@ -131,7 +119,7 @@ class SocketRequest final : public detail::QueuedRequest {
   bool gone() const noexcept override { return conn_->dead.load(std::memory_order_acquire); }
   void answer(TensorDict response) override {
     if (gone()) return;
-    std::string bytes = frame(kResponse, id_);
+    std::string bytes = wire::socket_frame(Kind::Response, id_);
     {
       std::lock_guard<std::mutex> lock(conn_->send_mu);
       wire::append_encoded(conn_->encoder.encode(response), bytes);
@@ -139,15 +127,15 @@ class SocketRequest final : public detail::QueuedRequest {
     try {
       check_size(bytes, "the response");
     } catch (const ValueError& e) {
-      return conn_->send(failure_frame(id_, "ValueError", e.what(), false));
+      return conn_->send(wire::socket_failure_frame(id_, {"ValueError", e.what(), false}));
     }
     conn_->send(bytes);
   }
   void fail(const RemoteError& error) override {
-    conn_->send(failure_frame(id_, error.type_name(), error.message(), false));
+    conn_->send(wire::socket_failure_frame(id_, {error.type_name(), error.message(), false}));
   }
   void fail_closed(const std::string& reason) override {
-    conn_->send(failure_frame(id_, "RuntimeError", reason, true));
+    conn_->send(wire::socket_failure_frame(id_, {"RuntimeError", reason, true}));
   }
 
  private:
@@ -194,7 +182,7 @@ struct SocketTransport::Owner {
 
   void handle(const std::shared_ptr<Conn>& c, const std::string& m) {
     const std::optional<wire::SocketFrame> f = wire::parse_socket_frame(m);
-    if (!f || f->kind != kRequest) {
+    if (!f || f->kind != Kind::Request) {
       c->kill();
       return;
     }
@@ -203,7 +191,8 @@ struct SocketTransport::Owner {
     try {
       r->td = wire::decode_owned(c->decoder, f->body);
     } catch (const Error& e) {
-      c->send(failure_frame(id, "RuntimeError", std::string("bad request: ") + e.what(), false));
+      c->send(wire::socket_failure_frame(
+          id, {"RuntimeError", std::string("bad request: ") + e.what(), false}));
       return;
     }
     r->submitted_ns = detail::now_ns();
@@ -219,7 +208,7 @@ struct SocketTransport::Owner {
       last_refusal = why;
     }
     try {
-      s.post(failure_frame(0, "PermissionError", why, true));
+      s.post(wire::socket_failure_frame(0, {"PermissionError", why, true}));
     } catch (const Error&) {
     }
   }
@@ -271,7 +260,7 @@ struct SocketTransport::Owner {
               refuse(*s, why);
               continue;
             }
-            s->post(frame(kWelcome, 0));
+            s->post(wire::socket_frame(Kind::Welcome, 0));
             auto c = std::make_shared<Conn>();
             c->socket = std::move(*s);
             c->wake_fd = wake.get();
@@ -336,9 +325,9 @@ struct SockConn {
       have = true;
       id = f->id;
       try {
-        if (f->kind == kResponse) {
+        if (f->kind == Kind::Response) {
           out.td = wire::decode_owned(decoder, f->body);
-        } else if (f->kind == kFailure) {
+        } else if (f->kind == Kind::Failure) {
           const wire::SocketFailure failure = wire::parse_socket_failure(f->body, "failure");
           if (failure.closed)
             out.error = std::make_exception_ptr(ClosedError(failure.message));
@@ -370,9 +359,9 @@ std::shared_ptr<SockConn> connect_socket(const std::string& name, Deadline limit
   std::optional<os::Message> m = c->socket.recv(deadline);
   if (!m) throw TimeoutError("the inference server at '" + name + "' sent no welcome in time");
   const std::optional<wire::SocketFrame> f = wire::parse_socket_frame(m->bytes);
-  if (!f || (f->kind != kWelcome && f->kind != kFailure))
+  if (!f || (f->kind != Kind::Welcome && f->kind != Kind::Failure))
     throw ProtocolError("the inference server at '" + name + "' did not start with a welcome");
-  if (f->kind == kFailure) {
+  if (f->kind == Kind::Failure) {
     const wire::SocketFailure refusal = wire::parse_socket_failure(f->body, "refusal");
     if (refusal.type == "PermissionError") throw SystemError(refusal.message, EACCES);
     throw ClosedError("the inference server at '" + name +
@@ -459,11 +448,11 @@ class SocketClient final : public detail::ClientImpl {
     if (!runtime::wait_until(deadline,
                              [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
       throw TimeoutError(not_taken("another thread's request is still being sent", false));
-    std::string bytes = frame(kRequest, 0);
+    std::string bytes = wire::socket_frame(Kind::Request, 0);
     wire::append_encoded(c->encoder.encode(td), bytes);
     check_size(bytes, "the request");
     const uint64_t id = c->next_id++;
-    bytes.replace(0, kPrefix, frame(kRequest, id));
+    bytes.replace(0, wire::kSocketFramePrefix, wire::socket_frame(Kind::Request, id));
     // A request given up half-written stays queued (the stream is never cut): it reaches
     // the server with the next one, and its answer is discarded.
     auto given_up = [&] {

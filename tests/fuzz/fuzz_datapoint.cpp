@@ -8,13 +8,9 @@
 // is a finding, anything else escapes and libFuzzer reports it. Reading every value of an
 // accepted structure lets ASan check that no element points outside the storage.
 // Seeds: tests/fuzz/datapoint_corpus/ (metadata of real Python datapoints).
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <span>
-#include <string>
-#include <typeinfo>
 
+#include "check.h"
 #include "tensorwire/wire/datapoint.h"
 #include "tensorwire/wire/decoder.h"
 
@@ -23,18 +19,8 @@ namespace wire = tensorwire::wire;
 
 namespace {
 
-constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
-                               .max_message_bytes = 1u << 20,
-                               .max_leaves = 1024,
-                               .max_depth = 64,
-                               .max_dims = 16};
+constexpr wire::Limits kLimits = tw::fuzz::limits(/*max_depth=*/64);
 constexpr uint64_t kStorageBytes = 4096;
-
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_datapoint finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
 
 uint64_t g_sink = 0;  // keeps the reads from being optimised away
 
@@ -79,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (uint64_t i = 0; i < kStorageBytes; ++i) s.data()[i] = static_cast<std::byte>(i * 37);
     return s;
   }();
-  try {
+  tw::fuzz::refused_or_ok([&] {
     const auto bytes = std::as_bytes(std::span(data, size));
     tw::Json meta = wire::parse_untrusted_json(bytes, kLimits, "datapoint metadata");
     const wire::ConsolidatedLayout layout =
@@ -91,9 +77,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const tw::ProtocolError&) {
       }
     }
-  } catch (const tw::ProtocolError&) {
-  } catch (const tw::Error& e) {
-    finding(std::string("a non-ProtocolError ") + typeid(e).name() + ": " + e.what());
-  }
+  });
   return 0;
 }

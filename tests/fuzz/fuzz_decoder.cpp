@@ -27,6 +27,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "check.h"
 #include "sample.h"
 
 namespace tw = tensorwire;
@@ -34,37 +35,16 @@ namespace wire = tensorwire::wire;
 
 namespace {
 
-// Small enough that no input can make the library allocate more than a few MiB.
-constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
-                               .max_message_bytes = 1u << 20,
-                               .max_leaves = 1024,
-                               .max_depth = 16,
-                               .max_dims = 16};
-// For re-decoding what this side re-encoded: a header can grow on re-encoding (implicit
-// intermediate dicts become entries, numbers print longer), which is not a finding.
-constexpr wire::Limits kRoundTripLimits{.max_metadata_bytes = 1u << 22,
-                                        .max_message_bytes = 1u << 22,
-                                        .max_leaves = 1u << 16,
-                                        .max_depth = 16,
-                                        .max_dims = 16};
-
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_decoder finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
+constexpr wire::Limits kLimits = tw::fuzz::limits();
+using tw::fuzz::finding;
+using tw::fuzz::kRoundTripLimits;
+using tw::fuzz::touch;
+using tw::fuzz::unexpected;
 
 // FUZZ_DECODER_VERBOSE=1: say what each step made of the input (for triaging a file).
 void note(const char* step, const char* outcome) {
   static const bool verbose = std::getenv("FUZZ_DECODER_VERBOSE") != nullptr;
   if (verbose) std::fprintf(stderr, "  %s: %s\n", step, outcome);
-}
-
-// Untrusted bytes may only be refused with a ProtocolError (naming the field and rule);
-// any other kind of tensorwire::Error means a check is missing and a later step caught it.
-[[noreturn]] void unexpected(const char* step, const tw::Error& e) {
-  finding(std::string(step) + ": bad input refused with " + typeid(e).name() +
-          " instead of ProtocolError: " + e.what());
 }
 
 // Independent of the library's: CRC-32 (IEEE 802.3, reflected, zlib's crc32()).
@@ -75,18 +55,6 @@ uint32_t crc32(const std::byte* p, size_t n) {
     for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
   }
   return c ^ 0xFFFFFFFFu;
-}
-
-// Reads every byte of every leaf, so a view outside its storage trips ASan.
-uint64_t touch(const tw::TensorDict& td) {
-  uint64_t sum = 0;
-  std::vector<std::byte> buf;
-  tw::for_each_leaf(td, [&](const tw::Tensor& t) {
-    buf.resize(t.nbytes());
-    t.copy_to(buf.data());
-    for (std::byte b : buf) sum += static_cast<uint8_t>(b);
-  });
-  return sum + tw::describe(td).size();
 }
 
 // The raw storage bytes of a consolidated TensorDict (padding included).

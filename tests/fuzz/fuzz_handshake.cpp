@@ -14,14 +14,13 @@
 // side sends must encode as a control frame. An identity accepted from the peer must be
 // usable: a pid that is -1 (unknown) or a valid pid, a heartbeat period that is -1 or
 // within the documented range.
-#include <cstdio>
-#include <cstdlib>
 #include <span>
 #include <string>
 #include <string_view>
 #include <typeinfo>
 #include <vector>
 
+#include "check.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
@@ -32,18 +31,9 @@ namespace wire = tensorwire::wire;
 
 namespace {
 
-constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
-                               .max_message_bytes = 1u << 20,
-                               .max_leaves = 1024,
-                               .max_depth = 16,
-                               .max_dims = 16};
+constexpr wire::Limits kLimits = tw::fuzz::limits();
 constexpr int64_t kMaxHeartbeatMs = 3600 * 1000;  // wire/handshake.cpp
-
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_handshake finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
+using tw::fuzz::finding;
 
 struct PeerClosed : tw::ClosedError {
   using tw::ClosedError::ClosedError;

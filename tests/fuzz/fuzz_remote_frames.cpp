@@ -8,14 +8,10 @@
 // A bad input may only be refused with tensorwire::ProtocolError; another tensorwire::Error
 // is a finding, anything else escapes and libFuzzer reports it. Seeds: valid frames of every
 // kind, written by fuzz_make_corpus into remote_corpus/ at run time (run.sh).
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <span>
-#include <string>
-#include <typeinfo>
 
-#include "tensorwire/core/error.h"
+#include "check.h"
 #include "wire/control_frame.h"
 #include "wire/remote_frames.h"
 
@@ -24,27 +20,9 @@ namespace wire = tensorwire::wire;
 
 namespace {
 
-constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
-                               .max_message_bytes = 1u << 20,
-                               .max_leaves = 1024,
-                               .max_depth = 64,
-                               .max_dims = 16};
-
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_remote_frames finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-template <class Fn>
-void refused_or_ok(Fn&& fn) {
-  try {
-    fn();
-  } catch (const tw::ProtocolError&) {
-  } catch (const tw::Error& e) {
-    finding(std::string("a non-ProtocolError ") + typeid(e).name() + ": " + e.what());
-  }
-}
+constexpr wire::Limits kLimits = tw::fuzz::limits(/*max_depth=*/64);
+using tw::fuzz::finding;
+using tw::fuzz::refused_or_ok;
 
 }  // namespace
 

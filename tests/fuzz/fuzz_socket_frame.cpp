@@ -11,13 +11,10 @@
 // reports it. Whatever the owner answers must itself be a valid failure frame that the
 // client reads back as sent. An accepted TensorDict is read in full (ASan checks the
 // views) and must survive a re-encode/decode round trip unchanged.
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
-#include <typeinfo>
-#include <vector>
 
+#include "check.h"
 #include "tensorwire/runtime/remote_error.h"
 #include "tensorwire/tensorwire.h"
 #include "wire/message_bytes.h"
@@ -28,38 +25,11 @@ namespace wire = tensorwire::wire;
 
 namespace {
 
-constexpr wire::Limits kLimits{.max_metadata_bytes = 1u << 16,
-                               .max_message_bytes = 1u << 20,
-                               .max_leaves = 1024,
-                               .max_depth = 16,
-                               .max_dims = 16};
-constexpr wire::Limits kRoundTripLimits{.max_metadata_bytes = 1u << 22,
-                                        .max_message_bytes = 1u << 22,
-                                        .max_leaves = 1u << 16,
-                                        .max_depth = 16,
-                                        .max_dims = 16};
-
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "fuzz_socket_frame finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-[[noreturn]] void unexpected(const char* step, const tw::Error& e) {
-  finding(std::string(step) + ": bad frame refused with " + typeid(e).name() +
-          " instead of ProtocolError: " + e.what());
-}
-
-uint64_t touch(const tw::TensorDict& td) {
-  uint64_t sum = 0;
-  std::vector<std::byte> buf;
-  tw::for_each_leaf(td, [&](const tw::Tensor& t) {
-    buf.resize(t.nbytes());
-    t.copy_to(buf.data());
-    for (std::byte b : buf) sum += static_cast<uint8_t>(b);
-  });
-  return sum + tw::describe(td).size();
-}
+constexpr wire::Limits kLimits = tw::fuzz::limits();
+using tw::fuzz::finding;
+using tw::fuzz::kRoundTripLimits;
+using tw::fuzz::touch;
+using tw::fuzz::unexpected;
 
 // As the sending side frames it (non-consolidated, the transport's mode), then read back.
 void round_trip(const tw::TensorDict& td, wire::SocketFrameKind kind, uint64_t id) {

@@ -9,16 +9,17 @@
 #include <vector>
 
 #include "tensorwire/tensorwire.h"
+#include "wire/message_bytes.h"
 
 namespace tensorwire::fuzz {
 
-// Every piece of a message in one buffer, as a transport would deliver it.
+// Every piece of a message in one buffer, as a transport would deliver it (the
+// transports' own wire::append_encoded, as bytes).
 inline std::vector<std::byte> flatten(const wire::OutMessage& m) {
-  std::vector<std::byte> out(m.header_bytes.begin(), m.header_bytes.end());
-  const auto* meta = reinterpret_cast<const std::byte*>(m.metadata.data());
-  out.insert(out.end(), meta, meta + m.metadata.size());
-  for (const auto& piece : m.payload) out.insert(out.end(), piece.begin(), piece.end());
-  return out;
+  std::string s;
+  wire::append_encoded(m, s);
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
 }
 
 // A batch of 2 with a bit of everything: several dtypes, a zero-size leaf, nested dicts,

@@ -287,6 +287,35 @@ def test_server_serves_three_concurrent_clients_and_reports_handler_errors(tls):
     asyncio.run(run())
 
 
+def test_a_pipe_read_with_async_for_lets_the_loop_run_other_tasks_between_messages(tls):
+    # A server reads each pipe in its own task: a pipe whose messages are already there
+    # must still give the loop up between two of them, or the server's other pipes (and
+    # its accepting) wait until that stream ends.
+    async def run():
+        async with tw.TensorDictServer(0) as server:
+            peer = py_peer("send", "127.0.0.1", server.port, 200)
+            pipe = await asyncio.wait_for(server.aaccept(), 30)
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            other = asyncio.ensure_future(ticker())
+            await asyncio.sleep(0)
+            seen = []
+            async for td in pipe:
+                seen.append(ticks)
+            other.cancel()
+            assert len(seen) == 200
+            stuck = [i for i in range(1, 200) if seen[i] == seen[i - 1]]
+            assert not stuck, f"no other task ran between messages {stuck[:10]}"
+            assert finish(peer)[0] == 0
+    asyncio.run(run())
+
+
 def test_recv_timeout_raises_timeouterror_and_the_pipe_stays_usable(tls):
     with tw.PipeListener(0) as listener:
         peer = py_peer("echo", "127.0.0.1", listener.port, 1)
