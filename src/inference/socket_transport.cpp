@@ -351,13 +351,16 @@ struct SockConn {
 // must give up sooner (a timeout means the same for the connect as for the request).
 std::shared_ptr<SockConn> connect_socket(const std::string& name, Deadline limit) {
   auto c = std::make_shared<SockConn>();
-  const Deadline deadline = Deadline::after(detail::kConnectTimeout).min(limit);
+  const Deadline own = Deadline::after(detail::kConnectTimeout);
+  const Deadline deadline = own.min(limit);
+  const std::string bound = limit.when() < own.when() ? "the call's timeout" : "3 s";
   c->socket = os::UnixSocket::connect(name, deadline);
   const os::PeerCredentials owner = os::peer_credentials(c->socket.fd());
   os::check_server(owner, name);
   // The owner's first frame: the welcome, or why this process is refused.
   std::optional<os::Message> m = c->socket.recv(deadline);
-  if (!m) throw TimeoutError("the inference server at '" + name + "' sent no welcome in time");
+  if (!m)
+    throw TimeoutError("the inference server at '" + name + "' sent no welcome within " + bound);
   const std::optional<wire::SocketFrame> f = wire::parse_socket_frame(m->bytes);
   if (!f || (f->kind != Kind::Welcome && f->kind != Kind::Failure))
     throw ProtocolError("the inference server at '" + name + "' did not start with a welcome");

@@ -189,10 +189,10 @@ def test_a_first_request_to_a_stopped_socket_server_keeps_its_own_timeout():
         assert server.stdout.readline().strip() == "ready"
         os.kill(server.pid, signal.SIGSTOP)
         c = tw.SocketTransport.client_for(name)
-        t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="welcome"):
+        # The request's 0.3 s ended the wait, not the connect's own 3 s (said by the error,
+        # not timed: timings are not checked in tests).
+        with pytest.raises(TimeoutError, match="no welcome within the call's timeout"):
             c(observation(1), timeout=0.3)
-        assert time.monotonic() - t0 < 2.0  # the connect alone would wait 3 s
         os.kill(server.pid, signal.SIGCONT)
         assert float(c(observation(1), timeout=30)["action"][0]) == 2.0
     finally:
