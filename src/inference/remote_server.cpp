@@ -1,8 +1,6 @@
 // RemoteTransport's server: the listener thread, the connection threads and the slot bank.
 #include "remote_server.h"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -293,14 +291,10 @@ void RemoteConnection::serve() {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!outbox.empty()) continue;
     }
-    if (worker_->progress() || !worker_->arm()) continue;
-    struct pollfd p {
-      worker_->efd(), POLLIN, 0
-    };
     // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
     // worker is progressed (the fd does not fire for it): look again within a millisecond.
     const bool busy = !sends_.empty() || !receives_.empty();
-    ::poll(&p, 1, busy ? 1 : static_cast<int>(period_.count()));
+    worker_->wait(busy ? std::chrono::milliseconds(1) : period_);
   }
 }
 
