@@ -26,6 +26,7 @@
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "ucx/ucx.h"
+#include "ucx/worker_wait.h"
 #include "wire/handshake.h"
 
 namespace tensorwire::detail {
@@ -106,7 +107,6 @@ class PipeImpl : public runtime::Beating {
   void wait_event(Deadline slice, uint64_t seen);
   unsigned progress();  // under mu_
   bool peer_is_local() const;
-  void make_kick();
   void wait_wireup(Deadline deadline);
   void use_direct_endpoint(Deadline deadline);
   void retire_first_endpoint(Deadline deadline);
@@ -127,8 +127,7 @@ class PipeImpl : public runtime::Beating {
   std::unique_ptr<ucx::Endpoint> ep_;
   std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
   bool early_direct_ = false;                // the peer's "direct" came before its address
-  os::Fd kick_;                              // eventfd: wakes a waiter whose event was taken
-  std::atomic<int> sleepers_{0};             // threads in wait_event
+  ucx::WorkerWait waiting_;                  // the sleep of wait_event (threads share worker_)
   std::optional<os::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   uint32_t liveness_calls_ = 0;

@@ -13,8 +13,6 @@
 // that does not call the pipe for a while still answers for it. A program waiting on the
 // pipe sees the failure at its next check (within kInterruptSlice); an asyncio waiter is
 // woken through the worker's fd.
-#include <unistd.h>
-
 #include "os/fork.h"
 #include "pipe_impl.h"
 #include "wire/control_frame.h"
@@ -68,12 +66,7 @@ void PipeImpl::beat() noexcept {
     if (auto why = liveness_.silence(now, ep_->peer())) fail(*why, Fault::ConnectionLost);
   } catch (const Error&) {
     // The pipe failed (failure_ says why): wake every waiter so that it sees it.
-    try {
-      worker_->signal();
-    } catch (const Error&) {
-    }
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+    waiting_.wake_all(*worker_);
   }
 }
 
