@@ -16,7 +16,6 @@ namespace remote = wire::remote;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-constexpr size_t kMaxHeartbeat = 256;
 // A spec message is a wire-codec message of a spec's metadata and example leaves.
 constexpr size_t kMaxSpecBytes = 64ull << 20;
 }  // namespace
@@ -82,8 +81,7 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
     }
     request = SlotLayout::from_spec(specs[0], 1, "the server's request_spec");
     response = SlotLayout::from_spec(specs[1], 1, "the server's response_spec");
-    auto period = liveness_.start(peer.heartbeat_ms, options.liveness_timeout, Clock::now());
-    heartbeat_ = wire::control_frame({{"heartbeat", true}});
+    auto period = heartbeats_.start(peer.heartbeat_ms, options.liveness_timeout);
     if (period) heartbeat_period = *period;
   } catch (...) {
     for (int i = 0; i < 50 && worker->progress(); ++i) {  // let a refusal reach the server
@@ -102,7 +100,7 @@ RemoteLink::~RemoteLink() {
   std::lock_guard<std::mutex> lock(mu);
   for (auto& o : orphans) o->recv.cancel(worker->handle());
   orphans.clear();
-  heartbeat_req_ = ucx::Request();
+  heartbeats_.drop();
   try {
     if (ep->error() == UCS_OK && failure.empty()) {
       std::vector<std::byte> bye = wire::control_frame({{"bye", true}});
@@ -202,17 +200,8 @@ void RemoteLink::beat() noexcept {
   if (!failure.empty()) return;
   try {
     if (worker->progress()) worker->signal();
-    const uint64_t hb = remote::tag(remote::Kind::Heartbeat);
-    for (int i = 0; i < 64; ++i) {
-      auto got = ucx::take_control(*worker, *ep, hb, kMaxHeartbeat, wire::Limits{}, "heartbeat");
-      if (!got) break;
-      if (!got->is_object() || !got->contains("heartbeat"))
-        throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());
-      liveness_.heard(Clock::now());
-    }
-    const auto now = Clock::now();
-    if (liveness_.due(now) && heartbeat_req_.done()) heartbeat_req_ = ep->send(hb, heartbeat_);
-    if (auto why = liveness_.silence(now, "the remote inference server at " + address))
+    if (auto why = heartbeats_.beat(*worker, *ep, remote::tag(remote::Kind::Heartbeat),
+                                    wire::Limits{}, "the remote inference server at " + address))
       fail(*why, false);
   } catch (const ProtocolError& e) {
     fail(e.what(), true);

@@ -580,7 +580,7 @@ void PipeImpl::close() {
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
-  heartbeat_req_ = ucx::Request();
+  heartbeats_.drop();
   sending_ = false;
   sending_td_ = nullptr;
   if (first_ep_) {  // closed during the switch to a direct endpoint

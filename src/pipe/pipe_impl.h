@@ -20,11 +20,11 @@
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "runtime/heartbeat.h"
-#include "runtime/peer_liveness.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
+#include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
 #include "ucx/worker_wait.h"
 #include "wire/handshake.h"
@@ -117,7 +117,6 @@ class PipeImpl : public runtime::Beating {
   std::optional<Json> take_control(uint64_t tag, size_t max_bytes, const char* what);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
   void start_liveness(const wire::PeerIdentity& peer);  // after the handshake
-  void drain_heartbeats();                              // under mu_
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
@@ -142,9 +141,7 @@ class PipeImpl : public runtime::Beating {
   std::atomic<bool> closed_by_peer_{false};
 
   // liveness state, under mu_ (pipe_liveness.cpp)
-  runtime::PeerLiveness liveness_;
-  ucx::Request heartbeat_req_;
-  std::vector<std::byte> heartbeat_buf_;
+  ucx::Heartbeats heartbeats_;
 
   wire::Encoder encoder_;
   wire::Decoder decoder_;
