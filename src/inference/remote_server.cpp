@@ -289,6 +289,12 @@ void RemoteConnection::serve() {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!outbox.empty()) continue;
     }
+    // A receive of a message that had already arrived, or a small send, completes when it is
+    // posted, with no event to wake the worker's fd: finish those before sleeping.
+    auto done = [](const auto& r) { return r->req.done(); };
+    if (std::any_of(receives_.begin(), receives_.end(), done) ||
+        std::any_of(sends_.begin(), sends_.end(), done))
+      continue;
     // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
     // worker is progressed (the fd does not fire for it): look again within a millisecond.
     const bool busy = !sends_.empty() || !receives_.empty();
