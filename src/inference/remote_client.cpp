@@ -188,9 +188,8 @@ void RemoteLink::reap_orphans() {
 
 void RemoteLink::wait(Deadline slice, uint64_t seen) {
   waiting_.wait(*worker, mu, slice, seen, [&] {
-    using Sleep = ucx::WorkerWait::Sleep;
-    if (!failure.empty()) return Sleep::No;
-    return in_flight > 0 ? Sleep::Briefly : Sleep::Yes;
+    // The worker's fd fires for every transfer in flight too, so no short poll is needed.
+    return failure.empty() ? ucx::WorkerWait::Sleep::Yes : ucx::WorkerWait::Sleep::No;
   });
 }
 

@@ -284,7 +284,8 @@ void RemoteConnection::serve() {
     take_requests();
     send_answers();
     complete_sends();
-    // Sleep until UCX has an event, an answer is queued (wake()) or a heartbeat is due.
+    // Sleep until UCX has an event (a transfer in flight moved on too: the worker's fd fires
+    // for it), an answer is queued (wake()) or a heartbeat is due.
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!outbox.empty()) continue;
@@ -295,10 +296,7 @@ void RemoteConnection::serve() {
     if (std::any_of(receives_.begin(), receives_.end(), done) ||
         std::any_of(sends_.begin(), sends_.end(), done))
       continue;
-    // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
-    // worker is progressed (the fd does not fire for it): look again within a millisecond.
-    const bool busy = !sends_.empty() || !receives_.empty();
-    worker_->wait(busy ? std::chrono::milliseconds(1) : period_);
+    worker_->wait(period_);
   }
 }
 

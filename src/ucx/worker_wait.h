@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <sched.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -44,10 +43,8 @@ class WorkerWait {
  public:
   // What a waiter's check (under the owner's mutex, before the worker is armed) allows.
   enum class Sleep {
-    No,       // look again at once (the owner failed or closed)
-    Yes,      // until an event, a kick or the slice's end
-    Briefly,  // at most a millisecond: a send or receive is in flight, and UCX's TCP lanes
-              // move its bytes only from progress calls (the fd does not fire for them)
+    No,   // look again at once (the owner failed or closed)
+    Yes,  // until an event, a kick or the slice's end
   };
 
   WorkerWait();  // SystemError when no eventfd can be made
@@ -97,8 +94,7 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
   }
   struct pollfd fds[3] = {
       {worker.efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
-  const int ms = sleep == Sleep::Briefly ? std::min(slice.poll_ms(), 1) : slice.poll_ms();
-  ::poll(fds, extra_fd >= 0 ? 3 : 2, ms);
+  ::poll(fds, extra_fd >= 0 ? 3 : 2, slice.poll_ms());
   if (fds[1].revents & POLLIN) drain_kick();
 }
 
