@@ -1,13 +1,6 @@
 // RemoteTransport's client side: the link to the server and the requests in flight on it.
 #include "remote_client.h"
 
-#include <poll.h>
-#include <sched.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <cerrno>
-
 #include "bank_batch.h"
 #include "os/fork.h"
 #include "remote_server.h"
@@ -23,7 +16,6 @@ namespace remote = wire::remote;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-constexpr size_t kMaxHeartbeat = 256;
 // A spec message is a wire-codec message of a spec's metadata and example leaves.
 constexpr size_t kMaxSpecBytes = 64ull << 20;
 }  // namespace
@@ -51,8 +43,6 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
     : generation(os::fork_generation()),
       address(host + ":" + std::to_string(port)),
       options_(options) {
-  kick_ = os::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!kick_) throw SystemError("eventfd", errno);
   worker = std::make_unique<ucx::Worker>();
   ep = std::make_unique<ucx::Endpoint>(*worker, host, port);
   const uint64_t ctl = remote::tag(remote::Kind::Control);
@@ -91,8 +81,7 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
     }
     request = SlotLayout::from_spec(specs[0], 1, "the server's request_spec");
     response = SlotLayout::from_spec(specs[1], 1, "the server's response_spec");
-    auto period = liveness_.start(peer.heartbeat_ms, options.liveness_timeout, Clock::now());
-    heartbeat_ = wire::control_frame({{"heartbeat", true}});
+    auto period = heartbeats_.start(peer.heartbeat_ms, options.liveness_timeout);
     if (period) heartbeat_period = *period;
   } catch (...) {
     for (int i = 0; i < 50 && worker->progress(); ++i) {  // let a refusal reach the server
@@ -111,7 +100,7 @@ RemoteLink::~RemoteLink() {
   std::lock_guard<std::mutex> lock(mu);
   for (auto& o : orphans) o->recv.cancel(worker->handle());
   orphans.clear();
-  heartbeat_req_ = ucx::Request();
+  heartbeats_.drop();
   try {
     if (ep->error() == UCS_OK && failure.empty()) {
       std::vector<std::byte> bye = wire::control_frame({{"bye", true}});
@@ -130,12 +119,7 @@ void RemoteLink::fail(const std::string& why, bool protocol) {
     failure = why;
     failure_protocol = protocol;
   }
-  try {
-    worker->signal();
-  } catch (const Error&) {
-  }
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+  waiting_.wake_all(*worker);
 }
 
 void RemoteLink::check() const {
@@ -150,13 +134,7 @@ void RemoteLink::step() {
                       ") was connected before a fork: its UCX state belongs to the parent");
   check();
   try {
-    if (worker->progress()) {
-      while (worker->progress()) {
-      }
-      if (sleepers_.load(std::memory_order_acquire) > 0) {
-        const uint64_t one = 1;
-        [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
-      }
+    while (waiting_.progress(*worker)) {
     }
     reap_orphans();
     if (auto c = ucx::take_control(*worker, *ep, remote::tag(remote::Kind::Control),
@@ -209,37 +187,10 @@ void RemoteLink::reap_orphans() {
 }
 
 void RemoteLink::wait(Deadline slice, uint64_t seen) {
-  // A reply is often microseconds away: poll briefly, yielding the CPU (see the pipe's
-  // spin_for for why a plain spin hurts on a loaded machine).
-  const auto until = Clock::now() + std::chrono::microseconds(50);
-  do {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (worker->progress()) return;
-    }
-    ::sched_yield();
-  } while (Clock::now() < until);
-  if (slice.passed()) return;
-  sleepers_.fetch_add(1, std::memory_order_acq_rel);
-  struct Leave {
-    std::atomic<int>& n;
-    ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
-  } leave{sleepers_};
-  if (worker->events() != seen) return;
-  bool busy;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!failure.empty() || worker->progress() || !worker->arm()) return;
-    busy = in_flight > 0;
-  }
-  struct pollfd fds[2] = {{worker->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}};
-  // A request in flight may still need progress to leave (UCX's TCP lanes send from
-  // progress, and the fd does not fire for it): look again within a millisecond.
-  ::poll(fds, 2, busy ? std::min(slice.poll_ms(), 1) : slice.poll_ms());
-  if (fds[1].revents & POLLIN) {
-    uint64_t v;
-    [[maybe_unused]] ssize_t r = ::read(kick_.get(), &v, sizeof v);
-  }
+  waiting_.wait(*worker, mu, slice, seen, [&] {
+    // The worker's fd fires for every transfer in flight too, so no short poll is needed.
+    return failure.empty() ? ucx::WorkerWait::Sleep::Yes : ucx::WorkerWait::Sleep::No;
+  });
 }
 
 void RemoteLink::beat() noexcept {
@@ -248,17 +199,8 @@ void RemoteLink::beat() noexcept {
   if (!failure.empty()) return;
   try {
     if (worker->progress()) worker->signal();
-    const uint64_t hb = remote::tag(remote::Kind::Heartbeat);
-    for (int i = 0; i < 64; ++i) {
-      auto got = ucx::take_control(*worker, *ep, hb, kMaxHeartbeat, wire::Limits{}, "heartbeat");
-      if (!got) break;
-      if (!got->is_object() || !got->contains("heartbeat"))
-        throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());
-      liveness_.heard(Clock::now());
-    }
-    const auto now = Clock::now();
-    if (liveness_.due(now) && heartbeat_req_.done()) heartbeat_req_ = ep->send(hb, heartbeat_);
-    if (auto why = liveness_.silence(now, "the remote inference server at " + address))
+    if (auto why = heartbeats_.beat(*worker, *ep, remote::tag(remote::Kind::Heartbeat),
+                                    wire::Limits{}, "the remote inference server at " + address))
       fail(*why, false);
   } catch (const ProtocolError& e) {
     fail(e.what(), true);

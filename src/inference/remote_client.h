@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "client_impl.h"
-#include "os/unix_socket.h"
 #include "runtime/heartbeat.h"
-#include "runtime/peer_liveness.h"
 #include "slot_layout.h"
 #include "tensorwire/inference/remote_transport.h"
+#include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
+#include "ucx/worker_wait.h"
 
 namespace tensorwire::inference::detail {
 
@@ -64,11 +64,8 @@ class RemoteLink : public runtime::Beating {
 
  private:
   void reap_orphans();  // under mu
-  runtime::PeerLiveness liveness_;
-  std::vector<std::byte> heartbeat_;
-  ucx::Request heartbeat_req_;
-  os::Fd kick_;
-  std::atomic<int> sleepers_{0};
+  ucx::Heartbeats heartbeats_;
+  ucx::WorkerWait waiting_;  // the sleep of wait() (the threads of requests share worker)
   RemoteClientOptions options_;
 };
 

@@ -1,8 +1,6 @@
 // RemoteTransport's server: the listener thread, the connection threads and the slot bank.
 #include "remote_server.h"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -20,7 +18,6 @@ namespace remote = wire::remote;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-constexpr size_t kMaxHeartbeat = 256;
 // Requests a connection takes in per loop turn: one client cannot hold its thread forever.
 constexpr int kMaxTakePerTurn = 64;
 
@@ -161,7 +158,7 @@ struct RemoteConnection::Send {
 };
 
 RemoteConnection::RemoteConnection(RemoteServer& server, uint32_t id, ucx::ConnRequest request)
-    : s_(server), id_(id), request_(request), peer_(request.peer) {}
+    : s_(server), id_(id), request_(request), peer_("client " + request.peer) {}
 
 RemoteConnection::~RemoteConnection() {
   join();
@@ -208,9 +205,9 @@ void RemoteConnection::run() noexcept {
     std::lock_guard<std::mutex> lock(s_.mu);
     tell = Json{{"closed", stop_reason_}}.dump();
   } catch (const wire::HandshakeError& e) {
-    refusal = std::string("client ") + peer_ + " refused: " + e.what();
+    refusal = peer_ + " refused: " + e.what();
   } catch (const ProtocolError& e) {
-    refusal = std::string("client ") + peer_ + " disconnected: " + e.what();
+    refusal = peer_ + " disconnected: " + e.what();
     tell = e.what();
   } catch (const Error&) {
     // The client went away (closed, died, or its host or link is gone): nobody to tell.
@@ -260,10 +257,9 @@ void RemoteConnection::handshake() {
       worker_->wait(std::chrono::milliseconds(10));
     }
   }
-  period_ = liveness_.start(peer.heartbeat_ms, s_.options.liveness_timeout, Clock::now())
+  period_ = heartbeats_.start(peer.heartbeat_ms, s_.options.liveness_timeout)
                 .value_or(std::chrono::milliseconds(100));
   period_ = std::min(period_, std::chrono::milliseconds(100));
-  heartbeat_ = wire::control_frame({{"heartbeat", true}});
   std::lock_guard<std::mutex> lock(s_.mu);
   s_.conns[id_] = shared_from_this();
   ++s_.connected;
@@ -276,11 +272,11 @@ void RemoteConnection::serve() {
     while (worker_->progress()) {
     }
     if (ep_->error() != UCS_OK)
-      throw ClosedError("client " + peer_ + " lost: " + ucs_status_string(ep_->error()));
+      throw ClosedError(peer_ + " lost: " + ucs_status_string(ep_->error()));
     if (auto c = ucx::take_control(*worker_, *ep_, ctl, ucx::kMaxControlFrame, limits,
                                    "control message")) {
       if (c->is_object() && c->contains("error"))
-        throw ClosedError("client " + peer_ + " closed after an error: " + (*c)["error"].dump());
+        throw ClosedError(peer_ + " closed after an error: " + (*c)["error"].dump());
       return;  // the client closed
     }
     heartbeats();
@@ -288,35 +284,26 @@ void RemoteConnection::serve() {
     take_requests();
     send_answers();
     complete_sends();
-    // Sleep until UCX has an event, an answer is queued (wake()) or a heartbeat is due.
+    // Sleep until UCX has an event (a transfer in flight moved on too: the worker's fd fires
+    // for it), an answer is queued (wake()) or a heartbeat is due.
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!outbox.empty()) continue;
     }
-    if (worker_->progress() || !worker_->arm()) continue;
-    struct pollfd p {
-      worker_->efd(), POLLIN, 0
-    };
-    // While sends or receives are in flight, UCX's TCP lanes move their bytes only when the
-    // worker is progressed (the fd does not fire for it): look again within a millisecond.
-    const bool busy = !sends_.empty() || !receives_.empty();
-    ::poll(&p, 1, busy ? 1 : static_cast<int>(period_.count()));
+    // A receive of a message that had already arrived, or a small send, completes when it is
+    // posted, with no event to wake the worker's fd: finish those before sleeping.
+    auto done = [](const auto& r) { return r->req.done(); };
+    if (std::any_of(receives_.begin(), receives_.end(), done) ||
+        std::any_of(sends_.begin(), sends_.end(), done))
+      continue;
+    worker_->wait(period_);
   }
 }
 
 void RemoteConnection::heartbeats() {
-  const uint64_t hb = remote::tag(remote::Kind::Heartbeat);
-  const wire::Limits limits;
-  for (int i = 0; i < 64; ++i) {
-    auto got = ucx::take_control(*worker_, *ep_, hb, kMaxHeartbeat, limits, "heartbeat");
-    if (!got) break;
-    if (!got->is_object() || !got->contains("heartbeat"))
-      throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());
-    liveness_.heard(Clock::now());
-  }
-  const auto now = Clock::now();
-  if (liveness_.due(now) && heartbeat_req_.done()) heartbeat_req_ = ep_->send(hb, heartbeat_);
-  if (auto why = liveness_.silence(now, "client " + peer_)) throw ClosedError(*why);
+  if (auto why = heartbeats_.beat(*worker_, *ep_, remote::tag(remote::Kind::Heartbeat),
+                                  wire::Limits{}, peer_))
+    throw ClosedError(*why);
 }
 
 // Takes in requests that arrived, each straight into a free slot's rows.
@@ -429,7 +416,7 @@ void RemoteConnection::release_slots() noexcept {
   for (auto& r : receives_) r->req.cancel(worker_ ? worker_->handle() : nullptr);
   receives_.clear();
   sends_.clear();
-  heartbeat_req_ = ucx::Request();
+  heartbeats_.drop();
   try {
     if (ep_) {
       ep_->close(/*force=*/true, std::chrono::milliseconds(200));

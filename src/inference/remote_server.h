@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "bank_batch.h"
-#include "runtime/peer_liveness.h"
 #include "slot_layout.h"
 #include "tensorwire/inference/remote_transport.h"
+#include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
 #include "wire/handshake.h"
 
@@ -128,7 +128,7 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   RemoteServer& s_;
   const uint32_t id_;
   ucx::ConnRequest request_;
-  std::string peer_;
+  const std::string peer_;  // "client <ip:port>", as messages name it
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
   std::mutex wake_mu_;  // guards worker_ for wake() against its teardown
@@ -138,10 +138,8 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   std::string stop_reason_;  // under server.mu
   std::vector<std::unique_ptr<Receive>> receives_;
   std::vector<std::unique_ptr<Send>> sends_;
-  runtime::PeerLiveness liveness_;
+  ucx::Heartbeats heartbeats_;
   std::chrono::milliseconds period_{100};  // the longest sleep between two turns
-  std::vector<std::byte> heartbeat_;
-  ucx::Request heartbeat_req_;
 };
 
 // The server side one request at a time, for adapters whose own server batches

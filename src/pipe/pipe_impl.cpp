@@ -1,11 +1,6 @@
 #include "pipe_impl.h"
 
-#include <poll.h>
-#include <sched.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
-
-#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -27,24 +22,6 @@ wire::Mode mode_of(const PipeOptions& o) {
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
   return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key,
           runtime::heartbeat_ms(o.liveness_timeout)};
-}
-
-// Runs `poll` (one attempt; true once it succeeded) until it succeeds or `budget` has
-// passed, yielding the CPU after each failed attempt. Spinning only pays while the peer
-// runs on another CPU. On a loaded machine the scheduler often puts the two ends of a
-// ping-pong on one CPU (a loopback wake-up is "sync": the woken process goes to the
-// waker's CPU), and a plain spin then keeps the peer from running until the spin ends:
-// each hop cost the whole 50 us spin plus a wake-up (1 KiB round trip 72 us one way over
-// TCP, 58-128 us over shared memory, against 1-11 us; docs/benchmarks.md). sched_yield()
-// hands the CPU to a peer that is runnable here at once, and is one system call otherwise.
-template <class Poll>
-bool spin_for(Clock::duration budget, Poll&& poll) {
-  const auto until = Clock::now() + budget;
-  do {
-    if (poll()) return true;
-    ::sched_yield();
-  } while (Clock::now() < until);
-  return false;
 }
 
 // Control frames are small; anything bigger is a protocol violation.
@@ -85,7 +62,6 @@ PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& op
       encoder_(mode_of(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, host, port);
-  make_kick();
 }
 
 PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16_t local_port)
@@ -97,12 +73,6 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
       encoder_(mode_of(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, request);
-  make_kick();
-}
-
-void PipeImpl::make_kick() {
-  kick_ = os::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!kick_) throw SystemError("eventfd", errno);
 }
 
 PipeImpl::~PipeImpl() {
@@ -332,16 +302,9 @@ void PipeImpl::fail(const std::string& reason, Fault fault) {
 
 // ---- waiting ---------------------------------------------------------------
 
-// Progress that wakes the other waiting thread: a send and a receive may wait on two
-// threads, and one's progress can take the event the other sleeps for (the frame lands in
-// UCX's unexpected queue and the worker fd stays quiet). Under mu_.
+// Progress that wakes the other waiting thread (ucx/worker_wait.h). Under mu_.
 unsigned PipeImpl::progress() {
-  const unsigned n = worker_->progress();
-  if (n && sleepers_.load(std::memory_order_acquire) > 0) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
-  }
-  return n;
+  return waiting_.progress(*worker_);
 }
 
 bool PipeImpl::arm() {
@@ -368,35 +331,13 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
   if (!done) throw TimeoutError(std::string(what) + " timed out");
 }
 
-// Spins briefly (a reply is often microseconds away), then sleeps on the worker's fd, the
-// wake-up eventfd and the peer's pidfd until `slice` passes.
+// Spins briefly, then sleeps on the worker's fd, the wake-up eventfd and the peer's pidfd
+// until `slice` passes (ucx/worker_wait.h).
 void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
-  if (spin_for(std::chrono::microseconds(50), [&] {
-        std::lock_guard<std::mutex> lock(mu_);
-        return worker_->progress() != 0;
-      }))
-    return;
-  if (slice.passed()) return;
-  // Counted as a sleeper from here on, and back to polling if anything progressed since
-  // the caller's poll began: an event another thread takes from now on kicks us awake.
-  sleepers_.fetch_add(1, std::memory_order_acq_rel);
-  struct Leave {
-    std::atomic<int>& n;
-    ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
-  } leave{sleepers_};
-  if (worker_->events() != seen) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    if (progress() || !worker_->arm()) return;
-  }
-  struct pollfd fds[3] = {
-      {worker_->efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {peer_fd(), POLLIN, 0}};
-  ::poll(fds, peer_fd() >= 0 ? 3 : 2, slice.poll_ms());
-  if (fds[1].revents & POLLIN) {
-    uint64_t drained;
-    [[maybe_unused]] ssize_t r = ::read(kick_.get(), &drained, sizeof drained);
-  }
+  waiting_.wait(
+      *worker_, mu_, slice, seen,
+      [&] { return closed_ ? ucx::WorkerWait::Sleep::No : ucx::WorkerWait::Sleep::Yes; },
+      peer_fd());
 }
 
 // ---- sending ---------------------------------------------------------------
@@ -449,7 +390,7 @@ bool PipeImpl::poll_send(std::chrono::microseconds spin) {
     return !sending_ || step_send();
   };
   if (once()) return true;
-  return spin.count() > 0 && spin_for(spin, once);
+  return spin.count() > 0 && ucx::spin_for(spin, once);
 }
 
 void PipeImpl::send(const TensorDict& td, Timeout timeout) {
@@ -566,7 +507,7 @@ TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin
   };
   TensorDict* got = once();
   if (got || spin.count() <= 0) return got;
-  spin_for(spin, [&] { return (got = once()) != nullptr; });
+  ucx::spin_for(spin, [&] { return (got = once()) != nullptr; });
   return got;
 }
 
@@ -639,7 +580,7 @@ void PipeImpl::close() {
   frame_req_ = ucx::Request();
   payload_reqs_.clear();
   send_reqs_.clear();
-  heartbeat_req_ = ucx::Request();
+  heartbeats_.drop();
   sending_ = false;
   sending_td_ = nullptr;
   if (first_ep_) {  // closed during the switch to a direct endpoint

@@ -20,12 +20,13 @@
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "runtime/heartbeat.h"
-#include "runtime/peer_liveness.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
+#include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
+#include "ucx/worker_wait.h"
 #include "wire/handshake.h"
 
 namespace tensorwire::detail {
@@ -106,7 +107,6 @@ class PipeImpl : public runtime::Beating {
   void wait_event(Deadline slice, uint64_t seen);
   unsigned progress();  // under mu_
   bool peer_is_local() const;
-  void make_kick();
   void wait_wireup(Deadline deadline);
   void use_direct_endpoint(Deadline deadline);
   void retire_first_endpoint(Deadline deadline);
@@ -117,7 +117,6 @@ class PipeImpl : public runtime::Beating {
   std::optional<Json> take_control(uint64_t tag, size_t max_bytes, const char* what);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
   void start_liveness(const wire::PeerIdentity& peer);  // after the handshake
-  void drain_heartbeats();                              // under mu_
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
@@ -127,8 +126,7 @@ class PipeImpl : public runtime::Beating {
   std::unique_ptr<ucx::Endpoint> ep_;
   std::unique_ptr<ucx::Endpoint> first_ep_;  // the listener's endpoint, until retired
   bool early_direct_ = false;                // the peer's "direct" came before its address
-  os::Fd kick_;                              // eventfd: wakes a waiter whose event was taken
-  std::atomic<int> sleepers_{0};             // threads in wait_event
+  ucx::WorkerWait waiting_;                  // the sleep of wait_event (threads share worker_)
   std::optional<os::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   uint32_t liveness_calls_ = 0;
@@ -143,9 +141,7 @@ class PipeImpl : public runtime::Beating {
   std::atomic<bool> closed_by_peer_{false};
 
   // liveness state, under mu_ (pipe_liveness.cpp)
-  runtime::PeerLiveness liveness_;
-  ucx::Request heartbeat_req_;
-  std::vector<std::byte> heartbeat_buf_;
+  ucx::Heartbeats heartbeats_;
 
   wire::Encoder encoder_;
   wire::Decoder decoder_;

@@ -13,43 +13,19 @@
 // that does not call the pipe for a while still answers for it. A program waiting on the
 // pipe sees the failure at its next check (within kInterruptSlice); an asyncio waiter is
 // woken through the worker's fd.
-#include <unistd.h>
-
 #include "os/fork.h"
 #include "pipe_impl.h"
-#include "wire/control_frame.h"
 
 namespace tensorwire::detail {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-// A heartbeat is a frame header and a few bytes of JSON; anything bigger breaks the protocol.
-constexpr size_t kMaxHeartbeat = 256;
-// Heartbeats taken in per beat: a peer cannot keep the liveness thread busy.
-constexpr int kMaxHeartbeatsPerBeat = 64;
-}  // namespace
 
 void PipeImpl::start_liveness(const wire::PeerIdentity& peer) {
   // Same host and namespaces: the peer's pidfd watches it (and a peer stopped in a debugger
   // is not taken for gone). Heartbeats only where a silent peer may have vanished.
   if (peer.same_namespaces()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto period = liveness_.start(peer.heartbeat_ms, options_.liveness_timeout, Clock::now());
+  auto period = heartbeats_.start(peer.heartbeat_ms, options_.liveness_timeout);
   if (!period) return;
-  heartbeat_buf_ = wire::control_frame({{"heartbeat", true}});
   runtime::keep_alive(weak_from_this(), *period);
-}
-
-// Takes in the heartbeats that arrived. Under mu_.
-void PipeImpl::drain_heartbeats() {
-  for (int i = 0; i < kMaxHeartbeatsPerBeat; ++i) {
-    std::optional<Json> got = take_control(kHeartbeatTag, kMaxHeartbeat, "heartbeat");
-    if (!got) return;
-    if (!got->is_object() || !got->contains("heartbeat"))
-      fail("a heartbeat must be {\"heartbeat\": true}, got " + got->dump(),
-           Fault::PeerBrokeProtocol);
-    liveness_.heard(Clock::now());
-  }
 }
 
 void PipeImpl::beat() noexcept {
@@ -59,21 +35,17 @@ void PipeImpl::beat() noexcept {
   try {
     // Whatever this progress takes in may be what a waiter sleeps for: wake it to look.
     if (progress()) worker_->signal();
-    drain_heartbeats();
-    const auto now = Clock::now();
-    // One in flight at a time: over a dead link the previous one may never complete.
-    if (liveness_.due(now) && heartbeat_req_.done())
-      heartbeat_req_ = ep_->send(kHeartbeatTag, heartbeat_buf_);
+    std::optional<std::string> silent;
+    try {
+      silent = heartbeats_.beat(*worker_, *ep_, kHeartbeatTag, options_.limits, ep_->peer());
+    } catch (const ProtocolError& e) {
+      fail(e.what(), Fault::PeerBrokeProtocol);
+    }
     check_alive();
-    if (auto why = liveness_.silence(now, ep_->peer())) fail(*why, Fault::ConnectionLost);
+    if (silent) fail(*silent, Fault::ConnectionLost);
   } catch (const Error&) {
     // The pipe failed (failure_ says why): wake every waiter so that it sees it.
-    try {
-      worker_->signal();
-    } catch (const Error&) {
-    }
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t w = ::write(kick_.get(), &one, sizeof one);
+    waiting_.wake_all(*worker_);
   }
 }
 

@@ -4,7 +4,8 @@
         A RemoteTransport on a free port (or P) served by an InferenceServer (policy:
         action = 2 * observation, observation float32[4]); with --local N, also a
         SharedMemoryTransport served by the same server, and N local actor processes
-        (spawned) calling it 200 times each. Prints "port N", then serves until stdin closes;
+        (spawned) calling it 200 times each, from when the first remote actor connects.
+        Prints "port N", then serves until stdin closes;
         prints {"batches": [[n_local, n_remote], ...], "refused", "last_refusal",
         "connected", "slots_in_use", "local_checked"}.
     remote_inference_peer.py actor HOST PORT COUNT [--key K] [--liveness S] [--tag T]
@@ -43,7 +44,10 @@ def spec():
     return ({"observation": np.zeros(4, np.float32)}, {"action": np.zeros(4, np.float32)})
 
 
-def local_actor(client, count, q):
+def local_actor(client, count, q, go):
+    # Starts with the remote actors (a remote call takes ~150 us: run apart, the two groups
+    # of 200 calls may not overlap, and no batch would mix them).
+    go.wait(60)
     checked = 0
     for i in range(count):
         r = client(obs(-1, i), timeout=30)
@@ -74,10 +78,18 @@ def server(a):
     procs, q = [], None
     if a.local:
         ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=local_actor, args=(shm.client(), 200, q)) for _ in range(a.local)]
+        q, go = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=local_actor, args=(shm.client(), 200, q, go))
+                 for _ in range(a.local)]
         for p in procs:
             p.start()
+
+        def start_when_remote_connected():
+            deadline = time.monotonic() + 60
+            while remote.connected < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            go.set()
+        threading.Thread(target=start_when_remote_connected, daemon=True).start()
     out("port", remote.port)
     sys.stdin.read()  # until the test closes stdin
     local_checked = [q.get(timeout=60) for _ in procs]
