@@ -91,12 +91,16 @@ docs: build
 # restart policy replaces it, so Healing.AStrictMapStaysExactWhenWorkersAreKilledFromOutside
 # takes about 30 s here instead of hanging. The fix is to fork replacements from a
 # single-threaded fork server started with the first workers.
+# forked-child: tests that run code in a fork of the threaded test process. For the same
+# reason such a child can deadlock in libasan's allocator (gdb: its first malloc spins on
+# __sanitizer::StackDepot's lock, held by another thread of the parent at the fork): they
+# hung 2 of 567 in a CI run. As under TSan, they run in every other pass.
 test-sanitize: deps
 	@cmake -S . -B $(BUILD)-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=address,undefined -DTENSORWIRE_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
 	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) --timeout 600
+	  ctest --output-on-failure -j $(JOBS) --timeout 600 -LE forked-child
 
 # Concurrent code under ThreadSanitizer.
 # KNOWN BUG (issue 11, the cause given at test-sanitize): the 7 Healing tests that restart a
