@@ -386,7 +386,12 @@ TEST(RemoteProducers, ZeroLivenessTimeoutReportsNothing) {
   recv.reset_state();
   until_all_sent(recv, 1);
   end_producer(a);
-  EXPECT_NO_THROW(EXPECT_FALSE(recv.next(1500ms).has_value()));
+  // What it queued before it died still arrives; then silence past any bound reports
+  // nothing: next() only times out.
+  EXPECT_NO_THROW({
+    while (recv.next(1500ms).has_value()) {
+    }
+  });
 }
 
 TEST(RemoteProducers, ANegativeLivenessTimeoutIsAValueError) {
