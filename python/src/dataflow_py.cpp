@@ -17,6 +17,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "gc_slots.h"
 #include "gil.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/remote.h"
@@ -151,12 +152,8 @@ Options runner_options(int num_proc, std::optional<uint64_t> seed, nb::object se
   o.policy.restart_window = millis(window, "restart_window");
   if (datapoint_timeout)
     o.policy.datapoint_timeout = millis(datapoint_timeout, "datapoint_timeout");
-  if (!on_restart.is_none())
-    o.policy.on_restart =
-        [f = std::make_shared<nb::object>(std::move(on_restart))](const df::WorkerRestart& r) {
-          nb::gil_scoped_acquire gil;
-          (*f)(r.message);
-        };
+  o.policy.on_restart = py_callback<df::WorkerRestart>(std::move(on_restart),
+                                                       [](const auto& r) { return r.message; });
   return o;
 }
 
@@ -239,23 +236,6 @@ struct PyRemote {
     return raw_to_py(*dp, allow_pickle);
   }
 };
-
-// tp_traverse / tp_clear for a bound type T with traverse() and clear() members.
-template <class T>
-int gc_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(Py_TYPE(self));
-  if (!nb::inst_ready(self)) return 0;
-  return nb::inst_ptr<T>(self)->traverse(visit, arg);
-}
-template <class T>
-int gc_clear(PyObject* self) {
-  if (nb::inst_ready(self)) nb::inst_ptr<T>(self)->clear();
-  return 0;
-}
-template <class T>
-PyType_Slot gc_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(gc_traverse<T>)},
-                          {Py_tp_clear, reinterpret_cast<void*>(gc_clear<T>)},
-                          {0, nullptr}};
 
 // What both runners bind alike.
 template <class T>
@@ -356,18 +336,9 @@ void bind_dataflow(nb::module_& m) {
             o.bind = bind;
             o.allow_pickle = allow_pickle;
             o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
-            if (!on_rejected.is_none())
-              o.on_rejected = [f = std::make_shared<nb::object>(std::move(on_rejected))](
-                                  const ProtocolError& e) {
-                nb::gil_scoped_acquire gil;
-                (*f)(nb::str(e.what()));
-              };
-            if (!on_silent.is_none())
-              o.on_silent =
-                  [f = std::make_shared<nb::object>(std::move(on_silent))](const TimeoutError& e) {
-                    nb::gil_scoped_acquire gil;
-                    (*f)(nb::str(e.what()));
-                  };
+            auto what = [](const auto& e) { return std::string(e.what()); };
+            o.on_rejected = py_callback<ProtocolError>(std::move(on_rejected), what);
+            o.on_silent = py_callback<TimeoutError>(std::move(on_silent), what);
             new (self)
                 PyRemote{std::make_unique<df::RemoteDataZMQ>(std::move(addr1), std::move(addr2), o),
                          allow_pickle};

@@ -14,6 +14,8 @@
 #include <nanobind/nanobind.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <thread>
 
 namespace tensorwire::py {
@@ -58,5 +60,17 @@ class NoGil {
  private:
   PyThreadState* state_;
 };
+
+// A Python callable, or None (no callback), as a C++ callback: it is called with the GIL,
+// with what `convert` makes of the argument. Shared, as std::function copies it where the
+// GIL is not held.
+template <class Arg, class Convert>
+std::function<void(const Arg&)> py_callback(nanobind::object f, Convert convert) {
+  if (f.is_none()) return {};
+  return [f = std::make_shared<nanobind::object>(std::move(f)), convert](const Arg& a) {
+    nanobind::gil_scoped_acquire gil;
+    (*f)(convert(a));
+  };
+}
 
 }  // namespace tensorwire::py
