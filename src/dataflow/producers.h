@@ -36,6 +36,8 @@ class ProducerTable {
     e->heard = now;
     e->reported = false;
   }
+  // Whether a connection `fd` of `socket` is listed (else its event is still unread).
+  bool knows(int socket, int fd) { return find(socket, fd, false) != nullptr; }
   // The consumer was away from the sockets for `gap`: it does not count as silence.
   void pause(Clock::duration gap);
   struct Silent {

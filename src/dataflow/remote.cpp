@@ -89,6 +89,7 @@ struct RemoteDataZMQ::Impl {
   ProducerTable producers;
   // When next() last returned: a longer pause of the consumer is no producer's silence.
   std::optional<ProducerTable::Clock::time_point> last_return;
+  ProducerTable::Clock::time_point next_check;  // of the connection events and silence
   uint64_t counts[2] = {0, 0};
   uint64_t rejected = 0;
   int next_first = 0;  // alternate which socket is read first, for fairness
@@ -236,8 +237,13 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
   std::optional<RawDatapoint> out;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
     while (true) {
-      m.read_events();
-      m.check_silence(Clock::now());
+      // The events and the silence check on a clock, not per datapoint: each read of the
+      // monitors is a ZeroMQ call per socket.
+      if (const auto now = Clock::now(); now >= m.next_check) {
+        m.read_events();
+        m.check_silence(now);
+        m.next_check = now + (live.count() > 0 ? check_every : std::chrono::milliseconds(100));
+      }
       for (int k = 0; k < m.num(); ++k) {
         const int i = (m.next_first + k) % m.num();
         if (!m.socks[i]->try_recv(m.frames)) continue;
@@ -245,7 +251,8 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
         const int fd = m.frames.empty() ? -1 : zmqio::source_fd(m.frames[0]);
         try {
           out = m.decode(i);
-          m.read_events();  // the event of this message's connection came before it
+          // The event of this message's connection came before it, maybe still unread.
+          if (!m.producers.knows(i, fd)) m.read_events();
           m.producers.datapoint(i, fd, Clock::now(), [&] {
             // A connection that closed before its event was read has no peer any more:
             // its host, from the message, without the port.
