@@ -72,9 +72,11 @@ class WorkerWait {
 template <class Check>
 void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t seen, Check&& check,
                       int extra_fd) {
+  // progress(), not worker.progress(): what this spin takes in may be what another thread
+  // sleeps for, and it is kicked awake like any other progress would kick it.
   if (spin_for(std::chrono::microseconds(50), [&] {
         std::lock_guard<std::mutex> lock(mu);
-        return worker.progress() != 0;
+        return progress(worker) != 0;
       }))
     return;
   if (slice.passed()) return;
