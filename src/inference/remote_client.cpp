@@ -189,7 +189,7 @@ void RemoteLink::reap_orphans() {
 void RemoteLink::wait(Deadline slice, uint64_t seen) {
   waiting_.wait(*worker, mu, slice, seen, [&] {
     // The worker's fd fires for every transfer in flight too, so no short poll is needed.
-    return failure.empty() ? ucx::WorkerWait::Sleep::Yes : ucx::WorkerWait::Sleep::No;
+    return failure.empty();
   });
 }
 

@@ -335,9 +335,7 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
 // until `slice` passes (ucx/worker_wait.h).
 void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
   waiting_.wait(
-      *worker_, mu_, slice, seen,
-      [&] { return closed_ ? ucx::WorkerWait::Sleep::No : ucx::WorkerWait::Sleep::Yes; },
-      peer_fd());
+      *worker_, mu_, slice, seen, [&] { return !closed_; }, peer_fd());
 }
 
 // ---- sending ---------------------------------------------------------------

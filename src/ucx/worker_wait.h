@@ -41,12 +41,6 @@ bool spin_for(Clock::duration budget, Poll&& poll) {
 
 class WorkerWait {
  public:
-  // What a waiter's check (under the owner's mutex, before the worker is armed) allows.
-  enum class Sleep {
-    No,   // look again at once (the owner failed or closed)
-    Yes,  // until an event, a kick or the slice's end
-  };
-
   WorkerWait();  // SystemError when no eventfd can be made
 
   // Progress that wakes the sleepers when it found something. Under the owner's mutex.
@@ -57,7 +51,8 @@ class WorkerWait {
   // Sleeps until `worker` may progress or `slice` passes; `seen` is worker.events() from
   // before the caller's last poll (returns at once if anything progressed since). First
   // spins for 50 us (spin_for: a reply is often microseconds away), progressing under `mu`.
-  // Then `check()` (under `mu`) says whether to sleep; the worker is armed and the thread
+  // Then `check()` (under `mu`) says whether to sleep (false: the owner failed or closed,
+  // look again at once); the worker is armed and the thread
   // polls the worker's fd, the kick eventfd and `extra_fd` (when >= 0).
   template <class Check>
   void wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t seen, Check&& check,
@@ -88,11 +83,9 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
     ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
   } leave{sleepers_};
   if (worker.events() != seen) return;
-  Sleep sleep;
   {
     std::lock_guard<std::mutex> lock(mu);
-    sleep = check();
-    if (sleep == Sleep::No || progress(worker) || !worker.arm()) return;
+    if (!check() || progress(worker) || !worker.arm()) return;
   }
   struct pollfd fds[3] = {
       {worker.efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
