@@ -36,23 +36,23 @@ class ShmPending final : public Pending {
       const uint64_t w = sc.state.load(std::memory_order_acquire);
       const uint32_t s = state_of(w);
       if (s == kDone || s == kFailed) return true;
-      if (!first) {
-        if (!conn_->owner_alive()) {
-          closed_ = conn_->gone_message();
+      // Submitted after the server's final sweep: take the request back.
+      if (s == kReady && r.header->server_state.load(std::memory_order_seq_cst) == kStopped) {
+        uint64_t expected = w;
+        if (sc.state.compare_exchange_strong(expected, pack_state(kFree, 0),
+                                             std::memory_order_acq_rel)) {
+          r.header->freed.notify_one();
+          released_ = true;
+          closed_ = "the inference server was shut down";
           return true;
         }
-        // Submitted after the server's final sweep: take the request back.
-        if (s == kReady && r.header->server_state.load(std::memory_order_seq_cst) == kStopped) {
-          uint64_t expected = w;
-          if (sc.state.compare_exchange_strong(expected, pack_state(kFree, 0),
-                                               std::memory_order_acq_rel)) {
-            r.header->freed.notify_one();
-            released_ = true;
-            closed_ = "the inference server was shut down";
-            return true;
-          }
-          continue;
-        }
+        continue;
+      }
+      // The owner's pidfd only after a wait that brought no answer: a system call before
+      // every sleep was a large share of a request's cost with hundreds of actors.
+      if (!first && !conn_->owner_alive()) {
+        closed_ = conn_->gone_message();
+        return true;
       }
       if (!first && slice.passed()) return false;
       conn_->reply_wait.wait(sc.wake, seen, slice.when(), [&] {
@@ -197,6 +197,7 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
       if (!claimed) r.header->freed.notify_one();
     }
   } pass_on{r};
+  bool slept = false;
   const bool claimed = runtime::wait_until(deadline, [&](Deadline slice) {
     const uint32_t seen = r.header->freed.seq.load(std::memory_order_acquire);
     for (uint32_t k = 0; k < n; ++k) {
@@ -209,10 +210,13 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
         return true;
       }
     }
-    if (!c.owner_alive()) throw ClosedError(c.gone_message());
+    // The owner's pidfd (a system call) only once a wait for a slot went by: the slots
+    // being taken shows the server at work.
+    if (slept && !c.owner_alive()) throw ClosedError(c.gone_message());
     if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
       throw ClosedError("the inference server was shut down");
     c.slot_wait.wait(r.header->freed, seen, slice.when(), alive);
+    slept = true;
     return false;
   });
   pass_on.claimed = claimed;

@@ -37,7 +37,7 @@ class AdaptiveSpin {
   }
 
   // As WaitWord::wait: returns the new seq, or `seen` at the deadline or when alive()
-  // turns false (alive is polled only once the waiter sleeps).
+  // turns false (alive is polled only after a sleep that ended with no change).
   template <class Alive>
   uint32_t wait(WaitWord& word, uint32_t seen, std::chrono::steady_clock::time_point deadline,
                 Alive&& alive, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
