@@ -135,7 +135,7 @@ void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pe
           if (!sc.state.compare_exchange_strong(taken_word, pack_state(kFailed, owner_of(w)),
                                                 std::memory_order_acq_rel))
             r.free_slot(i, taken_word);  // abandoned meanwhile
-          sc.wake.notify_all();
+          r.notify_answered(i);
           break;
         }
       }
@@ -186,13 +186,14 @@ void SharedMemoryTransport::resolve(const Drained& d, const Group& g, const Tens
   ShmRegion& r = *region_;
   write_response_rows(r.response, r.response_data(), d, g, output, stamp);
   const int64_t n = static_cast<int64_t>(g.rows.size());
+  ShmRegion::AnsweredBatch wake(r);
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t i = static_cast<uint32_t>(d.ids[g.rows[j]]);
     SlotControl& sc = r.slot(i);
     uint64_t w = sc.state.load(std::memory_order_relaxed);
     if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
                                                                   std::memory_order_acq_rel)) {
-      sc.wake.notify_all();
+      wake.add(i);
     } else if (state_of(w) == kAbandoned) {
       r.free_slot(i, w);
     }
@@ -213,7 +214,7 @@ void ShmAccess::resolve_one(SharedMemoryTransport& t, uint32_t slot, const Tenso
   uint64_t w = sc.state.load(std::memory_order_relaxed);
   if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
                                                                 std::memory_order_acq_rel))
-    sc.wake.notify_all();
+    r.notify_answered(slot);
   else if (state_of(w) == kAbandoned)
     r.free_slot(slot, w);
 }
@@ -230,6 +231,7 @@ void ShmAccess::reject_one(SharedMemoryTransport& t, uint32_t slot, const Remote
 void SharedMemoryTransport::reject(const Drained& d, std::span<const size_t> rows,
                                    const RemoteError& error) {
   ShmRegion& r = *region_;
+  ShmRegion::AnsweredBatch wake(r);
   for (size_t row : rows) {
     const uint32_t i = static_cast<uint32_t>(d.ids[row]);
     SlotControl& sc = r.slot(i);
@@ -238,7 +240,7 @@ void SharedMemoryTransport::reject(const Drained& d, std::span<const size_t> row
     if (state_of(w) == kTaken &&
         sc.state.compare_exchange_strong(w, pack_state(kFailed, owner_of(w)),
                                          std::memory_order_acq_rel)) {
-      sc.wake.notify_all();
+      wake.add(i);
     } else if (state_of(w) == kAbandoned) {
       r.free_slot(i, w);
     }

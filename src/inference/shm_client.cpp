@@ -31,8 +31,9 @@ class ShmPending final : public Pending {
           "process (submit again from a client in the child)");
     ShmRegion& r = *conn_->region;
     SlotControl& sc = r.slot(slot_);
+    const os::WaitBits::Bit answer = r.answer_of(slot_);
     for (bool first = true;; first = false) {
-      const uint32_t seen = sc.wake.seq.load(std::memory_order_acquire);
+      const uint32_t seen = answer.word.seq.load(std::memory_order_acquire);
       const uint64_t w = sc.state.load(std::memory_order_acquire);
       const uint32_t s = state_of(w);
       if (s == kDone || s == kFailed) return true;
@@ -55,7 +56,7 @@ class ShmPending final : public Pending {
         return true;
       }
       if (!first && slice.passed()) return false;
-      conn_->reply_wait.wait(sc.wake, seen, slice.when(), [&] {
+      conn_->reply_wait.wait(answer, seen, slice.when(), [&] {
         if (!conn_->owner_alive()) return false;
         return !(state_of(sc.state.load(std::memory_order_acquire)) == kReady &&
                  r.header->server_state.load(std::memory_order_acquire) == kStopped);

@@ -27,7 +27,8 @@ int64_t now_ns() noexcept {
 ControlLayout ControlLayout::for_slots(uint32_t num_slots) {
   ControlLayout l;
   l.ready = align64(sizeof(ControlHeader));
-  l.slots = align64(l.ready + shm::IndexSet::bytes_for(num_slots));
+  l.answered = align64(l.ready + shm::IndexSet::bytes_for(num_slots));
+  l.slots = align64(l.answered + sizeof(os::WaitBits) * ((size_t{num_slots} + 31) / 32));
   l.errors = l.slots + sizeof(SlotControl) * num_slots;
   l.total = align64(l.errors + kErrorBytes * num_slots);
   return l;
@@ -38,6 +39,7 @@ void ShmRegion::attach_views() {
   std::byte* base = control_segment.data();
   header = reinterpret_cast<ControlHeader*>(base);
   ready = shm::IndexSet(base + cl.ready, num_slots);
+  answered = reinterpret_cast<os::WaitBits*>(base + cl.answered);
   slots = reinterpret_cast<SlotControl*>(base + cl.slots);
   errors = reinterpret_cast<char*>(base + cl.errors);
   request_bank = request_segment.storage(0, request_segment.size());
@@ -73,6 +75,7 @@ std::shared_ptr<ShmRegion> ShmRegion::create(const TensorDict& request_spec,
   h->server_state.store(kNoServer);
   h->next_client_id.store(1);
   r->ready.format();
+  for (uint32_t i = 0; i < (num_slots + 31) / 32; ++i) new (&r->answered[i]) os::WaitBits{};
   for (uint32_t i = 0; i < num_slots; ++i) new (&r->slots[i]) SlotControl{};
   return r;
 }

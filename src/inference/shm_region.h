@@ -4,7 +4,8 @@
 // Control segment (all offsets fixed by num_slots, see ControlLayout):
 //   ControlHeader                      identity, server state, doorbell, "slot freed" word
 //   IndexSet ready                     one bit per slot: "ready for the server"
-//   SlotControl[num_slots]             per slot: state word, wake-up word, submit time
+//   WaitBits answered[num_slots / 32]  slot i's owner waits on word i / 32, bit i % 32
+//   SlotControl[num_slots]             per slot: state word, submit time
 //   char errors[num_slots][512]        per slot: "TypeName\0message" of a failure
 //
 // Slot state word (64 bits): state in the low 32 bits, owning client id in the high 32.
@@ -26,7 +27,7 @@
 namespace tensorwire::inference::detail {
 
 inline constexpr uint64_t kControlMagic = 0x314652494E495754ull;  // "TWINIRF1"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kErrorBytes = 512;
 
 enum SlotState : uint32_t {
@@ -71,7 +72,6 @@ struct alignas(64) ControlHeader {
 
 struct alignas(64) SlotControl {
   std::atomic<uint64_t> state;
-  os::WaitWord wake;  // bumped when the slot becomes Done or Failed
   int64_t submitted_ns;
   uint32_t error_kind;
   uint32_t error_len;
@@ -79,7 +79,7 @@ struct alignas(64) SlotControl {
 static_assert(sizeof(SlotControl) == 64);
 
 struct ControlLayout {
-  size_t ready = 0, slots = 0, errors = 0, total = 0;
+  size_t ready = 0, answered = 0, slots = 0, errors = 0, total = 0;
   static ControlLayout for_slots(uint32_t num_slots);
 };
 
@@ -89,6 +89,7 @@ struct ShmRegion {
   SlotLayout request, response;
   ControlHeader* header = nullptr;
   shm::IndexSet ready;
+  os::WaitBits* answered = nullptr;  // bumped when a slot becomes Done or Failed
   SlotControl* slots = nullptr;
   char* errors = nullptr;
   Storage request_bank, response_bank;  // storages over the banks (keep the mappings alive)
@@ -106,6 +107,34 @@ struct ShmRegion {
                                         int control_fd, int request_fd, int response_fd);
 
   SlotControl& slot(uint32_t i) const noexcept { return slots[i]; }
+  // The word and bit slot i's owner waits on for its answer.
+  os::WaitBits::Bit answer_of(uint32_t i) const noexcept {
+    return {answered[i / 32], 1u << (i % 32)};
+  }
+  // Wakes the owner of slot i (its answer or failure is written).
+  void notify_answered(uint32_t i) const noexcept { answered[i / 32].notify(1u << (i % 32)); }
+  // Wakes the owners of many slots, one system call per run of slots that share a word
+  // (a batch's slots come in index order, so mostly one per 32 slots).
+  class AnsweredBatch {
+   public:
+    explicit AnsweredBatch(const ShmRegion& r) noexcept : r_(r) {}
+    AnsweredBatch(const AnsweredBatch&) = delete;
+    AnsweredBatch& operator=(const AnsweredBatch&) = delete;
+    ~AnsweredBatch() { flush(); }
+    void add(uint32_t i) noexcept {
+      if (bits_ != 0 && i / 32 != word_) flush();
+      word_ = i / 32;
+      bits_ |= 1u << (i % 32);
+    }
+
+   private:
+    void flush() noexcept {
+      if (bits_ != 0) r_.answered[word_].notify(bits_);
+      bits_ = 0;
+    }
+    const ShmRegion& r_;
+    uint32_t word_ = 0, bits_ = 0;
+  };
   std::byte* request_data() const noexcept { return request_segment.data(); }
   std::byte* response_data() const noexcept { return response_segment.data(); }
 

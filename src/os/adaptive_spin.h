@@ -37,9 +37,10 @@ class AdaptiveSpin {
   }
 
   // As WaitWord::wait: returns the new seq, or `seen` at the deadline or when alive()
-  // turns false (alive is polled only after a sleep that ended with no change).
-  template <class Alive>
-  uint32_t wait(WaitWord& word, uint32_t seen, std::chrono::steady_clock::time_point deadline,
+  // turns false (alive is polled only after a sleep that ended with no change). `word` is
+  // a WaitWord or a WaitBits::Bit.
+  template <class Word, class Alive>
+  uint32_t wait(Word&& word, uint32_t seen, std::chrono::steady_clock::time_point deadline,
                 Alive&& alive, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 
   uint32_t budget() const noexcept { return budget_.load(std::memory_order_relaxed); }
@@ -54,8 +55,8 @@ class AdaptiveSpin {
   std::atomic<uint32_t> waits_{0};
 };
 
-template <class Alive>
-uint32_t AdaptiveSpin::wait(WaitWord& word, uint32_t seen,
+template <class Word, class Alive>
+uint32_t AdaptiveSpin::wait(Word&& word, uint32_t seen,
                             std::chrono::steady_clock::time_point deadline, Alive&& alive,
                             std::chrono::milliseconds poll) {
   using clock = std::chrono::steady_clock;

@@ -10,9 +10,11 @@
 // processes.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 namespace tensorwire::os {
 
@@ -21,6 +23,12 @@ namespace tensorwire::os {
 bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
 // Wakes up to `count` waiters on word.
 void futex_wake(std::atomic<uint32_t>* word, int count = 1 << 30);
+// The same with a bit set (FUTEX_WAIT_BITSET / FUTEX_WAKE_BITSET): a wake-up reaches only
+// the waiters whose `bits` it shares. futex_wait_bits waits until the absolute
+// steady_clock time `until` at most.
+bool futex_wait_bits(std::atomic<uint32_t>* word, uint32_t expected,
+                     std::chrono::steady_clock::time_point until, uint32_t bits);
+void futex_wake_bits(std::atomic<uint32_t>* word, uint32_t bits);
 
 struct SpinPolicy {
   uint32_t spins = 2000;  // pause-loop iterations before sleeping (~ a few microseconds)
@@ -53,6 +61,40 @@ struct alignas(8) WaitWord {
 };
 static_assert(sizeof(WaitWord) == 8);
 
+// One word for up to 32 waiters, each with its own bit, for answers that come in batches:
+// a notifier names any subset of the 32 in one system call, where a WaitWord per waiter
+// costs a futex_wake per answer. With 256 actors that was 64 wake-up calls per batch, and
+// each call let a woken actor preempt the notifier before it woke the next.
+// Layout is fixed (8 bytes) so it can live in a shared segment.
+struct alignas(8) WaitBits {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleepers{0};  // bit k: waiter k sleeps (or is about to)
+
+  // Bumps seq and wakes the sleepers among `bits`.
+  void notify(uint32_t bits) noexcept;
+  // As WaitWord::wait, for the waiter that owns `bit`. seq moves for any of the 32
+  // waiters, so a return only says "look again". One thread per bit: two threads sharing
+  // a bit could clear each other's sleeper mark, and the later one would then wait for
+  // its poll instead of the notification.
+  template <class Alive>
+  uint32_t wait(uint32_t bit, uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                Alive&& alive, SpinPolicy spin = {},
+                std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+
+  // One waiter's view with WaitWord's wait() signature, for AdaptiveSpin.
+  struct Bit {
+    WaitBits& word;
+    uint32_t bit;
+    template <class Alive>
+    uint32_t wait(uint32_t seen, std::chrono::steady_clock::time_point deadline, Alive&& alive,
+                  SpinPolicy spin = {},
+                  std::chrono::milliseconds poll = std::chrono::milliseconds(100)) const {
+      return word.wait(bit, seen, deadline, std::forward<Alive>(alive), spin, poll);
+    }
+  };
+};
+static_assert(sizeof(WaitBits) == 8);
+
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -81,6 +123,29 @@ uint32_t WaitWord::wait(uint32_t seen, std::chrono::steady_clock::time_point dea
     // fetch_add would otherwise be missed (notify reads `waiters` after bumping seq).
     if (seq.load(std::memory_order_seq_cst) == seen) futex_wait(&seq, seen, slice);
     waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+template <class Alive>
+uint32_t WaitBits::wait(uint32_t bit, uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
+  for (uint32_t i = 0; i < spin.spins; ++i) {
+    uint32_t now = seq.load(std::memory_order_acquire);
+    if (now != seen) return now;
+    cpu_relax();
+  }
+  for (bool slept = false;; slept = true) {
+    uint32_t now = seq.load(std::memory_order_acquire);
+    if (now != seen) return now;
+    const auto t = std::chrono::steady_clock::now();
+    if (t >= deadline) return seen;
+    if (slept && !alive()) return seen;
+    // Announce, then re-check (notify bumps seq, then reads the sleepers): either we see
+    // the new seq here or the notifier sees our bit.
+    sleepers.fetch_or(bit, std::memory_order_seq_cst);
+    if (seq.load(std::memory_order_seq_cst) == seen)
+      futex_wait_bits(&seq, seen, std::min(deadline, t + poll), bit);
+    sleepers.fetch_and(~bit, std::memory_order_relaxed);
   }
 }
 

@@ -1,5 +1,5 @@
 // The shared-memory primitives added for the inference transport: IndexSet,
-// fork_generation() and WaitWord's notify_one().
+// fork_generation(), WaitWord's notify_one() and WaitBits.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -197,4 +197,68 @@ TEST(WaitWord, NotifyOneWakesOneSleeperPerCallAndEverySleeperInTheEnd) {
   for (auto& t : sleepers) t.join();
   EXPECT_EQ(woken.load(), 3);
   EXPECT_EQ(word.waiters.load(), 0u);
+}
+
+// WaitBits: a notification wakes exactly the sleepers whose bits it names, in one call,
+// and the others sleep on (the inference server wakes a batch's actors 32 at a time this
+// way). Four threads sleep on bits 0, 1, 5 and 31 with an hour's poll; notify(bits 1 | 31)
+// must wake those two and no other; then the rest. A waiter that is not asleep yet would
+// see the new seq anyway, so the test first waits until all four are in the kernel.
+TEST(WaitBits, NotifyWakesTheSleepersOfItsBitsOnly) {
+  using namespace std::chrono;
+  tensorwire::os::WaitBits word;
+  const std::vector<uint32_t> bits = {1u << 0, 1u << 1, 1u << 5, 1u << 31};
+  std::vector<std::atomic<pid_t>> tids(bits.size());
+  std::vector<std::atomic<bool>> woken(bits.size());
+  std::vector<std::atomic<int>> returns(bits.size());  // wait() returns with a new seq
+  std::vector<std::thread> sleepers;
+  const auto deadline = steady_clock::now() + seconds(60);
+  for (size_t k = 0; k < bits.size(); ++k)
+    sleepers.emplace_back([&, k] {
+      tids[k] = static_cast<pid_t>(::gettid());
+      // Other bits' notifications move seq too: a waker sets woken[k] before notifying.
+      uint32_t seen = 0;
+      while (!woken[k].load()) {
+        const uint32_t got = word.wait(
+            bits[k], seen, deadline, [] { return true; }, tensorwire::os::SpinPolicy{0}, hours(1));
+        if (got == seen) break;  // the deadline
+        returns[k].fetch_add(1);
+        seen = got;
+      }
+      EXPECT_TRUE(woken[k].load())
+          << "bit " << bits[k] << ": the wait ended without a notification";
+    });
+  auto until = [](auto condition) {
+    const auto give_up = steady_clock::now() + seconds(30);
+    while (!condition() && steady_clock::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(1));
+    return condition();
+  };
+  auto in_kernel = [&](std::vector<size_t> which) {
+    return until([&] {
+      return std::all_of(which.begin(), which.end(), [&](size_t k) {
+        return tids[k] > 0 && asleep(tids[k]) && (word.sleepers.load() & bits[k]) != 0;
+      });
+    });
+  };
+  ASSERT_TRUE(in_kernel({0, 1, 2, 3}));
+  woken[1] = true;
+  woken[3] = true;
+  word.notify(bits[1] | bits[3]);
+  sleepers[1].join();
+  sleepers[3].join();
+  // Had the notification reached the others, each would have returned from wait() once
+  // with the new seq (and gone back to sleep).
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(returns[0].load(), 0);
+  EXPECT_EQ(returns[2].load(), 0);
+  EXPECT_TRUE(in_kernel({0, 2}));
+  EXPECT_EQ(word.sleepers.load(), bits[0] | bits[2]);
+  woken[0] = true;
+  woken[2] = true;
+  word.notify(bits[0] | bits[2]);
+  sleepers[0].join();
+  sleepers[2].join();
+  for (const auto& r : returns) EXPECT_EQ(r.load(), 1);
+  EXPECT_EQ(word.sleepers.load(), 0u);
 }
