@@ -29,6 +29,7 @@
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "request_queue.h"
+#include "runtime/timed_lock.h"
 #include "runtime/wait.h"
 #include "shm_region.h"
 #include "tensorwire/core/json.h"
@@ -290,7 +291,7 @@ struct SockConn {
   int owner_pid = 0;
   uint64_t generation = 0;
 
-  std::timed_mutex send_mu;  // taken in slices: a waiting thread can give up
+  runtime::TimedLock send_mu;  // taken in slices: a waiting thread can give up
   wire::Encoder encoder{wire::Mode::NonConsolidated};
   uint64_t next_id = 1;
 
@@ -447,7 +448,7 @@ class SocketClient final : public detail::ClientImpl {
   // until `deadline` and interruptibly; so does a second thread waiting for its turn.
   std::unique_ptr<detail::Pending> submit(const TensorDict& td, Deadline deadline) override {
     std::shared_ptr<SockConn> c = connection(deadline);
-    std::unique_lock<std::timed_mutex> lock(c->send_mu, std::defer_lock);
+    std::unique_lock<runtime::TimedLock> lock(c->send_mu, std::defer_lock);
     if (!runtime::wait_until(deadline,
                              [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
       throw TimeoutError(not_taken("another thread's request is still being sent", false));
