@@ -11,14 +11,11 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <mutex>
-
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
 #include "inference/remote_server.h"
 #include "inference/shm_rows.h"
-#include "runtime/wait.h"
 #include "tensorwire/inference/remote_transport.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
@@ -63,22 +60,6 @@ struct PyClient {
       keys_known = true;
     }
     return keys;
-  }
-};
-
-// A Future shared by Python threads: a second result() waits for the first.
-struct PyFuture {
-  inf::Future future;
-  std::timed_mutex mu;
-
-  // Waits for the other thread's result() as interruptibly as for the response itself.
-  PyTensorDict result(Timeout timeout) {
-    const Deadline deadline = Deadline::after(timeout);
-    std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
-    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
-      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
-    return PyTensorDict(
-        future.result(deadline.is_never() ? Timeout::forever() : Timeout(deadline.left())));
   }
 };
 
@@ -141,15 +122,15 @@ void bind_inference(nb::module_& m) {
   bind_inference_server(m);
   using Shm = inf::SharedMemoryTransport;
   using Access = inf::detail::ShmAccess;
-  nb::class_<PyFuture>(m, "_InferenceFuture")
-      .def("done", [](PyFuture& f) { return f.future.done(); })
-      .def_prop_ro("state", [](PyFuture& f) { return std::string(f.future.state()); })
+  nb::class_<inf::Future>(m, "_InferenceFuture")
+      .def("done", &inf::Future::done)
+      .def_prop_ro("state", [](inf::Future& f) { return std::string(f.state()); })
       .def(
           "result",
-          [](PyFuture& f, std::optional<double> timeout) {
+          [](inf::Future& f, std::optional<double> timeout) {
             const Timeout t = timeout_arg(timeout);
             NoGil nogil;
-            return f.result(t);
+            return PyTensorDict(f.result(t));
           },
           nb::arg("timeout").none() = nb::none());
 
@@ -160,10 +141,8 @@ void bind_inference(nb::module_& m) {
             const Timeout t = timeout_arg(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
-            auto f = std::make_unique<PyFuture>();
             NoGil nogil;
-            f->future = self.client.submit(request, t);
-            return f.release();
+            return new inf::Future(self.client.submit(request, t));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
