@@ -106,14 +106,14 @@ void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
       .def("_request_row",
            [](const T& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
       .def("_resolve_one",
-           [](T& t, uint32_t slot, const PyTensorDict& response) {
+           [](T& t, uint32_t slot, nb::handle result) {
+             const TensorDict response = torchrl_result(result, t.response_keys());
              NoGil nogil;
-             Access::resolve_one(t, slot, response.td());
+             Access::resolve_one(t, slot, response);
            })
-      .def("_reject_one",
-           [](T& t, uint32_t slot, const std::string& type, const std::string& message) {
-             Access::reject_one(t, slot, RemoteError(type, message));
-           });
+      .def("_reject_one", [](T& t, uint32_t slot, nb::handle exc) {
+        Access::reject_one(t, slot, RemoteError(describe_python_exception(exc, false)));
+      });
 }
 
 void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
