@@ -3,8 +3,9 @@
 // The GIL: requests are converted under it; submit, result and calls run the C++ blocking
 // API with it released (those waits check for Ctrl-C themselves, runtime/interrupt.h). The
 // server's thread takes the GIL only around the policy call, which goes through a Python
-// adapter (python/tensorwire/inference.py; inference_server_py.cpp binds the server).
-// tensordict.TensorDict requests and responses are converted in inference.py too.
+// adapter (python/tensorwire/inference.py; inference_server_py.cpp binds the server). The
+// policy's output is converted here in C++ (convert.h, policy_output); inference.py only
+// hands a client's response back as a tensordict.TensorDict when the request was one.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
