@@ -28,10 +28,6 @@ namespace {
 
 namespace inf = tensorwire::inference;
 
-Timeout timeout_arg(std::optional<double> seconds) {
-  return Timeout::seconds(seconds, "timeout");
-}
-
 // A request as a C++ TensorDict: a tensorwire one as it is (no copy); with a fixed layout,
 // a mapping (a dict, a tensordict.TensorDict) read at the declared keys; otherwise converted
 // whole by the TensorDict rule. One rule for every transport.
@@ -88,7 +84,7 @@ void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
       .def_prop_ro("response_spec", [](const T& t) { return PyTensorDict(t.response_spec()); });
   c.def("_wait_for_work",
         [](T& t, std::optional<double> timeout) {
-          const Deadline d = Deadline::after(timeout_arg(timeout));
+          const Deadline d = Deadline::after(Timeout::seconds(timeout));
           NoGil nogil;
           t.wait_for_work(d);
         })
@@ -129,7 +125,7 @@ void bind_inference(nb::module_& m) {
       .def(
           "result",
           [](inf::Future& f, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             NoGil nogil;
             return PyTensorDict(f.result(t));
           },
@@ -139,7 +135,7 @@ void bind_inference(nb::module_& m) {
       .def(
           "submit",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
             NoGil nogil;
@@ -149,7 +145,7 @@ void bind_inference(nb::module_& m) {
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
             NoGil nogil;
@@ -203,7 +199,7 @@ void bind_inference(nb::module_& m) {
           "attach",
           [](nb::handle name, std::optional<double> timeout) {
             const std::string n = *str_arg(name, "name", false);
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             NoGil nogil;
             return Shm::attach(n, t);
           },
