@@ -59,30 +59,15 @@ Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
                                });
 }
 
-// Why an array's dtype cannot be stored, and what to store instead.
+// The dtype of an array-like, described for the message on an unsupported one.
 TypeError unsupported_dtype(nb::handle value, const std::string& where) {
   nb::object dt = value.attr("dtype");
-  std::string kind = nb::hasattr(dt, "kind") ? nb::cast<std::string>(nb::str(dt.attr("kind"))) : "";
-  std::string order =
-      nb::hasattr(dt, "byteorder") ? nb::cast<std::string>(nb::str(dt.attr("byteorder"))) : "";
-  std::string instead;
-  if (kind == "O" || kind == "U" || kind == "S")
-    instead = "store text or objects as a non-tensor value: a str, or a list (arr.tolist())";
-  else if (kind == "M" || kind == "m")
-    instead = "store datetimes as int64 (arr.view('int64'))";
-  else if (kind == "V")
-    instead = "store each field of a structured array under its own key";
-  else if (order == ">")
-    instead = "convert to native byte order (arr.astype(arr.dtype.newbyteorder('=')))";
-  else if (kind == "f" || kind == "c")
-    instead = "convert to float64 / complex128";
-  else
-    instead = "convert to one of the supported dtypes";
-  return TypeError(where + ": arrays of dtype " + nb::cast<std::string>(nb::str(dt)) +
-                   " cannot be stored (supported: bool, int8-int64, uint8-uint64, float16, "
-                   "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
-                   "float8_e5m2, in native byte order); " +
-                   instead);
+  auto letter = [&](const char* attr) {
+    std::string s = nb::hasattr(dt, attr) ? nb::cast<std::string>(nb::str(dt.attr(attr))) : "";
+    return s.empty() ? '\0' : s[0];
+  };
+  return detail::unsupported_dtype(where, nb::cast<std::string>(nb::str(dt)), letter("kind"),
+                                   letter("byteorder"));
 }
 
 }  // namespace

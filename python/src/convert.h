@@ -104,6 +104,15 @@ nb::object to_tensordict_lib(const TensorDict& td);
 bool is_tensordict_lib(nb::handle value);
 // The leaves of a mapping at `keys` (obj[a][b]...): KeyError naming a missing one.
 TensorDict leaves_at(nb::handle mapping, const std::vector<Key>& keys);
+// A policy's output as the InferenceServer's response: a tensorwire.TensorDict as it is; a
+// tensordict.TensorDict whole, or, given the transports' response `keys`, its leaves at
+// them (detached from autograd; a missing one left out) in a dict of its first batch
+// dimension (the input's `batch` first dimension when it has none). TypeError otherwise.
+TensorDict policy_output(nb::handle out, const std::optional<std::vector<Key>>& keys,
+                         const Shape& batch);
+// A torchrl policy's result (a tensordict.TensorDict) at the response `keys`, each leaf
+// copied to the CPU when it is elsewhere and detached: KeyError naming a missing key.
+TensorDict torchrl_result(nb::handle result, const std::vector<Key>& keys);
 
 // ---- Dataflow datapoints: round-trips exactly what was yielded (convert_datapoint.cpp) ---
 

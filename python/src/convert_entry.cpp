@@ -85,6 +85,20 @@ TensorDict from_tensordict_lib(nb::handle td, const nb::object& lib) {
   return out;
 }
 
+// A leaf a policy computed, without its autograd graph: torch exports no tensor that
+// requires grad, and a response needs only the values.
+nb::object detached(nb::object v) {
+  if (nb::hasattr(v, "requires_grad") && nb::cast<bool>(v.attr("requires_grad")))
+    return v.attr("detach")();
+  return v;
+}
+
+// The first batch dimension of `shape` (none when it has none).
+Shape first_dim(Shape shape) {
+  shape.resize(std::min<size_t>(shape.size(), 1));
+  return shape;
+}
+
 nb::object stack_to_lib(const Json& values, size_t dims, const nb::object& lib) {
   nb::list items;
   for (const Json& v : values)
@@ -195,6 +209,36 @@ TensorDict leaves_at(nb::handle mapping, const std::vector<Key>& keys) {
     out.set(key, std::move(*t));
   }
   return out;
+}
+
+TensorDict policy_output(nb::handle out, const std::optional<std::vector<Key>>& keys,
+                         const Shape& batch) {
+  if (nb::isinstance<PyTensorDict>(out)) return nb::cast<PyTensorDict&>(out).td();
+  if (!is_tensordict_lib(out))
+    throw TypeError("the policy returned a " + py_type(out) +
+                    "; it must return a TensorDict (tensorwire or tensordict)");
+  if (!keys) return tensordict_from(out, {}, {}, "the policy's output");
+  Shape dims = first_dim(nb::cast<Shape>(nb::list(out.attr("batch_size"))));
+  TensorDict response(dims.empty() ? first_dim(batch) : dims);
+  for (const Key& k : *keys) {
+    nb::object v = out.attr("get")(from_key(k), nb::none());
+    if (!v.is_none()) response.set(k, to_entry(detached(v), response.batch_size(), {}, k));
+  }
+  return response;
+}
+
+TensorDict torchrl_result(nb::handle result, const std::vector<Key>& keys) {
+  TensorDict response;
+  for (const Key& k : keys) {
+    nb::object v = result.attr("get")(from_key(k), nb::none());
+    if (v.is_none())
+      throw KeyError("the policy output has no key " +
+                     nb::cast<std::string>(nb::repr(from_key(k))) +
+                     " (declared in the response spec)");
+    if (nb::cast<std::string>(nb::str(v.attr("device").attr("type"))) != "cpu") v = v.attr("cpu")();
+    response.set(k, to_entry(detached(v), {}, {}, k));
+  }
+  return response;
 }
 
 }  // namespace tensorwire::py

@@ -3,22 +3,20 @@
 // The GIL: requests are converted under it; submit, result and calls run the C++ blocking
 // API with it released (those waits check for Ctrl-C themselves, runtime/interrupt.h). The
 // server's thread takes the GIL only around the policy call, which goes through a Python
-// adapter (python/tensorwire/inference.py; inference_server_py.cpp binds the server).
-// tensordict.TensorDict requests and responses are converted in inference.py too.
+// adapter (python/tensorwire/inference.py; inference_server_py.cpp binds the server). The
+// policy's output is converted here in C++ (convert.h, policy_output); inference.py only
+// hands a client's response back as a tensordict.TensorDict when the request was one.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <mutex>
-
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
 #include "inference/remote_server.h"
 #include "inference/shm_rows.h"
-#include "runtime/wait.h"
 #include "tensorwire/inference/remote_transport.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 #include "tensorwire/inference/socket_transport.h"
@@ -29,10 +27,6 @@ namespace tensorwire::py {
 namespace {
 
 namespace inf = tensorwire::inference;
-
-Timeout timeout_arg(std::optional<double> seconds) {
-  return Timeout::seconds(seconds, "timeout");
-}
 
 // A request as a C++ TensorDict: a tensorwire one as it is (no copy); with a fixed layout,
 // a mapping (a dict, a tensordict.TensorDict) read at the declared keys; otherwise converted
@@ -66,22 +60,6 @@ struct PyClient {
   }
 };
 
-// A Future shared by Python threads: a second result() waits for the first.
-struct PyFuture {
-  inf::Future future;
-  std::timed_mutex mu;
-
-  // Waits for the other thread's result() as interruptibly as for the response itself.
-  PyTensorDict result(Timeout timeout) {
-    const Deadline deadline = Deadline::after(timeout);
-    std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
-    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
-      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
-    return PyTensorDict(
-        future.result(deadline.is_never() ? Timeout::forever() : Timeout(deadline.left())));
-  }
-};
-
 PyClient client_for(const std::string& kind, nb::handle name) {
   const std::string address = *str_arg(name, "name", false);
   if (kind == "shared_memory") return {inf::SharedMemoryTransport::client_for(address)};
@@ -106,7 +84,7 @@ void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
       .def_prop_ro("response_spec", [](const T& t) { return PyTensorDict(t.response_spec()); });
   c.def("_wait_for_work",
         [](T& t, std::optional<double> timeout) {
-          const Deadline d = Deadline::after(timeout_arg(timeout));
+          const Deadline d = Deadline::after(Timeout::seconds(timeout));
           NoGil nogil;
           t.wait_for_work(d);
         })
@@ -125,14 +103,14 @@ void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
       .def("_request_row",
            [](const T& t, uint32_t slot) { return PyTensorDict(Access::request_row(t, slot)); })
       .def("_resolve_one",
-           [](T& t, uint32_t slot, const PyTensorDict& response) {
+           [](T& t, uint32_t slot, nb::handle result) {
+             const TensorDict response = torchrl_result(result, t.response_keys());
              NoGil nogil;
-             Access::resolve_one(t, slot, response.td());
+             Access::resolve_one(t, slot, response);
            })
-      .def("_reject_one",
-           [](T& t, uint32_t slot, const std::string& type, const std::string& message) {
-             Access::reject_one(t, slot, RemoteError(type, message));
-           });
+      .def("_reject_one", [](T& t, uint32_t slot, nb::handle exc) {
+        Access::reject_one(t, slot, RemoteError(describe_python_exception(exc, false)));
+      });
 }
 
 void bind_inference_server(nb::module_& m);  // inference_server_py.cpp
@@ -141,15 +119,15 @@ void bind_inference(nb::module_& m) {
   bind_inference_server(m);
   using Shm = inf::SharedMemoryTransport;
   using Access = inf::detail::ShmAccess;
-  nb::class_<PyFuture>(m, "_InferenceFuture")
-      .def("done", [](PyFuture& f) { return f.future.done(); })
-      .def_prop_ro("state", [](PyFuture& f) { return std::string(f.future.state()); })
+  nb::class_<inf::Future>(m, "_InferenceFuture")
+      .def("done", &inf::Future::done)
+      .def_prop_ro("state", [](inf::Future& f) { return std::string(f.state()); })
       .def(
           "result",
-          [](PyFuture& f, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+          [](inf::Future& f, std::optional<double> timeout) {
+            const Timeout t = Timeout::seconds(timeout);
             NoGil nogil;
-            return f.result(t);
+            return PyTensorDict(f.result(t));
           },
           nb::arg("timeout").none() = nb::none());
 
@@ -157,19 +135,17 @@ void bind_inference(nb::module_& m) {
       .def(
           "submit",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
-            auto f = std::make_unique<PyFuture>();
             NoGil nogil;
-            f->future = self.client.submit(request, t);
-            return f.release();
+            return new inf::Future(self.client.submit(request, t));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(), holder);
             NoGil nogil;
@@ -223,7 +199,7 @@ void bind_inference(nb::module_& m) {
           "attach",
           [](nb::handle name, std::optional<double> timeout) {
             const std::string n = *str_arg(name, "name", false);
-            const Timeout t = timeout_arg(timeout);
+            const Timeout t = Timeout::seconds(timeout);
             NoGil nogil;
             return Shm::attach(n, t);
           },

@@ -54,21 +54,17 @@ struct ServingThreadState {
 };
 thread_local ServingThreadState serving_thread_state;
 
-inf::Policy make_policy(nb::object adapter) {
+// The policy's output goes through the conversion module (convert.h, policy_output).
+inf::Policy make_policy(nb::object adapter, std::optional<std::vector<Key>> keys) {
   auto holder = std::make_shared<PyCallable>();
   holder->fn = nb::weakref(adapter);
-  return [holder](const TensorDict& batch) -> TensorDict {
+  return [holder, keys = std::move(keys)](const TensorDict& batch) -> TensorDict {
     serving_thread_state.ensure();
     nb::gil_scoped_acquire gil;
     try {
       nb::object fn = holder->fn();
       if (fn.is_none()) throw ClosedError("the InferenceServer's Python object is gone");
-      nb::object out = fn(PyTensorDict(batch));
-      if (!nb::isinstance<PyTensorDict>(out))
-        throw TypeError("the policy adapter returned a " +
-                        nb::cast<std::string>(nb::str(out.type().attr("__name__"))) +
-                        ", not a tensorwire.TensorDict");
-      return nb::cast<PyTensorDict&>(out).td();
+      return policy_output(fn(PyTensorDict(batch)), keys, batch.batch_size());
     } catch (nb::python_error& e) {
       throw RemoteError(describe_python_exception(e.value(), false));
     }
@@ -98,7 +94,7 @@ void bind_inference_server(nb::module_& m) {
   nb::class_<PyServer>(m, "_InferenceServer")
       .def(
           "__init__",
-          [](PyServer* self, nb::object adapter,
+          [](PyServer* self, nb::object adapter, nb::handle response_keys,
              std::vector<std::shared_ptr<inf::Transport>> transports, nb::handle max_batch_size,
              nb::handle min_batch_size, double timeout, nb::handle stats_window,
              nb::handle policy_version_key, int64_t policy_version) {
@@ -109,12 +105,18 @@ void bind_inference_server(nb::module_& m) {
                                  .policy_version_key = std::nullopt,
                                  .policy_version = policy_version};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
+            std::optional<std::vector<Key>> keys;
+            if (!response_keys.is_none()) {
+              keys.emplace();
+              for (nb::handle k : response_keys) keys->push_back(to_key(k));
+            }
             new (self) PyServer{std::make_unique<inf::InferenceServer>(
-                make_policy(std::move(adapter)), std::move(transports), o)};
+                make_policy(std::move(adapter), std::move(keys)), std::move(transports), o)};
           },
-          nb::arg("adapter"), nb::arg("transports"), nb::arg("max_batch_size").none(),
-          nb::arg("min_batch_size").none(), nb::arg("timeout"), nb::arg("stats_window").none(),
-          nb::arg("policy_version_key").none(), nb::arg("policy_version"))
+          nb::arg("adapter"), nb::arg("response_keys").none(), nb::arg("transports"),
+          nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(), nb::arg("timeout"),
+          nb::arg("stats_window").none(), nb::arg("policy_version_key").none(),
+          nb::arg("policy_version"))
       .def("start", [](PyServer& s) { s.get().start(); })
       .def(
           "shutdown",

@@ -368,13 +368,9 @@ void bind_tensordict(nb::module_& m) {
         auto t = to_tensor(storage);
         if (!t || t->dtype() != DType::UInt8 || t->dim() != 1 || !t->is_contiguous())
           throw TypeError("_from_consolidated: storage must be a contiguous 1-d uint8 array");
-        Json meta = to_json(metadata, "metadata");
         Storage bytes = Storage::external(
             t->data(), t->nbytes(), [keep = *t] {}, Storage::Kind::External);
-        auto layout = wire::ConsolidatedLayout::parse(std::move(meta), wire::Limits{}, t->nbytes());
-        TensorDict td = layout.instantiate(bytes);
-        td.lock_();
-        return PyTensorDict(std::move(td));
+        return PyTensorDict(wire::view_consolidated(bytes, to_json(metadata, "metadata")));
       },
       nb::arg("storage"), nb::arg("metadata"));
   m.def(

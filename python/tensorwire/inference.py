@@ -338,39 +338,19 @@ class RemoteTransport(_FixedLayout):
     last_refusal = property(lambda self: self._impl.last_refusal)
 
 
-def _to_tensorwire(out, response_keys, batch_size):
-    """A policy's output as a tensorwire TensorDict (the declared keys only, when known)."""
-    if isinstance(out, TensorDict):
-        return out
-    if _is_tensordict(out):
-        if response_keys is None:
-            return TensorDict.from_tensordict(out)
-        result = TensorDict(batch_size=tuple(out.batch_size)[:1] or batch_size)
-        for key in response_keys:
-            value = out.get(key, None)
-            if value is not None:
-                result[key] = value.detach() if getattr(value, "requires_grad", False) else value
-        return result
-    raise TypeError(f"the policy returned a {type(out).__name__}; it must return a TensorDict "
-                    "(tensorwire or tensordict)")
-
-
-def _make_adapter(policy, transports: list, input_type: str | None):
-    """The callable the C++ server invokes (with the GIL) once per batch."""
+def _make_adapter(policy, input_type: str | None, tensordict_specs: bool):
+    """The callable the C++ server invokes (with the GIL) once per batch; the C++ server
+    converts what it returns (a TensorDict, tensorwire or tensordict) to the response."""
     if input_type not in (None, "tensorwire", "tensordict"):
         raise ValueError(f"input_type must be None, 'tensorwire' or 'tensordict', got {input_type!r}")
     if input_type is None:
-        tensordict_specs = any(t._tensordict_specs for t in transports)
         input_type = "tensordict" if (_is_torch_module(policy) or tensordict_specs) else "tensorwire"
-    keys = transports[0]._response_keys if transports else None
-    if any(t._response_keys != keys for t in transports):
-        keys = None  # transports of different responses: the policy's output as it is
     if input_type == "tensorwire":
         def adapter(batch):
             out = policy(batch)
             if out is None:
                 raise TypeError("the policy returned None; it must return a TensorDict")
-            return _to_tensorwire(out, keys, batch.batch_size[:1])
+            return out
         return adapter
 
     import tensordict
@@ -380,10 +360,14 @@ def _make_adapter(policy, transports: list, input_type: str | None):
         td = tensordict.TensorDict(batch.torch(), batch_size=batch.batch_size)
         with torch.no_grad():
             out = policy(td)
-        if out is None:  # a module that writes into its input
-            out = td
-        return _to_tensorwire(out, keys, batch.batch_size[:1])
+        return td if out is None else out  # None: a module that wrote into its input
     return adapter
+
+
+def _response_keys(transports: list):
+    """The response keys all transports declare, or None (the policy's output as it is)."""
+    keys = transports[0]._response_keys if transports else None
+    return None if any(t._response_keys != keys for t in transports) else keys
 
 
 _STATS = ("requests", "batches", "requests_per_s", "batches_per_s", "avg_batch_size",
@@ -452,10 +436,12 @@ class InferenceServer:
         self.min_batch_size = min_batch_size
         self.timeout = timeout
         # The C++ server holds the adapter weakly (see inference_py.cpp): keep it here.
-        self._adapter = _make_adapter(policy, transports, input_type)
+        self._adapter = _make_adapter(policy, input_type,
+                                      any(t._tensordict_specs for t in transports))
         self._server = _C._InferenceServer(
-            self._adapter, [t._impl for t in transports], max_batch_size,
-            min_batch_size, float(timeout), stats_window_size, policy_version_key, policy_version)
+            self._adapter, _response_keys(transports), [t._impl for t in transports],
+            max_batch_size, min_batch_size, float(timeout), stats_window_size,
+            policy_version_key, policy_version)
         _live_servers.add(self)
 
     def start(self) -> "InferenceServer":

@@ -32,7 +32,6 @@ import tensordict
 from torchrl.modules.inference_server import InferenceTransport
 
 from . import inference as _inference
-from ._C import TensorDict as _TwTensorDict
 
 __all__ = ["SharedMemoryTransport", "RemoteTransport"]
 
@@ -43,7 +42,6 @@ class _SlotBankTransport(InferenceTransport):
     def _adopt(self, tw_transport) -> None:
         self._tw = tw_transport
         self._impl = tw_transport._impl
-        self._response_keys = tw_transport.response_keys
         self._request_batch = tuple(self._impl.request_spec.batch_size)
         self._default_client = None
 
@@ -92,23 +90,10 @@ class _SlotBankTransport(InferenceTransport):
         return items, callbacks
 
     def resolve(self, callback, result) -> None:
-        response = _TwTensorDict()
-        for key in self._response_keys:
-            value = result.get(key, None)
-            if value is None:
-                raise KeyError(f"the policy output has no key {key!r} (declared in the response spec)")
-            if value.device.type != "cpu":
-                value = value.cpu()
-            if value.requires_grad:
-                value = value.detach()
-            response[key] = value
-        self._impl._resolve_one(callback, response)
+        self._impl._resolve_one(callback, result)
 
     def resolve_exception(self, callback, exc: BaseException) -> None:
-        cls = type(exc)
-        name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-        message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-        self._impl._reject_one(callback, name, message)
+        self._impl._reject_one(callback, exc)
 
 
 class RemoteTransport(_SlotBankTransport):

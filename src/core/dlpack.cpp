@@ -71,6 +71,28 @@ Tensor external_view(void* data, Shape shape, Shape strides, DType dtype,
                       std::move(strides));
 }
 
+TypeError unsupported_dtype(std::string_view where, std::string_view dtype, char kind,
+                            char byteorder) {
+  std::string instead;
+  if (kind == 'O' || kind == 'U' || kind == 'S')
+    instead = "store text or objects as a non-tensor value: a str, or a list (arr.tolist())";
+  else if (kind == 'M' || kind == 'm')
+    instead = "store datetimes as int64 (arr.view('int64'))";
+  else if (kind == 'V')
+    instead = "store each field of a structured array under its own key";
+  else if (byteorder == '>')
+    instead = "convert to native byte order (arr.astype(arr.dtype.newbyteorder('=')))";
+  else if (kind == 'f' || kind == 'c')
+    instead = "convert to float64 / complex128";
+  else
+    instead = "convert to one of the supported dtypes";
+  return TypeError(std::string(where) + ": arrays of dtype " + std::string(dtype) +
+                   " cannot be stored (supported: bool, int8-int64, uint8-uint64, float16, "
+                   "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
+                   "float8_e5m2, in native byte order); " +
+                   instead);
+}
+
 }  // namespace detail
 
 namespace {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string_view>
 
+#include "tensorwire/core/error.h"
 #include "tensorwire/core/tensor.h"
 
 namespace tensorwire::detail {
@@ -26,5 +28,12 @@ DLPackType dlpack_type(DType dtype) noexcept;
 // `release` also runs when the shape is refused (ValueError), so ownership always passes.
 Tensor external_view(void* data, Shape shape, Shape strides, DType dtype,
                      std::function<void()> release);
+
+// Why an imported array's dtype cannot be a leaf, and what to store instead: the one
+// message for every entry point, the dtype described as the array interface does (numpy's
+// dtype.kind: 'O' object, 'U'/'S' text, 'M'/'m' datetimes, 'V' structured, 'f'/'c'
+// floating; byte order '>' big-endian; '\0' when unknown). `where` names the value.
+TypeError unsupported_dtype(std::string_view where, std::string_view dtype, char kind,
+                            char byteorder);
 
 }  // namespace tensorwire::detail

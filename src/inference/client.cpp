@@ -27,7 +27,8 @@ std::string detail::leaf_str(DType dtype, const Shape& shape) {
 }
 
 Future::Future() noexcept = default;
-Future::Future(std::unique_ptr<detail::Pending> pending) noexcept : pending_(std::move(pending)) {}
+Future::Future(std::unique_ptr<detail::Pending> pending)
+    : pending_(std::move(pending)), mu_(std::make_unique<std::timed_mutex>()) {}
 Future::Future(Future&&) noexcept = default;
 Future& Future::operator=(Future&&) noexcept = default;
 Future::~Future() = default;
@@ -45,11 +46,19 @@ const char* Future::state() {
 }
 
 TensorDict Future::result(Timeout timeout) {
+  const Deadline deadline = Deadline::after(timeout);
+  // A second thread waits for the first one's result as interruptibly as for a response.
+  std::unique_lock<std::timed_mutex> lock;
+  if (mu_) {
+    lock = std::unique_lock<std::timed_mutex>(*mu_, std::defer_lock);
+    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
+      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
+  }
   if (value_) return *value_;
   if (error_) std::rethrow_exception(error_);
   if (!pending_) throw Error("result() of an empty Future");
   // An interrupt (or the timeout) leaves pending_ in place: the request stays in flight.
-  if (!wait_for(*pending_, Deadline::after(timeout)))
+  if (!wait_for(*pending_, deadline))
     throw TimeoutError("no response within " + timeout.str() +
                        "; the request is still in flight: call result() again");
   try {

@@ -80,20 +80,16 @@ TensorDict load(const std::string& path, const wire::Limits& limits) {
     throw bad("metadata length " + std::to_string(json_len) + " exceeds the limit of " +
               std::to_string(limits.max_metadata_bytes));
   const uint64_t storage_bytes = size - 8 - json_len;
-  wire::ConsolidatedLayout layout;
-  try {
-    Json meta =
-        wire::parse_untrusted_json({file.data() + storage_bytes, json_len}, limits, "metadata");
-    layout = wire::ConsolidatedLayout::parse(std::move(meta), limits, storage_bytes);
-  } catch (const ProtocolError& e) {
-    throw bad(e.what());
-  }
   // The storage is the mapped file's first storage_bytes; it keeps the mapping alive.
   Storage storage = Storage::external(
       file.data(), storage_bytes, [file] {}, Storage::Kind::Mapped);
-  TensorDict td = layout.instantiate(storage);
-  td.lock_();
-  return td;
+  try {
+    Json meta =
+        wire::parse_untrusted_json({file.data() + storage_bytes, json_len}, limits, "metadata");
+    return wire::view_consolidated(std::move(storage), std::move(meta), limits);
+  } catch (const ProtocolError& e) {
+    throw bad(e.what());
+  }
 }
 
 }  // namespace tensorwire

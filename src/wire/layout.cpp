@@ -402,4 +402,11 @@ TensorDict ConsolidatedLayout::instantiate(Storage storage) const {
   return build(*root_, storage, c);
 }
 
+TensorDict view_consolidated(Storage storage, Json metadata, const Limits& limits) {
+  const auto layout = ConsolidatedLayout::parse(std::move(metadata), limits, storage.nbytes());
+  TensorDict td = layout.instantiate(std::move(storage));
+  td.lock_();
+  return td;
+}
+
 }  // namespace tensorwire::wire

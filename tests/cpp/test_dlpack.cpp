@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "core/dlpack_dtype.h"
 #include "tensorwire/core/tensor.h"
 
 namespace tensorwire {
@@ -174,6 +175,26 @@ TEST(DLPack, FromDlpackTakesFloat8ByDlpack11Codes) {
 TEST(DLPack, ToDlpackRejectsDtypesDlpackCannotName) {
   Tensor t = Tensor::zeros({2}, DType::Float8E4M3FN);
   EXPECT_THROW(t.to_dlpack(), TypeError);
+}
+
+// An array of a dtype no leaf holds: the message names the value, the dtype, the supported
+// ones and what to store instead, by the array interface's kind and byte order.
+TEST(DLPack, AnUnsupportedDtypeSaysWhatToStoreInstead) {
+  auto says = [](char kind, char order, const std::string& expected) {
+    const std::string m = detail::unsupported_dtype("key 'x'", "dtype('X')", kind, order).what();
+    EXPECT_EQ(m.rfind("key 'x': arrays of dtype dtype('X') cannot be stored (supported: bool", 0),
+              0u)
+        << m;
+    EXPECT_NE(m.find("in native byte order); " + expected), std::string::npos) << m;
+  };
+  says('O', '|', "store text or objects as a non-tensor value");
+  says('U', '<', "store text or objects as a non-tensor value");
+  says('M', '<', "store datetimes as int64");
+  says('V', '|', "store each field of a structured array under its own key");
+  says('f', '>', "convert to native byte order");
+  says('c', '=', "convert to float64 / complex128");
+  says('f', '=', "convert to float64 / complex128");
+  says('\0', '\0', "convert to one of the supported dtypes");
 }
 
 }  // namespace

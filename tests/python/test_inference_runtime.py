@@ -274,6 +274,31 @@ def test_a_policy_that_is_not_callable_is_refused_at_construction():
         tw.InferenceServer(42, tw.ThreadTransport())
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("returned", [None, {"action": np.zeros((1, 2), np.float32)}, [1, 2]])
+def test_a_policy_returning_no_tensordict_fails_its_requests_naming_what_it_returned(kind, returned):
+    t = make(kind)
+    with tw.InferenceServer(lambda batch: returned, t):
+        with pytest.raises(TypeError, match="the policy returned (None|a dict|a list); it must return a TensorDict"):
+            t.client()(observation(1), timeout=10)
+
+
+def test_a_tensordict_policy_output_is_read_at_the_response_keys_and_detached():
+    import tensordict
+    import torch
+    t = make_shm(4)
+    weight = torch.ones(2, requires_grad=True)
+
+    def policy(td):  # a tensordict output holding more than the response declares
+        obs = td["observation"]
+        with torch.enable_grad():  # an action that still requires grad
+            return tensordict.TensorDict({"action": obs[:, :2] * weight, "extra": obs},
+                                         batch_size=td.batch_size)
+    with tw.InferenceServer(policy, t, input_type="tensordict"):
+        out = t.client()(observation(1), timeout=10)
+    assert out["action"].tolist() == [1.0, 2.0]
+
+
 # --- closed objects ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -14,12 +14,15 @@
 // flight too). Every wait is interruptible (runtime/interrupt.h).
 //
 // Thread-safety: a Client may be shared by threads and copies share one connection. A
-// Future is used by one thread at a time. Clients are fork-aware: a copy that finds
-// itself in a forked child reconnects as a new client instead of acting as its parent.
+// Future's result() may be called by several threads: a second caller waits for the first
+// (interruptibly, within its own timeout) and gets the same response. Clients are
+// fork-aware: a copy that finds itself in a forked child reconnects as a new client instead
+// of acting as its parent.
 #pragma once
 
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,7 +41,7 @@ class ClientImpl;
 class Future {
  public:
   Future() noexcept;
-  explicit Future(std::unique_ptr<detail::Pending> pending) noexcept;
+  explicit Future(std::unique_ptr<detail::Pending> pending);
   Future(Future&&) noexcept;
   Future& operator=(Future&&) noexcept;
   Future(const Future&) = delete;
@@ -58,6 +61,8 @@ class Future {
 
  private:
   std::unique_ptr<detail::Pending> pending_;
+  // Held by the thread in result(); on the heap so that a Future stays movable.
+  std::unique_ptr<std::timed_mutex> mu_;
   std::optional<TensorDict> value_;
   std::exception_ptr error_;
 };

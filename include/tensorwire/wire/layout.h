@@ -39,4 +39,9 @@ class ConsolidatedLayout {
   size_t num_leaves_ = 0;
 };
 
+// A locked TensorDict of views into a consolidated storage someone else wrote (a file, a
+// pickle, tensordict's consolidate()), its `metadata` validated against the storage's size
+// first: ProtocolError as parse().
+TensorDict view_consolidated(Storage storage, Json metadata, const Limits& limits = {});
+
 }  // namespace tensorwire::wire

@@ -278,6 +278,30 @@ TEST_P(TransportTest, ResultTimesOutAndCanBeCalledAgain) {
   EXPECT_EQ(action0(f.result()), 8);  // the same response again
 }
 
+TEST_P(TransportTest, AFutureSharedByThreadsGivesEachTheResponse) {
+  Gate gate;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        gate.pass();
+        return double_policy(b);
+      },
+      transport);
+  server.start();
+  Future f = transport->client().submit(observation(5));
+  ASSERT_TRUE(gate.arrived(1));
+  float got[2] = {0, 0};
+  std::thread first([&] { got[0] = action0(f.result(5s)); });
+  std::this_thread::sleep_for(20ms);  // the first thread now waits for the response
+  // The second caller waits for the first: within its own timeout, then with the answer.
+  EXPECT_THROW(f.result(20ms), TimeoutError);
+  std::thread second([&] { got[1] = action0(f.result(5s)); });
+  gate.open();
+  first.join();
+  second.join();
+  EXPECT_EQ(got[0], 10);
+  EXPECT_EQ(got[1], 10);
+}
+
 // An interrupt check that fires once armed: what Ctrl-C does through the Python binding.
 std::atomic<bool> g_interrupt{false};
 void interrupt_when_armed() {
