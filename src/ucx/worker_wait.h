@@ -16,9 +16,9 @@
 // fails never sleeps: four clients of one server each burnt a CPU share as large as the
 // server's (0 voluntary context switches a message, docs/benchmarks.md). So a waiter
 // whose worker still cannot be armed after a progress that found nothing sleeps on the
-// kick eventfd and the extra fd for a bounded time (kStalledSleepMin..kStalledSleepMax)
-// that follows how long the peer takes to free room, and waits do not spin first until one
-// can arm again (a sender stalled once is stalled again after its next few FIFO elements). The
+// kick eventfd and the extra fd for a bounded time that doubles while nothing progresses
+// (kStalledSleepMin..kStalledSleepMax), and waits do not spin first until one can arm
+// again (a sender stalled once is stalled again after its next few FIFO elements). The
 // worker's own fd is left out of that sleep: unarmed, it may stay readable and end every sleep.
 #pragma once
 
@@ -74,8 +74,9 @@ class WorkerWait {
 
   // The sleep of a waiter whose worker cannot be armed (above): the shortest and the
   // longest. A receiver that frees FIFO room still has about as much queued (32
-  // elements: 3.5 messages of 64 KiB, ~100 us of its work here), and a stall lasts as
-  // long as the receiver takes for that; with four clients on a loaded machine, ms.
+  // elements: 3.5 messages of 64 KiB, ~100 us of its work here); with four clients on a
+  // loaded machine a stall lasts ms. Growing from the shortest again after any progress,
+  // a sleep overshoots the peer's freeing room by at most its own length.
   static constexpr std::chrono::nanoseconds kStalledSleepMin{20'000};
   static constexpr std::chrono::nanoseconds kStalledSleepMax{1'000'000};
 
@@ -85,9 +86,8 @@ class WorkerWait {
   void sleep_stalled(Deadline slice, int extra_fd) noexcept;
   os::Fd kick_;
   std::atomic<int> sleepers_{0};
-  // The last stalled sleep (ns), and whether progress found something since.
+  // The last stalled sleep (ns); 0 once progress found something.
   std::atomic<int64_t> stalled_ns_{0};
-  std::atomic<bool> progressed_{false};
   // The last wait ended stalled: the next one does not spin (until one can arm again).
   std::atomic<bool> stalled_{false};
 };
