@@ -112,6 +112,7 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
     ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
   } leave{sleepers_};
   if (worker.events() != seen) return;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!check() || progress(worker)) return;
@@ -120,11 +121,12 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
       // transport's first arm after a wake-up fails so): progress and arm once more;
       // not while stalled, where a refusal is the stall again (two system calls saved).
       if (progress(worker)) return;
-      if (stalled_.load(std::memory_order_relaxed) || !worker.arm()) {
-        sleep_stalled(slice, extra_fd);  // still refused: stalled on the peer
-        return;
-      }
+      refused = stalled_.load(std::memory_order_relaxed) || !worker.arm();
     }
+  }
+  if (refused) {  // still refused: stalled on the peer. Sleeps without the owner's mutex.
+    sleep_stalled(slice, extra_fd);
+    return;
   }
   stalled_.store(false, std::memory_order_relaxed);
   struct pollfd fds[3] = {
