@@ -216,12 +216,7 @@ void PipeImpl::wait_wireup(Deadline deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     flushed = ep_->flush();
   }
-  wait_until(
-      [&] {
-        progress();
-        return flushed.done();
-      },
-      deadline, "handshake");
+  wait_until([&] { return flushed.done(); }, deadline, "handshake");
   std::lock_guard<std::mutex> lock(mu_);
   wired_up_ = true;
 }
@@ -233,19 +228,13 @@ void PipeImpl::send_control(const Json& body, Deadline deadline) {
     check_alive();
     req = post_control(body);
   }
-  wait_until(
-      [&] {
-        progress();
-        return req.done();
-      },
-      deadline, "handshake");
+  wait_until([&] { return req.done(); }, deadline, "handshake");
 }
 
 Json PipeImpl::recv_control(Deadline deadline) {
   Json body;
   wait_until(
       [&] {
-        progress();
         std::optional<Json> got =
             take_control(kControlTag, wire::kHeaderBytes + kMaxControl, "control message");
         if (got) body = std::move(*got);
@@ -332,6 +321,7 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) throw ClosedError(std::string(what) + ": the pipe is closed");
+      progress();
       if (ready()) return true;
       check_alive();
     }
@@ -428,19 +418,10 @@ void PipeImpl::ensure_frame_capacity(size_t n) {
 }
 
 TensorDict* PipeImpl::step_recv(TensorDict* into) {
-  // A frame already in UCX's queue is taken without progressing first. Progress moves what
-  // the peer sent since out of the shared-memory FIFO into UCX's unexpected queue, into
-  // descriptors it allocates for it (fresh shared memory: page faults, memory that grows
-  // while the peer sends faster than we take, copies from cold memory), and frees the
-  // FIFO for more: a server whose clients outpaced it received 18,600 new pages in 12,000
-  // messages and spent twice the CPU a message. Left in the FIFO, what we have not taken
-  // yet stalls the peer's sends instead (flow control).
-  std::optional<std::pair<size_t, ucp_tag_message_h>> m;
-  if (state_ == RecvState::Idle) m = ep_->probe(kFrameTag);
-  if (!m) progress();
+  progress();
   try {
     if (state_ == RecvState::Idle) {
-      if (!m) m = ep_->probe(kFrameTag);
+      auto m = ep_->probe(kFrameTag);
       if (!m) {
         // Data sent before a close is delivered first, and a close message before the
         // connection error that follows it.

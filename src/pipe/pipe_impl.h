@@ -96,9 +96,9 @@ class PipeImpl : public runtime::Beating {
   [[noreturn]] void fail(const std::string& reason, Fault fault);  // under mu_
   // Throws ClosedError when this process is a fork of the one that made the pipe.
   void check_process() const;
-  // The one wait of the pipe: calls `ready()` (under mu_; it progresses the worker when it
-  // needs to) until it returns true, checking that the pipe is alive, sleeping on the wake-up fds
-  // between polls and checking for an interrupt at least every kInterruptSlice. TimeoutError
+  // The one wait of the pipe: progresses the worker and calls `ready()` (under mu_) until it
+  // returns true, checking that the pipe is alive, sleeping on the wake-up fds between
+  // polls and checking for an interrupt at least every kInterruptSlice. TimeoutError
   // ("<what> timed out after ...") once `deadline` passes.
   template <class Ready>
   void wait_until(Ready&& ready, Deadline deadline, const char* what);
