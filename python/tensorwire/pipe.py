@@ -28,6 +28,11 @@ _DEFAULT_MAX_MESSAGE = 16 << 30
 # for an occasional probe), so a server with many slow clients does not block its loop.
 ASYNC_SPIN_US = 50.0
 
+# How long asend / arecv sleep when UCX will not arm the pipe's fd because sends wait for
+# room the peer frees without a signal (TensorDictPipe._wait). The loop's selector rounds
+# a timeout up to a millisecond.
+_STALL_SLEEP_S = 0.001
+
 
 class _Spin:
     """How long one pipe's asend / arecv spin before awaiting.
@@ -129,6 +134,7 @@ class TensorDictPipe:
         self._recv_targets: list = []               # targets of receives in flight
         self._receiving = False                     # an arecv is running
         self._recv_owes_yield = False               # an arecv returned since the last yield
+        self._stalls = 0                            # waits in a row UCX would not arm for
 
     # -- connecting ---------------------------------------------------------------
     @classmethod
@@ -276,12 +282,25 @@ class TensorDictPipe:
         """Sleeps until the pipe may progress. ``seen``: the pipe's event count before this
         coroutine's last poll. If it changed, that poll (or arm) took events another
         coroutine of this pipe may be waiting for (a frame moved into UCX's queue leaves the
-        fd quiet): wake it before sleeping."""
+        fd quiet): wake it before sleeping.
+
+        UCX may refuse to arm with nothing to progress: once after a wake-up (a stale
+        signal, drained by that refusal: arm again), and for as long as sends wait for room
+        in the peer's shared-memory FIFO, which the peer frees without a signal
+        (src/ucx/worker_wait.h). Then no fd will fire: the first such wait in a row yields
+        to the loop's other tasks, the next ones sleep ``_STALL_SLEEP_S``. Returning at once instead would poll without
+        ever giving the loop up (and hang if the peer is served by this loop)."""
         armed = self._impl.arm()
+        if not armed and self._impl.events == seen:
+            armed = self._impl.arm()  # the first refusal may have drained a stale signal
         if self._impl.events != seen:
             self._waiter.wake()
         if armed:
+            self._stalls = 0
             await self._waiter.wait()
+        elif self._impl.events == seen:
+            self._stalls += 1
+            await asyncio.sleep(0 if self._stalls == 1 else _STALL_SLEEP_S)
 
     # -- lifetime -----------------------------------------------------------------
     def _check_open(self, op: str) -> None:

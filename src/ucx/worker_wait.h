@@ -6,6 +6,20 @@
 // can take the event the other sleeps for (the message lands in UCX's unexpected queue and
 // the worker's fd stays quiet). So a waiter counts itself as a sleeper, and progress that
 // found something while anyone sleeps writes the kick eventfd the sleepers also poll.
+//
+// A worker that cannot be armed. UCX's shared-memory transport (mm: sysv, posix) refuses to
+// arm while a send waits for room in the peer's receive FIFO (ucp_worker_arm is BUSY
+// "if we have outstanding send operations"), and the peer frees that room by moving a
+// counter in shared memory, with no signal. A sender faster than its receiver (64 KiB
+// messages: a message is ~9 FIFO elements of 64, the receiver frees 32 at a time) is
+// stalled like that most of the time, and a wait that returns to polling whenever arming
+// fails never sleeps: four clients of one server each burnt a CPU share as large as the
+// server's (0 voluntary context switches a message, docs/benchmarks.md). So a waiter
+// whose worker still cannot be armed after a progress that found nothing sleeps on the
+// kick eventfd and the extra fd for a bounded time that doubles while nothing progresses
+// (kStalledSleepMin..kStalledSleepMax), and waits do not spin first until one can arm
+// again (a sender stalled once is stalled again after its next few FIFO elements). The
+// worker's own fd is left out of that sleep: unarmed, it may stay readable and end every sleep.
 #pragma once
 
 #include <poll.h>
@@ -58,18 +72,33 @@ class WorkerWait {
   void wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t seen, Check&& check,
             int extra_fd = -1);
 
+  // The sleep of a waiter whose worker cannot be armed (above): the shortest and the
+  // longest. A receiver that frees FIFO room still has about as much queued (32
+  // elements: 3.5 messages of 64 KiB, ~100 us of its work here); with four clients on a
+  // loaded machine a stall lasts ms. Growing from the shortest again after any progress,
+  // a sleep overshoots the peer's freeing room by at most its own length.
+  static constexpr std::chrono::nanoseconds kStalledSleepMin{20'000};
+  static constexpr std::chrono::nanoseconds kStalledSleepMax{1'000'000};
+
  private:
   void drain_kick() noexcept;
+  // Sleeps on the kick eventfd and `extra_fd` for the next stalled sleep (or until `slice`).
+  void sleep_stalled(Deadline slice, int extra_fd) noexcept;
   os::Fd kick_;
   std::atomic<int> sleepers_{0};
+  // The last stalled sleep (ns); 0 once progress found something.
+  std::atomic<int64_t> stalled_ns_{0};
+  // The last wait ended stalled: the next one does not spin (until one can arm again).
+  std::atomic<bool> stalled_{false};
 };
 
 template <class Check>
 void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t seen, Check&& check,
                       int extra_fd) {
   // progress(), not worker.progress(): what this spin takes in may be what another thread
-  // sleeps for, and it is kicked awake like any other progress would kick it.
-  if (spin_for(std::chrono::microseconds(50), [&] {
+  // sleeps for, and it is kicked awake like any other progress would kick it. No spin while
+  // stalled: the peer's room comes after its work on several messages, not microseconds.
+  if (!stalled_.load(std::memory_order_relaxed) && spin_for(std::chrono::microseconds(50), [&] {
         std::lock_guard<std::mutex> lock(mu);
         return progress(worker) != 0;
       }))
@@ -83,10 +112,23 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
     ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
   } leave{sleepers_};
   if (worker.events() != seen) return;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!check() || progress(worker) || !worker.arm()) return;
+    if (!check() || progress(worker)) return;
+    if (!worker.arm()) {
+      // Events pending, or only a stale wake-up signal that this arm drained (the mm
+      // transport's first arm after a wake-up fails so): progress and arm once more;
+      // not while stalled, where a refusal is the stall again (two system calls saved).
+      if (progress(worker)) return;
+      refused = stalled_.load(std::memory_order_relaxed) || !worker.arm();
+    }
   }
+  if (refused) {  // still refused: stalled on the peer. Sleeps without the owner's mutex.
+    sleep_stalled(slice, extra_fd);
+    return;
+  }
+  stalled_.store(false, std::memory_order_relaxed);
   struct pollfd fds[3] = {
       {worker.efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
   ::poll(fds, extra_fd >= 0 ? 3 : 2, slice.poll_ms());

@@ -316,6 +316,45 @@ def test_a_pipe_read_with_async_for_lets_the_loop_run_other_tasks_between_messag
     asyncio.run(run())
 
 
+@pytest.mark.timeout(60)
+def test_an_asend_stalled_on_a_peer_that_does_not_receive_lets_the_loop_run(tls):
+    # 64 KiB messages are sent eagerly: they fill the peer's shared-memory FIFO, and then a
+    # send waits for room that the peer frees without a signal (UCX will not arm the fd
+    # meanwhile). The loop must go on running other tasks, here the one that starts the
+    # peer's receives: asend used to poll without giving the loop up, and this hung.
+    async def run():
+        with tw.PipeListener(0) as listener:
+            loop = asyncio.get_running_loop()
+            accepting = loop.run_in_executor(None, lambda: listener.accept(timeout=30))
+            pipe = await loop.run_in_executor(
+                None, lambda: tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=30))
+            peer = await accepting
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.001)
+                    ticks += 1
+
+            async def sender():
+                for i in range(100):
+                    await pipe.asend(tw.TensorDict({"x": np.full(64 * 1024, i, np.uint8)}, batch_size=[]))
+
+            other = asyncio.ensure_future(ticker())
+            sending = asyncio.ensure_future(sender())
+            await asyncio.sleep(0.3)
+            assert ticks >= 10, f"the loop ran {ticks} times in 0.3 s while asend waited"
+            got = await loop.run_in_executor(
+                None, lambda: [int(peer.recv(timeout=30)["x"][-1]) for _ in range(100)])
+            await asyncio.wait_for(sending, 30)
+            other.cancel()
+            assert got == list(range(100))
+            pipe.close()
+            peer.close()
+    asyncio.run(run())
+
+
 def test_recv_timeout_raises_timeouterror_and_the_pipe_stays_usable(tls):
     with tw.PipeListener(0) as listener:
         peer = py_peer("echo", "127.0.0.1", listener.port, 1)

@@ -1,6 +1,7 @@
 // The pipe on the shared runtime: Timeout, interrupts, resumable sends, error kinds, and
 // fork(). Both ends live in this process (the accepting end on a helper thread).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +111,62 @@ TEST(PipeRuntime, AfterATimedOutSendAnotherDictFollowsIt) {
   });
   p.connected->send(small(9.f), 20s);
   receiver.join();
+}
+
+// 64 KiB of `i`, sent eagerly (UCX copies it into the peer's shared-memory FIFO).
+TensorDict eager(uint8_t i) {
+  TensorDict td;
+  td.set("x", Tensor::from_vector<uint8_t>(std::vector<uint8_t>(64 * 1024, i), {64 * 1024}));
+  return td;
+}
+
+struct ThreadUsage {
+  double cpu_s;
+  long voluntary_switches;
+};
+ThreadUsage thread_usage() {
+  struct rusage r {};
+  ::getrusage(RUSAGE_THREAD, &r);
+  return {static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+              static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6,
+          r.ru_nvcsw};
+}
+
+// A peer that does not receive: eager sends fill its FIFO, then a send waits for room that
+// UCX frees without a signal (and will not arm the worker meanwhile). The sender sleeps in
+// that wait (voluntary context switches; little CPU) instead of polling for it, and
+// everything arrives in order once the peer receives.
+TEST(PipeRuntime, ASendStalledOnAPeerThatDoesNotReceiveSleepsAndResumes) {
+  Pair p;
+  std::vector<TensorDict> sent;
+  for (int i = 0; i < 1000; ++i) {
+    sent.push_back(eager(static_cast<uint8_t>(i)));
+    try {
+      p.connected->send(sent.back(), Timeout::poll());
+    } catch (const TimeoutError&) {
+      break;  // stalled: this one is still in flight
+    }
+  }
+  ASSERT_LT(sent.size(), 1000u) << "sends never waited for the peer";
+  const ThreadUsage before = thread_usage();
+  const auto start = Clock::now();
+  EXPECT_THROW(p.connected->send(sent.back(), 300ms), TimeoutError);
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const ThreadUsage after = thread_usage();
+  EXPECT_GE(after.voluntary_switches - before.voluntary_switches, 10)
+      << "the stalled send never slept";
+  EXPECT_LT(after.cpu_s - before.cpu_s, 0.5 * wall) << "the stalled send kept a CPU busy";
+
+  std::thread receiver([&] {
+    for (size_t i = 0; i < sent.size(); ++i) {
+      TensorDict& got = p.accepted->recv(nullptr, 20s);
+      ASSERT_EQ(got.get("x").data<uint8_t>()[64 * 1024 - 1], static_cast<uint8_t>(i))
+          << "message " << i;
+    }
+  });
+  p.connected->send(sent.back(), 20s);  // completes the one in flight
+  receiver.join();
+  EXPECT_THROW(p.accepted->recv(nullptr, 100ms), TimeoutError);  // each arrived once
 }
 
 TEST(PipeRuntime, AnInterruptEndsABlockingRecvWithinASliceAndThePipeStaysUsable) {
