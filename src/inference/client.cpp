@@ -1,6 +1,7 @@
 #include "tensorwire/inference/client.h"
 
 #include "client_impl.h"
+#include "runtime/timed_lock.h"
 #include "runtime/wait.h"
 
 namespace tensorwire::inference {
@@ -28,7 +29,7 @@ std::string detail::leaf_str(DType dtype, const Shape& shape) {
 
 Future::Future() noexcept = default;
 Future::Future(std::unique_ptr<detail::Pending> pending)
-    : pending_(std::move(pending)), mu_(std::make_unique<std::timed_mutex>()) {}
+    : pending_(std::move(pending)), mu_(std::make_unique<runtime::TimedLock>()) {}
 Future::Future(Future&&) noexcept = default;
 Future& Future::operator=(Future&&) noexcept = default;
 Future::~Future() = default;
@@ -48,9 +49,9 @@ const char* Future::state() {
 TensorDict Future::result(Timeout timeout) {
   const Deadline deadline = Deadline::after(timeout);
   // A second thread waits for the first one's result as interruptibly as for a response.
-  std::unique_lock<std::timed_mutex> lock;
+  std::unique_lock<runtime::TimedLock> lock;
   if (mu_) {
-    lock = std::unique_lock<std::timed_mutex>(*mu_, std::defer_lock);
+    lock = std::unique_lock<runtime::TimedLock>(*mu_, std::defer_lock);
     if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
       throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
   }

@@ -22,7 +22,6 @@
 
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +29,10 @@
 #include "tensorwire/core/tensordict.h"
 #include "tensorwire/runtime/remote_error.h"
 #include "tensorwire/runtime/timeout.h"
+
+namespace tensorwire::runtime {
+class TimedLock;  // src/runtime/timed_lock.h
+}  // namespace tensorwire::runtime
 
 namespace tensorwire::inference {
 
@@ -62,7 +65,7 @@ class Future {
  private:
   std::unique_ptr<detail::Pending> pending_;
   // Held by the thread in result(); on the heap so that a Future stays movable.
-  std::unique_ptr<std::timed_mutex> mu_;
+  std::unique_ptr<runtime::TimedLock> mu_;
   std::optional<TensorDict> value_;
   std::exception_ptr error_;
 };
