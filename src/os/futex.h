@@ -103,32 +103,16 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-template <class Alive>
-uint32_t WaitWord::wait(uint32_t seen, std::chrono::steady_clock::time_point deadline,
-                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
-  for (uint32_t i = 0; i < spin.spins; ++i) {
-    uint32_t now = seq.load(std::memory_order_acquire);
-    if (now != seen) return now;
-    cpu_relax();
-  }
-  for (bool slept = false;; slept = true) {
-    uint32_t now = seq.load(std::memory_order_acquire);
-    if (now != seen) return now;
-    auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) return seen;
-    if (slept && !alive()) return seen;
-    auto slice = std::min<std::chrono::nanoseconds>(left, poll);
-    waiters.fetch_add(1, std::memory_order_seq_cst);
-    // Re-check after announcing ourselves: a notify between the load above and the
-    // fetch_add would otherwise be missed (notify reads `waiters` after bumping seq).
-    if (seq.load(std::memory_order_seq_cst) == seen) futex_wait(&seq, seen, slice);
-    waiters.fetch_sub(1, std::memory_order_relaxed);
-  }
-}
+namespace detail {
 
-template <class Alive>
-uint32_t WaitBits::wait(uint32_t bit, uint32_t seen, std::chrono::steady_clock::time_point deadline,
-                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
+// The loop WaitWord and WaitBits share: spin, then sleep in slices of at most `poll` until
+// seq moves, the deadline passes, or `alive` (asked after a sleep that brought nothing)
+// says no. `sleep(until, slice)` announces the waiter, re-checks seq and sleeps in the
+// kernel until `until` (`slice` from now) at most.
+template <class Alive, class Sleep>
+uint32_t spin_then_sleep(const std::atomic<uint32_t>& seq, uint32_t seen,
+                         std::chrono::steady_clock::time_point deadline, Alive&& alive,
+                         SpinPolicy spin, std::chrono::milliseconds poll, Sleep&& sleep) {
   for (uint32_t i = 0; i < spin.spins; ++i) {
     uint32_t now = seq.load(std::memory_order_acquire);
     if (now != seen) return now;
@@ -140,13 +124,39 @@ uint32_t WaitBits::wait(uint32_t bit, uint32_t seen, std::chrono::steady_clock::
     const auto t = std::chrono::steady_clock::now();
     if (t >= deadline) return seen;
     if (slept && !alive()) return seen;
-    // Announce, then re-check (notify bumps seq, then reads the sleepers): either we see
-    // the new seq here or the notifier sees our bit.
-    sleepers.fetch_or(bit, std::memory_order_seq_cst);
-    if (seq.load(std::memory_order_seq_cst) == seen)
-      futex_wait_bits(&seq, seen, std::min(deadline, t + poll), bit);
-    sleepers.fetch_and(~bit, std::memory_order_relaxed);
+    const auto until = std::min<std::chrono::steady_clock::time_point>(deadline, t + poll);
+    sleep(until, std::chrono::nanoseconds(until - t));
   }
+}
+
+}  // namespace detail
+
+template <class Alive>
+uint32_t WaitWord::wait(uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
+  return detail::spin_then_sleep(
+      seq, seen, deadline, std::forward<Alive>(alive), spin, poll,
+      [&](std::chrono::steady_clock::time_point, std::chrono::nanoseconds slice) {
+        waiters.fetch_add(1, std::memory_order_seq_cst);
+        // Re-check after announcing ourselves: a notify between the caller's load and the
+        // fetch_add would otherwise be missed (notify reads `waiters` after bumping seq).
+        if (seq.load(std::memory_order_seq_cst) == seen) futex_wait(&seq, seen, slice);
+        waiters.fetch_sub(1, std::memory_order_relaxed);
+      });
+}
+
+template <class Alive>
+uint32_t WaitBits::wait(uint32_t bit, uint32_t seen, std::chrono::steady_clock::time_point deadline,
+                        Alive&& alive, SpinPolicy spin, std::chrono::milliseconds poll) {
+  return detail::spin_then_sleep(
+      seq, seen, deadline, std::forward<Alive>(alive), spin, poll,
+      [&](std::chrono::steady_clock::time_point until, std::chrono::nanoseconds) {
+        // Announce, then re-check (notify bumps seq, then reads the sleepers): either we
+        // see the new seq here or the notifier sees our bit.
+        sleepers.fetch_or(bit, std::memory_order_seq_cst);
+        if (seq.load(std::memory_order_seq_cst) == seen) futex_wait_bits(&seq, seen, until, bit);
+        sleepers.fetch_and(~bit, std::memory_order_relaxed);
+      });
 }
 
 }  // namespace tensorwire::os

@@ -40,6 +40,14 @@ class Gate {
   int arrived_ = 0;
 };
 
+// double_policy, each batch first passing `gate`.
+Policy gated(Gate& gate) {
+  return [&gate](const TensorDict& b) {
+    gate.pass();
+    return double_policy(b);
+  };
+}
+
 std::shared_ptr<Transport> make_transport(const std::string& kind, uint32_t slots = 64) {
   if (kind == "shared_memory") return make_shm(slots);
   if (kind == "socket") return SocketTransport::create();
@@ -221,12 +229,7 @@ TEST_P(TransportTest, UpdateModelRunsBetweenBatchesAndBumpsTheVersion) {
 
 TEST_P(TransportTest, ShutdownAnswersTheRunningBatchAndFailsThePendingRequests) {
   Gate gate;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        gate.pass();
-        return double_policy(b);
-      },
-      transport, {.max_batch_size = 1});
+  InferenceServer server(gated(gate), transport, {.max_batch_size = 1});
   server.start();
   Client c = transport->client();
   Future running = c.submit(observation(1));
@@ -262,12 +265,7 @@ TEST_P(TransportTest, ASubmitAfterShutdownFailsInsteadOfWaitingForEver) {
 
 TEST_P(TransportTest, ResultTimesOutAndCanBeCalledAgain) {
   Gate gate;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        gate.pass();
-        return double_policy(b);
-      },
-      transport);
+  InferenceServer server(gated(gate), transport);
   server.start();
   Future f = transport->client().submit(observation(4));
   EXPECT_THROW(f.result(20ms), TimeoutError);
@@ -280,12 +278,7 @@ TEST_P(TransportTest, ResultTimesOutAndCanBeCalledAgain) {
 
 TEST_P(TransportTest, AFutureSharedByThreadsGivesEachTheResponse) {
   Gate gate;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        gate.pass();
-        return double_policy(b);
-      },
-      transport);
+  InferenceServer server(gated(gate), transport);
   server.start();
   Future f = transport->client().submit(observation(5));
   ASSERT_TRUE(gate.arrived(1));
@@ -310,12 +303,7 @@ void interrupt_when_armed() {
 
 TEST_P(TransportTest, AnInterruptedResultLeavesTheRequestInFlightAndTheClientUsable) {
   Gate gate;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        gate.pass();
-        return double_policy(b);
-      },
-      transport);
+  InferenceServer server(gated(gate), transport);
   server.start();
   set_interrupt_check(interrupt_when_armed);
   Client c = transport->client();
@@ -357,12 +345,7 @@ TEST_P(TransportTest, EveryUseOfAClosedTransportOrClientIsAClosedError) {
 
 TEST_P(TransportTest, DroppedFuturesDoNotDisturbLaterRequests) {
   Gate gate;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        gate.pass();
-        return double_policy(b);
-      },
-      transport, {.max_batch_size = 2});
+  InferenceServer server(gated(gate), transport, {.max_batch_size = 2});
   Client c = transport->client();
   for (int i = 0; i < 6; ++i) c.submit(observation(static_cast<float>(i)));  // dropped at once
   server.start();
