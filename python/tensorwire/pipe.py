@@ -284,15 +284,14 @@ class TensorDictPipe:
         coroutine of this pipe may be waiting for (a frame moved into UCX's queue leaves the
         fd quiet): wake it before sleeping.
 
-        UCX may refuse to arm with nothing to progress: once after a wake-up (a stale
-        signal, drained by that refusal: arm again), and for as long as sends wait for room
-        in the peer's shared-memory FIFO, which the peer frees without a signal
-        (src/ucx/worker_wait.h). Then no fd will fire: the first such wait in a row yields
-        to the loop's other tasks, the next ones sleep ``_STALL_SLEEP_S``. Returning at once instead would poll without
-        ever giving the loop up (and hang if the peer is served by this loop)."""
+        UCX may refuse to arm with nothing to progress for as long as sends wait for room
+        in the peer's shared-memory FIFO, which the peer frees without a signal (arm()
+        already retries a refusal that only drained a stale wake-up,
+        src/ucx/worker_wait.h). Then no fd will fire: the first such wait in a row yields
+        to the loop's other tasks, the next ones sleep ``_STALL_SLEEP_S``. Returning at
+        once instead would poll without ever giving the loop up (and hang if the peer is
+        served by this loop)."""
         armed = self._impl.arm()
-        if not armed and self._impl.events == seen:
-            armed = self._impl.arm()  # the first refusal may have drained a stale signal
         if self._impl.events != seen:
             self._waiter.wake()
         if armed:

@@ -310,8 +310,7 @@ unsigned PipeImpl::progress() {
 bool PipeImpl::arm() {
   check_process();
   std::lock_guard<std::mutex> lock(mu_);
-  if (progress()) return false;
-  return worker_->arm();
+  return waiting_.arm(*worker_) == ucx::WorkerWait::Arm::Armed;
 }
 
 template <class Ready>

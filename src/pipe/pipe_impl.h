@@ -68,6 +68,8 @@ class PipeImpl : public runtime::Beating {
 
   int fd() const { return worker_->efd(); }
   uint64_t events() const { return worker_->events(); }
+  // Arms the worker for an asyncio wait on fd() (ucx::WorkerWait::arm): false when events
+  // came in or UCX refuses (stalled on the peer).
   bool arm();
   int peer_fd() const { return peer_watch_ ? peer_watch_->fd() : -1; }
 

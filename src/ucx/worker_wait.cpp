@@ -24,6 +24,16 @@ unsigned WorkerWait::progress(Worker& worker) {
   return n;
 }
 
+WorkerWait::Arm WorkerWait::arm(Worker& worker) {
+  if (progress(worker)) return Arm::Progressed;
+  if (!worker.arm()) {
+    if (progress(worker)) return Arm::Progressed;
+    if (stalled_.load(std::memory_order_relaxed) || !worker.arm()) return Arm::Refused;
+  }
+  stalled_.store(false, std::memory_order_relaxed);
+  return Arm::Armed;
+}
+
 void WorkerWait::sleep_stalled(Deadline slice, int extra_fd) noexcept {
   const int64_t last = stalled_ns_.load(std::memory_order_relaxed);
   const int64_t ns =

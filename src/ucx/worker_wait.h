@@ -66,11 +66,20 @@ class WorkerWait {
   // before the caller's last poll (returns at once if anything progressed since). First
   // spins for 50 us (spin_for: a reply is often microseconds away), progressing under `mu`.
   // Then `check()` (under `mu`) says whether to sleep (false: the owner failed or closed,
-  // look again at once); the worker is armed and the thread
+  // look again at once); the worker is armed (arm()) and the thread
   // polls the worker's fd, the kick eventfd and `extra_fd` (when >= 0).
   template <class Check>
   void wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t seen, Check&& check,
             int extra_fd = -1);
+
+  // Arms `worker` for a sleep on its fd, under the owner's mutex: Progressed (events came
+  // in: look at them instead), Armed, or Refused (stalled on the peer, above). The mm
+  // transport's first arm after a wake-up fails on a stale signal that the failed arm
+  // drains, so after a progress that finds nothing it arms once more; not while stalled,
+  // where a refusal is the stall again (two system calls saved). The pipe's arm() for
+  // asyncio (pipe.py) is this one too.
+  enum class Arm { Progressed, Armed, Refused };
+  Arm arm(Worker& worker);
 
   // The sleep of a waiter whose worker cannot be armed (above): the shortest and the
   // longest. A receiver that frees FIFO room still has about as much queued (32
@@ -112,23 +121,17 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
     ~Leave() { n.fetch_sub(1, std::memory_order_acq_rel); }
   } leave{sleepers_};
   if (worker.events() != seen) return;
-  bool refused = false;
+  Arm armed;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!check() || progress(worker)) return;
-    if (!worker.arm()) {
-      // Events pending, or only a stale wake-up signal that this arm drained (the mm
-      // transport's first arm after a wake-up fails so): progress and arm once more;
-      // not while stalled, where a refusal is the stall again (two system calls saved).
-      if (progress(worker)) return;
-      refused = stalled_.load(std::memory_order_relaxed) || !worker.arm();
-    }
+    if (!check()) return;
+    armed = arm(worker);
   }
-  if (refused) {  // still refused: stalled on the peer. Sleeps without the owner's mutex.
+  if (armed == Arm::Progressed) return;
+  if (armed == Arm::Refused) {  // stalled on the peer. Sleeps without the owner's mutex.
     sleep_stalled(slice, extra_fd);
     return;
   }
-  stalled_.store(false, std::memory_order_relaxed);
   struct pollfd fds[3] = {
       {worker.efd(), POLLIN, 0}, {kick_.get(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
   ::poll(fds, extra_fd >= 0 ? 3 : 2, slice.poll_ms());
