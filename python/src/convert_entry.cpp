@@ -85,10 +85,12 @@ TensorDict from_tensordict_lib(nb::handle td, const nb::object& lib) {
   return out;
 }
 
-// A leaf a policy computed, without its autograd graph: torch exports no tensor that
-// requires grad, and a response needs only the values.
-nb::object detached(nb::object v) {
-  if (nb::hasattr(v, "requires_grad") && nb::cast<bool>(v.attr("requires_grad")))
+// The leaf at `key` of a policy's tensordict.TensorDict output (None when absent), without
+// its autograd graph: torch exports no tensor that requires grad, and a response needs
+// only the values.
+nb::object output_leaf(nb::handle out, const Key& key) {
+  nb::object v = out.attr("get")(from_key(key), nb::none());
+  if (!v.is_none() && nb::hasattr(v, "requires_grad") && nb::cast<bool>(v.attr("requires_grad")))
     return v.attr("detach")();
   return v;
 }
@@ -221,8 +223,8 @@ TensorDict policy_output(nb::handle out, const std::optional<std::vector<Key>>& 
   Shape dims = first_dim(nb::cast<Shape>(nb::list(out.attr("batch_size"))));
   TensorDict response(dims.empty() ? first_dim(batch) : dims);
   for (const Key& k : *keys) {
-    nb::object v = out.attr("get")(from_key(k), nb::none());
-    if (!v.is_none()) response.set(k, to_entry(detached(v), response.batch_size(), {}, k));
+    nb::object v = output_leaf(out, k);
+    if (!v.is_none()) response.set(k, to_entry(v, response.batch_size(), {}, k));
   }
   return response;
 }
@@ -230,13 +232,13 @@ TensorDict policy_output(nb::handle out, const std::optional<std::vector<Key>>& 
 TensorDict torchrl_result(nb::handle result, const std::vector<Key>& keys) {
   TensorDict response;
   for (const Key& k : keys) {
-    nb::object v = result.attr("get")(from_key(k), nb::none());
+    nb::object v = output_leaf(result, k);
     if (v.is_none())
       throw KeyError("the policy output has no key " +
                      nb::cast<std::string>(nb::repr(from_key(k))) +
                      " (declared in the response spec)");
     if (nb::cast<std::string>(nb::str(v.attr("device").attr("type"))) != "cpu") v = v.attr("cpu")();
-    response.set(k, to_entry(detached(v), {}, {}, k));
+    response.set(k, to_entry(v, {}, {}, k));
   }
   return response;
 }
