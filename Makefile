@@ -84,17 +84,12 @@ docs: build
 	@$(VENV)/bin/mkdocs build --strict -q && echo "docs: build/site/index.html"
 
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
-# Known limit (issue 11): a restarted worker is forked from the multithreaded main process,
-# and GCC 12's libasan does not take its allocator's locks around fork() (glibc's malloc
-# does): a replacement forked while the main process's ZeroMQ I/O thread held one waits in
-# its first malloc for ever. The map kills a worker that never connects after 10 s and the
-# restart policy replaces it, so Healing.AStrictMapStaysExactWhenWorkersAreKilledFromOutside
-# takes about 30 s here instead of hanging. The fix is to fork replacements from a
-# single-threaded fork server started with the first workers.
-# forked-child: tests that run code in a fork of the threaded test process. For the same
-# reason such a child can deadlock in libasan's allocator (gdb: its first malloc spins on
-# __sanitizer::StackDepot's lock, held by another thread of the parent at the fork): they
-# hung 2 of 567 in a CI run. As under TSan, they run in every other pass.
+# forked-child: tests that run code in a fork of the threaded test process. GCC 12's libasan
+# does not take its allocator's locks around fork() (glibc's malloc does), so such a child
+# can deadlock in its first malloc (gdb: it spins on __sanitizer::StackDepot's lock, held by
+# another thread of the parent at the fork): they hung 2 of 567 in a CI run. They run in
+# every other pass. (Runners fork replacements of dead workers from a single-threaded fork
+# server, src/dataflow/fork_server.h, so those are safe here.)
 test-sanitize: deps
 	@cmake -S . -B $(BUILD)-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=address,undefined -DTENSORWIRE_BENCH=OFF >/dev/null
@@ -103,10 +98,6 @@ test-sanitize: deps
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -LE forked-child
 
 # Concurrent code under ThreadSanitizer.
-# KNOWN BUG (issue 11, the cause given at test-sanitize): the 7 Healing tests that restart a
-# worker fail here, as TSan ends each replacement forked from the threaded main process
-# ("starting new threads after multi-threaded fork is not supported"). With
-# TSAN_OPTIONS=die_after_fork=0 they pass and TSan reports no race.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=thread -DTENSORWIRE_BENCH=OFF >/dev/null

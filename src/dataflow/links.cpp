@@ -50,10 +50,14 @@ void MainLink::check_workers() {
 
 os::UnixSocket MainLink::take_child_end(uint16_t sender) {
   os::UnixSocket mine = std::move(child_ends.at(sender));
+  forget_in_child();
+  return mine;
+}
+
+void MainLink::forget_in_child() noexcept {
   parent_ends.clear();
   child_ends.clear();
   workers.forget_in_child();
-  return mine;
 }
 
 void MainLink::open(const std::string& endpoint) {

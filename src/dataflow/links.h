@@ -61,6 +61,8 @@ struct MainLink {
   // In a child, before anything else: drops what belongs to the parent and returns the
   // child's own end of its socket pair.
   os::UnixSocket take_child_end(uint16_t sender);
+  // In a child (the fork server): drops what belongs to the parent.
+  void forget_in_child() noexcept;
   // After forking: the ZeroMQ context, the PULL socket bound to `endpoint`, the receiver.
   void open(const std::string& endpoint);
 

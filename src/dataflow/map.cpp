@@ -80,7 +80,7 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   };
   std::map<uint32_t, PassCount> counts;
 
-  [[noreturn]] void worker_main(int index, uint16_t sender);
+  [[noreturn]] void worker_main(int index, uint16_t sender, os::UnixSocket sock);
   void count_result(uint32_t pass, bool kept);
   void check_pass(uint32_t pass);
   void send_task(const TensorDict& td);
@@ -103,8 +103,7 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void epoch_end() noexcept override { end_epoch(); }
 };
 
-void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender) {
-  os::UnixSocket sock = link.take_child_end(sender);
+void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender, os::UnixSocket sock) {
   detail::WorkerProgress* progress_slot = progress(index);
   // The task socket's end in this worker: its own queue is as deep as the whole buffer,
   // so that the main process never blocks sending a task.
@@ -411,7 +410,9 @@ void MultiProcessMapDataZMQ::reset_state() {
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";
   m.task_endpoint = base + "-tasks-";
-  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender) { m.worker_main(i, sender); });
+  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender, os::UnixSocket socket) {
+    m.worker_main(i, sender, std::move(socket));
+  });
   m.link.open(m.result_endpoint);
   m.tasks.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) m.bind_tasks(i, static_cast<uint16_t>(i));

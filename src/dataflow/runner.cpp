@@ -74,7 +74,7 @@ struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSour
   shm::Segment credits;
 
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
-  [[noreturn]] void worker_main(int index, uint16_t sender);
+  [[noreturn]] void worker_main(int index, uint16_t sender, os::UnixSocket socket);
   std::optional<RawDatapoint> next_raw(Deadline deadline);
   // A replacement starts with no datapoint sent and none received.
   void before_replacing(int index) override {
@@ -89,8 +89,8 @@ struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSour
   void epoch_end() noexcept override;
 };
 
-void MultiProcessRunnerZMQ::Impl::worker_main(int index, uint16_t sender) {
-  detail::WorkerLink w(sender, link.take_child_end(sender), endpoint, opt.hwm + 2,
+void MultiProcessRunnerZMQ::Impl::worker_main(int index, uint16_t sender, os::UnixSocket socket) {
+  detail::WorkerLink w(sender, std::move(socket), endpoint, opt.hwm + 2,
                        static_cast<size_t>(opt.hwm) + 4);
   detail::WorkerProgress* progress_slot = progress(index);
   w.start_flusher(kMaxDelay);
@@ -170,7 +170,9 @@ void MultiProcessRunnerZMQ::reset_state() {
   m.endpoint = "ipc://@" + os::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) new (&m.credit(i)) Credit{};
-  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender) { m.worker_main(i, sender); });
+  m.start_workers(m.opt.fork_hooks, [&m](int i, uint16_t sender, os::UnixSocket socket) {
+    m.worker_main(i, sender, std::move(socket));
+  });
   // Contexts and threads only after every fork (a context does not survive one).
   m.link.open(m.endpoint);
 }

@@ -61,8 +61,7 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   size = ds->size();
 }
 
-void RunnerCore::start_workers(const ForkHooks& hooks,
-                               std::function<void(int index, uint16_t sender)> worker_main) {
+void RunnerCore::start_workers(const ForkHooks& hooks, WorkerMain worker_main) {
   check_open();
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   reset_done = true;
@@ -79,6 +78,16 @@ void RunnerCore::start_workers(const ForkHooks& hooks,
   link.on_death = [this](const WorkerProcesses::Death& d) { on_death(d); };
   link.make_sockets(num_proc);
   for (int i = 0; i < num_proc; ++i) spawn(i, link.sender_of(i));
+  // Now, while the runner has started no thread: a replacement forked later from this
+  // process could inherit a lock held by one (workers.h).
+  if (policy.on_death == OnWorkerDeath::Restart)
+    link.workers.start_fork_server(
+        hooks_, [this] { link.forget_in_child(); },
+        [this](const WorkerInfo& info, uint32_t sender, std::vector<os::Fd> fds) -> int {
+          worker_main_(info.index, static_cast<uint16_t>(sender),
+                       os::UnixSocket(std::move(fds.at(0))));  // it ends its process
+          return 0;
+        });
 }
 
 uint64_t RunnerCore::worker_seed(int index) const {
@@ -89,9 +98,11 @@ uint64_t RunnerCore::worker_seed(int index) const {
 int RunnerCore::spawn(int index, uint16_t sender) {
   return link.workers.spawn(WorkerInfo{index, num_proc, worker_seed(index)}, hooks_,
                             [this, index, sender]() -> int {
-                              worker_main_(index, sender);  // it ends its process, no return
+                              worker_main_(index, sender,
+                                           link.take_child_end(sender));  // it ends its process
                               return 0;
-                            });
+                            },
+                            sender, {link.child_ends[sender].fd()});
 }
 
 uint64_t RunnerCore::restarts() const noexcept {

@@ -36,10 +36,11 @@ struct RunnerCore {
   virtual ~RunnerCore() = default;
 
   // reset_state(): StateError the second time; then the socket pairs and num_proc workers,
-  // worker i running worker_main(i, its sender id) with WorkerInfo{i, num_proc, seed + i}
-  // (its k-th replacement: seed + i + k x num_proc).
-  void start_workers(const ForkHooks& hooks,
-                     std::function<void(int index, uint16_t sender)> worker_main);
+  // worker i running worker_main(i, its sender id, its end of its socket pair) with
+  // WorkerInfo{i, num_proc, seed + i} (its k-th replacement: seed + i + k x num_proc). With
+  // the restart policy, also the fork server that forks the replacements (workers.h).
+  using WorkerMain = std::function<void(int index, uint16_t sender, os::UnixSocket socket)>;
+  void start_workers(const ForkHooks& hooks, WorkerMain worker_main);
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
@@ -92,7 +93,7 @@ struct RunnerCore {
   uint64_t worker_seed(int index) const;  // seed + index + num_proc x its generation
 
   ForkHooks hooks_;
-  std::function<void(int, uint16_t)> worker_main_;
+  WorkerMain worker_main_;
   shm::Segment progress_;
   std::vector<std::deque<std::chrono::steady_clock::time_point>> deaths_;  // per index
   std::vector<std::string> stuck_;  // per index: why the watchdog killed it

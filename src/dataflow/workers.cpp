@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "tensorwire/runtime/log.h"
+
 namespace tensorwire::dataflow {
 
 namespace {
@@ -29,9 +31,8 @@ bool parent_gone() noexcept {
   return g_parent_pid > 0 && ::getppid() != g_parent_pid;
 }
 
-int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
-                           const std::function<int()>& body) {
-  if (parent_pid_ < 0) parent_pid_ = ::getpid();
+int fork_process(const ForkHooks& hooks, const WorkerInfo* info, const std::string& what,
+                 const std::function<int()>& body) {
   const int parent = ::getpid();
   std::fflush(nullptr);  // no buffered output written twice
   if (hooks.before) hooks.before();
@@ -39,36 +40,81 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   if (pid < 0) {
     const int err = errno;
     if (hooks.parent) hooks.parent();
-    throw SystemError(owner_ + ": fork of worker " + std::to_string(info.index), err);
+    throw SystemError(what, err);
   }
-  if (pid == 0) {
-    g_worker = info;  // before the hook, which may seed random generators from it
+  if (pid > 0) {
+    if (hooks.parent) hooks.parent();
+    return pid;
+  }
+  if (info) {
+    g_worker = *info;  // before the hook, which may seed random generators from it
     g_is_worker = true;
-    g_parent_pid = parent;
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the parent went before the prctl took hold
-    if (hooks.child) hooks.child();
-    ::signal(SIGINT, SIG_IGN);
-    int code = 1;
-    try {
-      code = body();
-    } catch (...) {
-      code = 1;
-    }
-    std::fflush(nullptr);
-    ::_exit(code);
   }
-  if (hooks.parent) hooks.parent();
+  g_parent_pid = parent;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);  // the parent went before the prctl took hold
+  if (hooks.child) hooks.child();
+  ::signal(SIGINT, SIG_IGN);
+  int code = 1;
+  try {
+    code = body();
+  } catch (...) {
+    code = 1;
+  }
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+void WorkerProcesses::start_fork_server(const ForkHooks& hooks,
+                                        const std::function<void()>& in_server,
+                                        ForkServer::Body body) {
+  if (parent_pid_ < 0) parent_pid_ = ::getpid();
+  server_ = std::make_unique<ForkServer>(
+      owner_, hooks,
+      [this, &in_server] {
+        forget_in_child();
+        in_server();
+      },
+      std::move(body));
+}
+
+std::optional<ForkServer::Spawned> WorkerProcesses::spawn_by_server(const WorkerInfo& info,
+                                                                    uint32_t tag,
+                                                                    const std::vector<int>& fds) {
+  try {
+    return server_->spawn(info, tag, fds);
+  } catch (const SystemError&) {
+    throw;  // its fork failed: so would ours
+  } catch (const Error& e) {
+    log_message(LogLevel::Warning, owner_ + ": the fork server is gone (" + e.what() +
+                                       "); workers are now forked by the main process");
+    server_.reset();
+    return std::nullopt;
+  }
+}
+
+int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
+                           const std::function<int()>& body, uint32_t tag,
+                           const std::vector<int>& fds) {
+  if (parent_pid_ < 0) parent_pid_ = ::getpid();
   Worker w;
   w.index = info.index;
-  w.pid = pid;
-  try {
-    w.watch = os::ProcessWatch(pid);
-  } catch (...) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    throw;
+  if (auto s = server_ ? spawn_by_server(info, tag, fds) : std::nullopt) {
+    w.pid = s->pid;
+    w.watch = os::ProcessWatch(s->pid, std::move(s->pidfd));
+    w.by_server = true;
+  } else {
+    w.pid =
+        fork_process(hooks, &info, owner_ + ": fork of worker " + std::to_string(info.index), body);
+    try {
+      w.watch = os::ProcessWatch(w.pid);
+    } catch (...) {
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+      throw;
+    }
   }
+  const int pid = w.pid;
   for (Worker& old : workers_)
     if (old.index == info.index) {
       old = std::move(w);  // a restart: the old one was reaped
@@ -81,15 +127,22 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
 std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
   for (Worker& w : workers_) {
     if (w.reaped || w.watch.alive()) continue;
-    int status = 0;
-    int r;
-    do {
-      r = ::waitpid(w.pid, &status, 0);
-    } while (r < 0 && errno == EINTR);
+    std::optional<int> status;
+    if (w.by_server) {
+      // The server reaps its children and reports: a moment after the pidfd said so.
+      if (server_) status = server_->status_of(w.pid, Deadline::after(std::chrono::seconds(1)));
+    } else {
+      int st = 0;
+      int r;
+      do {
+        r = ::waitpid(w.pid, &st, 0);
+      } while (r < 0 && errno == EINTR);
+      if (r == w.pid) status = st;
+    }
     w.reaped = true;
-    w.status = r == w.pid ? status : -1;
+    w.status = status.value_or(-1);
     return Death{w.index, w.pid, w.status,
-                 r == w.pid ? os::describe_exit(status) : "ended (exit status unavailable)"};
+                 status ? os::describe_exit(*status) : "ended (exit status unavailable)"};
   }
   return std::nullopt;
 }
@@ -128,6 +181,7 @@ void WorkerProcesses::forget_in_child() noexcept {
   for (Worker& w : workers_) w.watch = os::ProcessWatch();
   workers_.clear();
   parent_pid_ = -1;
+  server_.reset();  // lets go of the link only: the server is not this process's child
 }
 
 void WorkerProcesses::kill_all() noexcept {
@@ -139,17 +193,11 @@ void WorkerProcesses::kill_all() noexcept {
       ::kill(w.pid, SIGKILL);
   }
   for (Worker& w : workers_) {
-    if (w.reaped) continue;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (true) {
-      int status = 0;
-      const int r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == w.pid || (r < 0 && errno != EINTR)) break;
-      if (std::chrono::steady_clock::now() > deadline) break;  // stuck in the kernel: give up
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    if (w.reaped || w.by_server) continue;
+    os::reap(w.pid, std::chrono::seconds(10));  // stuck in the kernel after that: give up
     w.reaped = true;
   }
+  server_.reset();  // it reaps its own (killed above) and exits; reaped by its close()
   workers_.clear();
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <thread>
 
 #include "tensorwire/core/error.h"
 
@@ -25,6 +26,21 @@ bool ProcessWatch::alive() const {
     fd_.get(), POLLIN, 0
   };
   return ::poll(&p, 1, 0) == 0;
+}
+
+bool reap(int pid, std::chrono::milliseconds timeout, int* status) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int st = 0;
+    const int r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) {
+      if (status) *status = st;
+      return true;
+    }
+    if (r < 0 && errno != EINTR) return false;  // not a child (any more)
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::string describe_exit(int status) {

@@ -2,6 +2,7 @@
 // for any process (not only children) and cannot be fooled by pid reuse.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "os/unix_socket.h"
@@ -12,6 +13,7 @@ class ProcessWatch {
  public:
   ProcessWatch() = default;
   explicit ProcessWatch(int pid);  // SystemError if the process does not exist
+  ProcessWatch(int pid, Fd pidfd) noexcept : pid_(pid), fd_(std::move(pidfd)) {}  // one received
 
   int pid() const noexcept { return pid_; }
   int fd() const noexcept { return fd_.get(); }  // pollable: readable once the process exits
@@ -22,6 +24,10 @@ class ProcessWatch {
   int pid_ = -1;
   Fd fd_;
 };
+
+// Reaps child `pid`, waiting up to `timeout` for it to end (it was killed: a process stuck in
+// the kernel is given up on). True with its wait status in `*status` (when given) once reaped.
+bool reap(int pid, std::chrono::milliseconds timeout, int* status = nullptr) noexcept;
 
 // Describes how a child ended ("exited with status 3", "killed by signal 9 (SIGKILL)")
 // from a waitpid() status.

@@ -5,6 +5,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import warnings
 
@@ -80,6 +81,49 @@ def test_the_replacement_gets_a_new_seed():
             while next(it) == [SEED] and time.monotonic() < end:
                 pass
         assert next(it) == [SEED + 1]
+
+
+LOCK = threading.Lock()
+
+
+class SeedsUnderALock(Seeds):
+    def __iter__(self):
+        while True:
+            with LOCK:
+                seed = twdf.get_worker_info().seed
+            yield [seed]
+
+
+def test_a_replacement_does_not_inherit_a_lock_a_thread_of_the_main_process_holds():
+    """Forked from the main process, the replacement would get LOCK locked by a thread that
+    does not exist in it and wait for ever (here: until datapoint_timeout kills it, twice, and
+    the run ends). The fork server forks it from the state the first worker was forked in."""
+    with twdf.MultiProcessRunnerZMQ(SeedsUnderALock(), num_proc=1, seed=SEED,
+                                    on_worker_death="restart", max_restarts=1,
+                                    datapoint_timeout=5) as r:
+        r.reset_state()
+        it = iter(r)
+        assert next(it) == [SEED]
+        taken, release = threading.Event(), threading.Event()
+
+        def hold():
+            with LOCK:
+                taken.set()
+                release.wait(60)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert taken.wait(10)
+            os.kill(r.pids[0], signal.SIGKILL)
+            with pytest.warns(twdf.WorkerRestartedWarning):
+                end = time.monotonic() + 20
+                while next(it) == [SEED] and time.monotonic() < end:
+                    pass
+            assert next(it) == [SEED + 1]
+        finally:
+            release.set()
+            holder.join()
 
 
 def test_a_worker_that_dies_too_often_ends_the_run():

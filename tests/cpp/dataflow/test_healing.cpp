@@ -8,7 +8,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "flows.h"
@@ -115,6 +118,74 @@ TEST_F(Healing, TheRaisePolicyStillRaises) {
       },
       WorkerDiedError);
   EXPECT_EQ(r.restarts(), 0u);
+}
+
+uint64_t seed_of(const TensorDict& td) {
+  return *td.get("seed").data<uint64_t>();
+}
+
+// True once a datapoint of the replacement of the only worker arrives (within 20 s).
+bool replacement_delivers(MultiProcessRunnerZMQ& r) {
+  for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;)
+    if (auto dp = r.next(2s); dp && seed_of(*dp) == kSeed + 1) return true;
+  return false;
+}
+
+// A lock of the dataflow's, taken by the main process after the first workers were forked:
+// as any thread of a main process may hold some library's lock at the moment a worker dies.
+std::mutex g_flow_lock;
+
+class LockingSeedFlow : public testing::SeedFlow {
+ public:
+  std::optional<TensorDict> next() override {
+    std::lock_guard lock(g_flow_lock);
+    return SeedFlow::next();
+  }
+};
+
+// Forked from the main process, the replacement would hold a copy of the lock, locked, and
+// wait for it for ever; the fork server forked it from the state the first worker had.
+TEST_F(Healing, AReplacementDoesNotInheritALockTheMainProcessHolds) {
+  MultiProcessRunnerZMQ r(std::make_shared<LockingSeedFlow>(),
+                          {.num_proc = 1, .seed = kSeed, .policy = restart()});
+  r.reset_state();
+  EXPECT_EQ(seed_of(*r.next(10s)), kSeed);
+  std::unique_lock held(g_flow_lock);
+  ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
+  EXPECT_TRUE(replacement_delivers(r));
+  EXPECT_EQ(r.restarts(), 1u);
+  held.unlock();
+}
+
+// Its own children that are not the runner's workers: the fork server (restart policy only).
+std::vector<int> non_workers(const std::set<int>& before, const std::vector<int>& workers) {
+  std::vector<int> out;
+  for (int pid : testing::child_pids())
+    if (!before.count(pid) && std::find(workers.begin(), workers.end(), pid) == workers.end())
+      out.push_back(pid);
+  return out;
+}
+
+// The fork server killed from outside: a replacement is then forked by the main process (with
+// a warning), and the stream goes on. (Forked from the threaded test process: not under the
+// sanitizers, label forked-child.)
+TEST_F(Healing, AReplacementIsForkedByTheMainProcessOnceTheForkServerIsGone) {
+  MultiProcessRunnerZMQ raising(counting(std::nullopt), {.num_proc = 1});
+  raising.reset_state();
+  EXPECT_TRUE(non_workers(children_before_, raising.pids()).empty());  // no server needed
+  raising.close();
+
+  MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(),
+                          {.num_proc = 1, .seed = kSeed, .policy = restart()});
+  r.reset_state();
+  EXPECT_EQ(seed_of(*r.next(10s)), kSeed);
+  const std::vector<int> server = non_workers(children_before_, r.pids());
+  ASSERT_EQ(server.size(), 1u);
+  ASSERT_EQ(::kill(server[0], SIGKILL), 0);
+  ASSERT_TRUE(testing::ends_within(server[0], 5s));
+  ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
+  EXPECT_TRUE(replacement_delivers(r));
+  EXPECT_EQ(r.restarts(), 1u);
 }
 
 // Datapoint 3 of the first pass sleeps for ever in the first worker generation.
