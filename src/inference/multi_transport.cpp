@@ -100,19 +100,49 @@ void MultiTransport::open_server() {
       parts_[i]->close_server("InferenceServer failed to start", false);
     throw;
   }
+  // The server sleeps on the parts that cannot tell it of their work (or on the first, when
+  // every part can); each of the others wakes them when it has a request.
+  sleep_on_.clear();
+  for (auto& p : parts_)
+    if (!p->notify_work(nullptr)) sleep_on_.push_back(p);
+  if (sleep_on_.empty()) sleep_on_.push_back(parts_[0]);
+  std::vector<std::weak_ptr<Transport>> wake;  // weak: a hook left behind keeps nothing alive
+  for (auto& s : sleep_on_) wake.emplace_back(s);
+  for (auto& p : parts_)
+    p->notify_work([wake] {
+      for (const auto& w : wake)
+        if (auto s = w.lock()) s->interrupt();
+    });
 }
 
 void MultiTransport::close_server(const std::string& reason, bool fail_pending) {
-  for (auto& p : parts_) p->close_server(reason, fail_pending);
+  for (auto& p : parts_) {
+    p->notify_work(nullptr);
+    p->close_server(reason, fail_pending);
+  }
 }
 
 void MultiTransport::wait_for_work(Deadline deadline) {
+  // Sleeping on an idle part while another has work would hold that work for a slice.
+  for (auto& p : parts_)
+    if (p->has_work()) return;
   const Deadline slice = deadline.min(Deadline::after(kSlice));
-  parts_[next_ % parts_.size()]->wait_for_work(slice);
+  if (sleep_on_.empty()) return parts_[0]->wait_for_work(slice);  // before open_server()
+  sleep_on_[turn_++ % sleep_on_.size()]->wait_for_work(slice);
 }
 
 void MultiTransport::interrupt() {
   for (auto& p : parts_) p->interrupt();
+}
+
+bool MultiTransport::has_work() {
+  for (auto& p : parts_)
+    if (p->has_work()) return true;
+  return false;
+}
+
+bool MultiTransport::notify_work(std::function<void()>) {
+  return false;  // not nested in another MultiTransport: InferenceServer sleeps on it itself
 }
 
 void MultiTransport::drain(size_t max_items, Drained& out) {

@@ -5,9 +5,12 @@
 // starve. Groups of equal structure from different transports are concatenated into one
 // policy input (one policy call per batch); each answer goes back through its own
 // transport, from a view of its rows of the output. The server's batching timeout applies
-// to all: the wait rotates over the transports in short slices (there is no one fd to sleep
-// on for a futex, a condition variable and a socket), which costs a wake-up per slice while
-// idle.
+// to all. A wait returns at once when any transport has work; otherwise the server sleeps on
+// a transport whose requests other processes make ready (shared memory: there is no one fd
+// to sleep on for a futex, a condition variable and a socket), and each of the others wakes
+// it (interrupt()) as a request becomes ready there (Transport::notify_work). The sleep is
+// cut in short slices (rotating when several transports are slept on), which bounds what a
+// wake-up that races the check for work can cost, at a wake-up per slice while idle.
 #pragma once
 
 #include <memory>
@@ -30,6 +33,8 @@ class MultiTransport final : public Transport {
   void close_server(const std::string& reason, bool fail_pending) override;
   void wait_for_work(Deadline deadline) override;
   void interrupt() override;
+  bool has_work() override;
+  bool notify_work(std::function<void()> on_work) override;
   void drain(size_t max_items, Drained& out) override;
   void collate(const Drained& drained, std::vector<Group>& groups) override;
   void resolve(const Drained& drained, const Group& group, const TensorDict& output,
@@ -46,10 +51,12 @@ class MultiTransport final : public Transport {
     int64_t offset, n;   // its rows in the merged input
   };
   std::vector<std::shared_ptr<Transport>> parts_;
-  std::vector<Drained> sub_;                     // what each part drained this batch
-  std::vector<std::vector<Group>> part_groups_;  // each part's groups
-  std::vector<Where> where_;                     // by position in the server's Drained
-  std::vector<std::vector<Piece>> pieces_;       // by merged group
+  std::vector<std::shared_ptr<Transport>> sleep_on_;  // the parts that cannot notify_work
+  size_t turn_ = 0;                                   // which of them the next wait is on
+  std::vector<Drained> sub_;                          // what each part drained this batch
+  std::vector<std::vector<Group>> part_groups_;       // each part's groups
+  std::vector<Where> where_;                          // by position in the server's Drained
+  std::vector<std::vector<Piece>> pieces_;            // by merged group
   std::vector<bool> answered_;
   const Group* groups_ = nullptr;  // the server's groups vector, to index resolve()'s group
   size_t next_ = 0;                // the part that drains first next time

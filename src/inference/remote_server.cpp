@@ -354,6 +354,7 @@ void RemoteConnection::complete_receives() {
       ++i;
       continue;
     }
+    bool made_ready = false;
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       RemoteSlot& rs = s_.slots[r.slot];
@@ -365,8 +366,10 @@ void RemoteConnection::complete_receives() {
         s_.ready.push_back(r.slot);
         ++s_.wakeups;
         s_.work.notify_one();
+        made_ready = true;
       }
     }
+    if (made_ready) s_.notifier.notify();
     receives_[i] = std::move(receives_.back());
     receives_.pop_back();
   }

@@ -21,6 +21,7 @@
 #include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
 #include "wire/handshake.h"
+#include "work_notifier.h"
 
 namespace tensorwire::inference::detail {
 
@@ -65,6 +66,7 @@ class RemoteServer {
   // --- everything below under mu ---
   mutable std::mutex mu;
   std::condition_variable work;
+  WorkNotifier notifier;  // a server of several transports asleep on another one
   uint64_t wakeups = 0;
   std::vector<RemoteSlot> slots;
   std::vector<uint32_t> free_slots;

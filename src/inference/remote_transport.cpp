@@ -120,6 +120,16 @@ void RemoteTransport::interrupt() {
   s_->work.notify_all();
 }
 
+bool RemoteTransport::has_work() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return !s_->ready.empty();
+}
+
+bool RemoteTransport::notify_work(std::function<void()> on_work) {
+  s_->notifier.set(std::move(on_work));
+  return true;
+}
+
 void RemoteTransport::drain(size_t max_items, Drained& out) {
   std::lock_guard<std::mutex> lock(s_->mu);
   for (size_t n = 0; n < max_items && !s_->ready.empty(); ++n) {

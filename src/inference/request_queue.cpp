@@ -32,7 +32,13 @@ std::optional<std::string> RequestQueue::push(std::shared_ptr<QueuedRequest> r) 
     queue_.push_back(std::move(r));
   }
   work_.notify_one();
+  notifier_.notify();
   return std::nullopt;
+}
+
+bool RequestQueue::has_work() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !queue_.empty();
 }
 
 void RequestQueue::wait_for_work(Deadline deadline) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensorwire/inference/transport.h"
+#include "work_notifier.h"
 
 namespace tensorwire::inference::detail {
 
@@ -44,6 +45,8 @@ class RequestQueue {
   // Transport's server side (transport.h), called by the serving thread.
   void wait_for_work(Deadline deadline);
   void interrupt();
+  bool has_work();
+  void notify_work(std::function<void()> on_work) { notifier_.set(std::move(on_work)); }
   void drain(size_t max_items, Drained& out);
   void collate(const Drained& d, std::vector<Group>& groups);
   void resolve(const Drained& d, const Group& g, const TensorDict& output,
@@ -53,6 +56,7 @@ class RequestQueue {
  private:
   std::mutex mu_;
   std::condition_variable work_;
+  WorkNotifier notifier_;
   std::deque<std::shared_ptr<QueuedRequest>> queue_;
   bool serving_ = false, stopped_ = false;
   std::string stop_reason_ = "the inference server was shut down";

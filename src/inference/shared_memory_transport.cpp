@@ -155,6 +155,14 @@ void SharedMemoryTransport::interrupt() {
   region_->header->doorbell.notify_all();
 }
 
+bool SharedMemoryTransport::has_work() {
+  return !region_->ready.empty();
+}
+
+bool SharedMemoryTransport::notify_work(std::function<void()>) {
+  return false;  // its clients, other processes, make requests ready: a server sleeps on it
+}
+
 void SharedMemoryTransport::drain(size_t max_items, Drained& out) {
   if (!is_owner())
     throw Error("only the process that created a SharedMemoryTransport can drain it");

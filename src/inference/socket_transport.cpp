@@ -559,6 +559,13 @@ void SocketTransport::wait_for_work(Deadline deadline) {
 void SocketTransport::interrupt() {
   o_->queue.interrupt();
 }
+bool SocketTransport::has_work() {
+  return o_->queue.has_work();
+}
+bool SocketTransport::notify_work(std::function<void()> on_work) {
+  o_->queue.notify_work(std::move(on_work));
+  return true;
+}
 void SocketTransport::drain(size_t max_items, Drained& out) {
   o_->queue.drain(max_items, out);
 }

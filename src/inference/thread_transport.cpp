@@ -136,6 +136,13 @@ void ThreadTransport::wait_for_work(Deadline deadline) {
 void ThreadTransport::interrupt() {
   s_->queue.interrupt();
 }
+bool ThreadTransport::has_work() {
+  return s_->queue.has_work();
+}
+bool ThreadTransport::notify_work(std::function<void()> on_work) {
+  s_->queue.notify_work(std::move(on_work));
+  return true;
+}
 void ThreadTransport::drain(size_t max_items, Drained& out) {
   s_->queue.drain(max_items, out);
 }

@@ -46,6 +46,8 @@ class SocketTransport : public Transport {
   void close_server(const std::string& reason, bool fail_pending) override;
   void wait_for_work(Deadline deadline) override;
   void interrupt() override;
+  bool has_work() override;
+  bool notify_work(std::function<void()> on_work) override;
   void drain(size_t max_items, Drained& out) override;
   void collate(const Drained& drained, std::vector<Group>& groups) override;
   void resolve(const Drained& drained, const Group& group, const TensorDict& output,

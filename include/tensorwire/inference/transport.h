@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -83,6 +84,14 @@ class Transport {
   // Returns when a drain may find work, at `deadline`, or after interrupt().
   virtual void wait_for_work(Deadline deadline) = 0;
   virtual void interrupt() = 0;
+  // Whether a drain would find a request now: a check, never a wait.
+  virtual bool has_work() = 0;
+  // For a server of several transports, which sleeps on one of them: `on_work` is called
+  // (from any thread of this process, after has_work() turned true) each time a request
+  // becomes ready here, so that it can interrupt() the one it sleeps on; nullptr removes it.
+  // Returns false when this transport cannot do that because other processes make its
+  // requests ready (shared memory): the server then sleeps on it.
+  virtual bool notify_work(std::function<void()> on_work) = 0;
   // Appends up to `max_items` requests to `out` without blocking.
   virtual void drain(size_t max_items, Drained& out) = 0;
   // Builds the policy inputs for everything in `drained` (one group per structure; a

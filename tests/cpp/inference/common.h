@@ -72,6 +72,12 @@ inline std::shared_ptr<SharedMemoryTransport> make_shm(uint32_t slots, bool copy
   return SharedMemoryTransport::create(request_spec(), response_spec(), o);
 }
 
+// What InferenceServer hands resolve(): the response spec's "policy_version" key, stamped.
+inline VersionStamp version_stamp(int64_t version = 0) {
+  static const Key key("policy_version");
+  return {&key, version};
+}
+
 // Polls `cond` until true or `limit` passes.
 inline bool eventually(const std::function<bool()>& cond,
                        std::chrono::milliseconds limit = 5000ms) {

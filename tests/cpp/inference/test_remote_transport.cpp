@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common.h"
+#include "inference/multi_transport.h"
 #include "inference/remote_server.h"
 #include "ucx/control.h"
 #include "wire/handshake.h"
@@ -271,6 +272,49 @@ TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
   for (auto& t : threads) t.join();
   EXPECT_GT(local_done, 0);
   EXPECT_GT(remote_done, 0);
+}
+
+// A server of shared memory and remote transports sleeps on the shared-memory one (its clients
+// ring its doorbell from other processes); a remote request wakes it. Before, the server
+// slept on one transport at a time, in 500 us slices, and a request on the other waited
+// out the slice: a lone local actor's round trip took 550 us instead of 35.
+TEST(SeveralTransports, ARemoteRequestWakesAServerAsleepOnSharedMemory) {
+  auto shm = make_shm(4);
+  auto remote = make_remote(16);  // a slot for each request below, none ever waits for one
+  detail::MultiTransport multi({shm, remote});
+  multi.open_server();
+  std::atomic<int> wakes{0};
+  std::atomic<bool> done{false};
+  std::thread sleeper([&] {  // the server's sleep between batches, 30 s at a time
+    while (!done) {
+      shm->wait_for_work(Deadline::after(30s));
+      ++wakes;
+    }
+  });
+  Client far = connect_to(*remote);
+  std::vector<Future> futures;
+  bool woken = false;
+  // A request made before the sleeper sleeps cannot wake it: the next one does.
+  for (int i = 0; i < 10 && !woken; ++i) {
+    const int before = wakes;
+    futures.push_back(far.submit(observation(float(i))));
+    woken = eventually([&] { return wakes > before; }, 1000ms);
+  }
+  EXPECT_TRUE(woken);
+  EXPECT_TRUE(multi.has_work());
+  Drained d;
+  multi.drain(64, d);
+  EXPECT_EQ(d.size(), futures.size());
+  std::vector<Group> groups;
+  multi.collate(d, groups);
+  ASSERT_EQ(groups.size(), 1u);
+  multi.resolve(d, groups[0], double_policy(*groups[0].input), version_stamp());
+  for (size_t i = 0; i < futures.size(); ++i)
+    EXPECT_EQ(action0(futures[i].result(5s)), 2.0f * static_cast<float>(i));
+  done = true;
+  shm->interrupt();
+  sleeper.join();
+  multi.close_server("the test is over", true);
 }
 
 TEST(SeveralTransports, NoTransportOrOneGivenTwiceIsAValueError) {

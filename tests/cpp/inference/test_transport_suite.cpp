@@ -366,6 +366,38 @@ TEST_P(TransportTest, StartTwiceIsAnErrorAndASecondServerIsRefused) {
   EXPECT_EQ(action0(transport->client()(observation(1), 5s)), 2);
 }
 
+// The server side by hand, as a server of several transports uses it: has_work() says
+// whether a drain would find a request, and notify_work() calls its hook for each one
+// (shared memory cannot: other processes make its requests ready).
+TEST_P(TransportTest, HasWorkAndNotifyWorkTellOfEachRequest) {
+  std::atomic<int> notified{0};
+  const bool notifies = transport->notify_work([&] { ++notified; });
+  EXPECT_EQ(notifies, GetParam() != "shared_memory");
+  transport->open_server();
+  EXPECT_FALSE(transport->has_work());
+  Client c = GetParam() == "remote"
+                 ? RemoteTransport::client_for(
+                       "127.0.0.1:" +
+                       std::to_string(std::static_pointer_cast<RemoteTransport>(transport)->port()))
+                 : transport->client();
+  Future f = c.submit(observation(3));
+  EXPECT_TRUE(eventually([&] { return transport->has_work(); }));
+  if (notifies) {
+    EXPECT_TRUE(eventually([&] { return notified == 1; }));
+  }
+  Drained d;
+  transport->drain(8, d);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_FALSE(transport->has_work());
+  std::vector<Group> groups;
+  transport->collate(d, groups);
+  ASSERT_EQ(groups.size(), 1u);
+  transport->resolve(d, groups[0], double_policy(*groups[0].input), version_stamp());
+  EXPECT_EQ(action0(f.result(5s)), 6.0f);
+  EXPECT_TRUE(transport->notify_work(nullptr) == notifies);
+  transport->close_server("the test is over", true);
+}
+
 TEST_P(TransportTest, StatsReportQueueAndForwardPercentiles) {
   InferenceServer server(
       [](const TensorDict& b) {
