@@ -184,6 +184,10 @@ void RemoteConnection::stop(const std::string& reason) {
 }
 
 void RemoteConnection::wake() noexcept {
+  bell_.seq.fetch_add(1, std::memory_order_seq_cst);
+  // Read after the bell (serve() sets asleep_, then reads the bell): a thread not asleep yet
+  // sees the bell and does not sleep.
+  if (!asleep_.load(std::memory_order_seq_cst)) return;
   std::lock_guard<std::mutex> lock(wake_mu_);
   try {
     if (worker_) worker_->signal();
@@ -269,6 +273,7 @@ void RemoteConnection::serve() {
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
   while (!stop_.load(std::memory_order_acquire)) {
+    const uint32_t rung = bell_.seq.load(std::memory_order_seq_cst);  // before the outbox check
     while (worker_->progress()) {
     }
     if (ep_->error() != UCS_OK)
@@ -296,7 +301,11 @@ void RemoteConnection::serve() {
     if (std::any_of(receives_.begin(), receives_.end(), done) ||
         std::any_of(sends_.begin(), sends_.end(), done))
       continue;
-    worker_->wait(period_);
+    if (awaiting_ > 0 && answer_spin_.wait(bell_, rung, {}, [] { return true; }) != rung)
+      continue;  // an answer came while spinning
+    asleep_.store(true, std::memory_order_seq_cst);
+    if (bell_.seq.load(std::memory_order_seq_cst) == rung) worker_->wait(period_);
+    asleep_.store(false, std::memory_order_relaxed);
   }
 }
 
@@ -367,6 +376,7 @@ void RemoteConnection::complete_receives() {
         ++s_.wakeups;
         s_.work.notify_one();
         made_ready = true;
+        ++awaiting_;
       }
     }
     if (made_ready) s_.notifier.notify();
@@ -382,6 +392,7 @@ void RemoteConnection::send_answers() {
     out.swap(outbox);
   }
   for (Outgoing& o : out) {
+    if (o.slot != UINT32_MAX && awaiting_ > 0) --awaiting_;
     auto snd = std::make_unique<Send>();
     snd->slot = o.slot;
     if (o.failure) {

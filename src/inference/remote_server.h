@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bank_batch.h"
+#include "os/adaptive_spin.h"
 #include "slot_layout.h"
 #include "tensorwire/inference/remote_transport.h"
 #include "ucx/heartbeats.h"
@@ -134,6 +135,13 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
   std::mutex wake_mu_;  // guards worker_ for wake() against its teardown
+  // wake() rings the bell; a thread that expects answers spins on it a while before it
+  // sleeps on its worker's fd (waking that costs a system call on each side and tens of
+  // microseconds), and wake() signals the worker only while the thread is asleep.
+  os::WaitWord bell_;
+  std::atomic<bool> asleep_{false};
+  os::AdaptiveSpin answer_spin_;
+  size_t awaiting_ = 0;  // requests made ready and not answered yet (this thread only)
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
