@@ -70,17 +70,22 @@ class Seeds:
             yield [twdf.get_worker_info().seed]
 
 
+def kill_and_await_new_seed(r, it):
+    """SIGKILLs the only worker of a Seeds runner; its replacement yields SEED + 1."""
+    os.kill(r.pids[0], signal.SIGKILL)
+    with pytest.warns(twdf.WorkerRestartedWarning):
+        end = time.monotonic() + 20
+        while next(it) == [SEED] and time.monotonic() < end:
+            pass
+    assert next(it) == [SEED + 1]
+
+
 def test_the_replacement_gets_a_new_seed():
     with twdf.MultiProcessRunnerZMQ(Seeds(), num_proc=1, seed=SEED, on_worker_death="restart") as r:
         r.reset_state()
         it = iter(r)
         assert next(it) == [SEED]
-        os.kill(r.pids[0], signal.SIGKILL)
-        with pytest.warns(twdf.WorkerRestartedWarning):
-            end = time.monotonic() + 20
-            while next(it) == [SEED] and time.monotonic() < end:
-                pass
-        assert next(it) == [SEED + 1]
+        kill_and_await_new_seed(r, it)
 
 
 LOCK = threading.Lock()
@@ -115,12 +120,7 @@ def test_a_replacement_does_not_inherit_a_lock_a_thread_of_the_main_process_hold
         holder.start()
         try:
             assert taken.wait(10)
-            os.kill(r.pids[0], signal.SIGKILL)
-            with pytest.warns(twdf.WorkerRestartedWarning):
-                end = time.monotonic() + 20
-                while next(it) == [SEED] and time.monotonic() < end:
-                    pass
-            assert next(it) == [SEED + 1]
+            kill_and_await_new_seed(r, it)
         finally:
             release.set()
             holder.join()
