@@ -22,7 +22,7 @@ using namespace std::chrono_literals;
 // The link carries fixed-size records between two processes of one program (a fork of it),
 // so they are copied as they are in memory. Orders go to the server, reports come back.
 struct Order {
-  int32_t index, num_workers;
+  int32_t index, num_workers;  // index -1: quit (close())
   uint64_t seed;
   uint32_t tag;
 };
@@ -30,7 +30,7 @@ enum class Kind : char { Spawned = 'P', Failed = 'F', Ended = 'E' };
 struct Report {
   Kind kind;
   int32_t pid;    // Spawned, Ended
-  int32_t value;  // Failed: errno; Ended: the wait status
+  int32_t value;  // Failed: errno; Ended: the wait status, -1 when it could not be reaped
 };
 
 template <class T>
@@ -89,8 +89,15 @@ void ForkServer::serve(const std::function<void()>& in_server) {
         children.erase(it);
         break;  // the iterators moved: poll again
       }
-      if (fds[0].revents)
-        while (auto m = link_.recv(os::Millis(0))) fork_worker(std::move(*m), children);
+      if (fds[0].revents) {
+        bool quit = false;
+        while (!quit)
+          if (auto m = link_.recv(os::Millis(0)))
+            quit = !fork_worker(std::move(*m), children);
+          else
+            break;
+        if (quit) break;
+      }
     } catch (...) {
       break;  // the main process closed the link (ClosedError) or stopped reading
     }
@@ -103,8 +110,9 @@ void ForkServer::serve(const std::function<void()>& in_server) {
   ::_exit(0);
 }
 
-void ForkServer::fork_worker(os::Message m, std::map<int, os::ProcessWatch>& children) {
+bool ForkServer::fork_worker(os::Message m, std::map<int, os::ProcessWatch>& children) {
   const auto o = read_record<Order>(m.bytes);
+  if (o.index < 0) return false;  // quit
   const WorkerInfo info{o.index, o.num_workers, o.seed};
   int pid = -1;
   try {
@@ -116,11 +124,22 @@ void ForkServer::fork_worker(os::Message m, std::map<int, os::ProcessWatch>& chi
                        });
   } catch (const SystemError& e) {
     link_.send(record(Report{Kind::Failed, -1, e.code()}), {}, Deadline::after(kSendBound));
-    return;
+    return true;
   }
   os::ProcessWatch watch(pid);  // our child, not reaped: it is this process whatever happened
   link_.send(record(Report{Kind::Spawned, pid, 0}), {watch.fd()}, Deadline::after(kSendBound));
   children.emplace(pid, std::move(watch));
+  return true;
+}
+
+std::optional<os::Message> ForkServer::next_report(Deadline deadline) {
+  // Not interruptible (recv(Millis) never checks for Ctrl-C): an exchange given up halfway
+  // would read this order's late answer as the next one's. It is bounded by `deadline`.
+  while (true) {
+    const auto left = std::chrono::ceil<os::Millis>(deadline.left());
+    if (auto m = link_.recv(std::min(left, os::Millis(100)))) return m;
+    if (deadline.passed()) return std::nullopt;
+  }
 }
 
 ForkServer::Spawned ForkServer::spawn(const WorkerInfo& info, uint32_t tag,
@@ -138,10 +157,11 @@ ForkServer::Spawned ForkServer::spawn(const WorkerInfo& info, uint32_t tag,
     }
   };
   const std::string order = record(Order{info.index, info.num_workers, info.seed, tag});
+  // (A send this small fits in the socket's buffer: it never waits, so never sees Ctrl-C.)
   if (!on_link([&] { return link_.send(order, fds, deadline); }))
     throw TimeoutError(what + ": the fork server took no order for 10 s");
   while (true) {
-    std::optional<os::Message> m = on_link([&] { return link_.recv(deadline); });
+    std::optional<os::Message> m = on_link([&] { return next_report(deadline); });
     if (!m) throw TimeoutError(what + ": the fork server did not answer within 10 s");
     const auto r = read_record<Report>(m->bytes);
     if (r.kind == Kind::Ended) {
@@ -159,7 +179,7 @@ std::optional<int> ForkServer::status_of(int pid, Deadline deadline) {
   try {
     while (!ended_.count(pid)) {
       if (!link_.valid()) return std::nullopt;
-      auto m = link_.recv(deadline);
+      auto m = next_report(deadline);
       if (!m) return std::nullopt;
       const auto r = read_record<Report>(m->bytes);
       if (r.kind == Kind::Ended) ended_[r.pid] = r.value;
@@ -169,12 +189,22 @@ std::optional<int> ForkServer::status_of(int pid, Deadline deadline) {
   }
   const int status = ended_[pid];
   ended_.erase(pid);
+  if (status < 0) return std::nullopt;  // the server could not reap it
   return status;
 }
 
 void ForkServer::close() noexcept {
-  link_.close();  // the server's end reads end-of-file: it kills, reaps and exits
-  if (pid_ < 0 || owner_pid_ != ::getpid()) return;  // a forked copy: not our child
+  if (pid_ < 0 || owner_pid_ != ::getpid()) {  // a forked copy: not our child
+    link_.close();
+    return;
+  }
+  // Told, not only closed: a process forked from this one since (another runner's workers, a
+  // multiprocessing child) holds this end too, and the server would never read end-of-file.
+  try {
+    link_.send(record(Order{-1, 0, 0, 0}), {}, Deadline::after(100ms));
+  } catch (const Error&) {
+  }
+  link_.close();  // and end-of-file for a server that missed the order
   // It exits as soon as it has reaped what it forked (killed by then); one that does not is
   // stopped (SIGSTOP) or stuck, and is killed (its workers go with it: PR_SET_PDEATHSIG).
   if (!os::reap(pid_, 2s)) {

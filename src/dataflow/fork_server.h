@@ -63,8 +63,10 @@ class ForkServer {
 
  private:
   [[noreturn]] void serve(const std::function<void()>& in_server);
-  // In the server: forks the worker of one order and answers it.
-  void fork_worker(os::Message order, std::map<int, os::ProcessWatch>& children);
+  // In the server: forks the worker of one order and answers it; false for the quit order.
+  bool fork_worker(os::Message order, std::map<int, os::ProcessWatch>& children);
+  // The server's next report, waited for until `deadline` (std::nullopt), not interruptible.
+  std::optional<os::Message> next_report(Deadline deadline);
 
   std::string owner_;
   ForkHooks hooks_;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow {
@@ -53,10 +54,12 @@ int fork_process(const ForkHooks& hooks, const WorkerInfo* info, const std::stri
   g_parent_pid = parent;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);  // the parent went before the prctl took hold
-  if (hooks.child) hooks.child();
-  ::signal(SIGINT, SIG_IGN);
   int code = 1;
   try {
+    // Inside the try: nothing may unwind into the forking code's copy (a fork server's loop,
+    // the caller's program).
+    if (hooks.child) hooks.child();
+    ::signal(SIGINT, SIG_IGN);
     code = body();
   } catch (...) {
     code = 1;
@@ -85,6 +88,8 @@ std::optional<ForkServer::Spawned> WorkerProcesses::spawn_by_server(const Worker
     return server_->spawn(info, tag, fds);
   } catch (const SystemError&) {
     throw;  // its fork failed: so would ours
+  } catch (const Interrupted&) {
+    throw;  // Ctrl-C: the server is fine
   } catch (const Error& e) {
     log_message(LogLevel::Warning, owner_ + ": the fork server is gone (" + e.what() +
                                        "); workers are now forked by the main process");

@@ -301,7 +301,7 @@ void RemoteConnection::serve() {
     if (std::any_of(receives_.begin(), receives_.end(), done) ||
         std::any_of(sends_.begin(), sends_.end(), done))
       continue;
-    if (awaiting_ > 0 && answer_spin_.wait(bell_, rung, {}, [] { return true; }) != rung)
+    if (awaiting_ > 0 && answer_spin_.spin(bell_, rung) != rung)
       continue;  // an answer came while spinning
     asleep_.store(true, std::memory_order_seq_cst);
     if (bell_.seq.load(std::memory_order_seq_cst) == rung) worker_->wait(period_);
@@ -376,6 +376,8 @@ void RemoteConnection::complete_receives() {
         ++s_.wakeups;
         s_.work.notify_one();
         made_ready = true;
+        if (counted_.size() <= r.slot) counted_.resize(s_.slots.size());
+        counted_[r.slot] = 1;
         ++awaiting_;
       }
     }
@@ -392,7 +394,10 @@ void RemoteConnection::send_answers() {
     out.swap(outbox);
   }
   for (Outgoing& o : out) {
-    if (o.slot != UINT32_MAX && awaiting_ > 0) --awaiting_;
+    if (o.slot != UINT32_MAX && o.slot < counted_.size() && counted_[o.slot]) {
+      counted_[o.slot] = 0;
+      --awaiting_;
+    }
     auto snd = std::make_unique<Send>();
     snd->slot = o.slot;
     if (o.failure) {

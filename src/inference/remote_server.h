@@ -141,7 +141,8 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   os::WaitWord bell_;
   std::atomic<bool> asleep_{false};
   os::AdaptiveSpin answer_spin_;
-  size_t awaiting_ = 0;  // requests made ready and not answered yet (this thread only)
+  size_t awaiting_ = 0;           // requests made ready and not answered yet (this thread only)
+  std::vector<uint8_t> counted_;  // by slot: counted in awaiting_ (this thread only)
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};

@@ -43,6 +43,12 @@ class AdaptiveSpin {
   uint32_t wait(Word&& word, uint32_t seen, std::chrono::steady_clock::time_point deadline,
                 Alive&& alive, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 
+  // Spins for a change of `word` within the budget, never sleeps: the new seq, or `seen` when
+  // none came. For a waiter that sleeps elsewhere (on an fd). A miss halves the budget (the
+  // time spun says nothing about when the change will come).
+  template <class Word>
+  uint32_t spin(Word&& word, uint32_t seen);
+
   uint32_t budget() const noexcept { return budget_.load(std::memory_order_relaxed); }
   uint32_t max_spins() const noexcept { return max_; }
   // Nanoseconds one pause iteration takes on this machine (measured once, then cached).
@@ -50,6 +56,11 @@ class AdaptiveSpin {
 
  private:
   void learn(std::chrono::steady_clock::duration waited) noexcept;
+  // This wait's spins: the budget, or the maximum on every 64th wait (a probe).
+  uint32_t spins_now() noexcept {
+    if ((waits_.fetch_add(1, std::memory_order_relaxed) & 63) == 63) return max_;
+    return budget_.load(std::memory_order_relaxed);
+  }
   uint32_t max_;
   std::atomic<uint32_t> budget_;
   std::atomic<uint32_t> waits_{0};
@@ -61,8 +72,7 @@ uint32_t AdaptiveSpin::wait(Word&& word, uint32_t seen,
                             std::chrono::milliseconds poll) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  uint32_t spins = budget_.load(std::memory_order_relaxed);
-  if ((waits_.fetch_add(1, std::memory_order_relaxed) & 63) == 63) spins = max_;  // probe
+  const uint32_t spins = spins_now();
   if (spins > 0) {
     // A deadline in the past: spin `spins` times, then return without sleeping.
     uint32_t now = word.wait(
@@ -74,6 +84,21 @@ uint32_t AdaptiveSpin::wait(Word&& word, uint32_t seen,
   }
   uint32_t now = word.wait(seen, deadline, alive, SpinPolicy{0}, poll);
   learn(clock::now() - t0);
+  return now;
+}
+
+template <class Word>
+uint32_t AdaptiveSpin::spin(Word&& word, uint32_t seen) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const uint32_t spins = spins_now();
+  if (spins == 0) return seen;
+  const uint32_t now = word.wait(
+      seen, clock::time_point{}, [] { return true; }, SpinPolicy{spins});
+  if (now != seen)
+    learn(clock::now() - t0);
+  else
+    budget_.store(budget_.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
   return now;
 }
 

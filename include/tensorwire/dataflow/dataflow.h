@@ -71,7 +71,10 @@ struct WorkerInfo {
 const WorkerInfo* current_worker() noexcept;
 
 // Hooks run around each fork() of a runner (in the forking thread): the Python binding
-// uses them for PyOS_BeforeFork / PyOS_AfterFork_*.
+// uses them for PyOS_BeforeFork / PyOS_AfterFork_*. With the restart policy they also run
+// around the fork of the runner's fork server and, in that server, around each fork of a
+// replacement; in the server itself current_worker() is nullptr. A `child` hook that
+// throws ends that process (exit status 1).
 struct ForkHooks {
   std::function<void()> before;
   std::function<void()> parent;

@@ -9,19 +9,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "flows.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/runner.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::Contains;
 using testing::counting;
 using ::testing::HasSubstr;
 using testing::index_of;
@@ -143,18 +148,37 @@ class LockingSeedFlow : public testing::SeedFlow {
   }
 };
 
-// Forked from the main process, the replacement would hold a copy of the lock, locked, and
-// wait for it for ever; the fork server forked it from the state the first worker had.
+// Forked from the main process, the replacement would hold a copy of the lock, locked by a
+// thread that does not exist in it, and wait for it for ever; the fork server forked it from
+// the state the first worker had.
 TEST_F(Healing, AReplacementDoesNotInheritALockTheMainProcessHolds) {
   MultiProcessRunnerZMQ r(std::make_shared<LockingSeedFlow>(),
                           {.num_proc = 1, .seed = kSeed, .policy = restart()});
   r.reset_state();
   EXPECT_EQ(seed_of(*r.next(10s)), kSeed);
-  std::unique_lock held(g_flow_lock);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool taken = false, release = false;
+  std::thread holder([&] {
+    std::lock_guard held(g_flow_lock);
+    std::unique_lock l(mu);
+    taken = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return release; });
+  });
+  {
+    std::unique_lock l(mu);
+    cv.wait(l, [&] { return taken; });
+  }
   ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
   EXPECT_TRUE(replacement_delivers(r));
   EXPECT_EQ(r.restarts(), 1u);
-  held.unlock();
+  {
+    std::lock_guard l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  holder.join();
 }
 
 // Its own children that are not the runner's workers: the fork server (restart policy only).
@@ -166,26 +190,62 @@ std::vector<int> non_workers(const std::set<int>& before, const std::vector<int>
   return out;
 }
 
-// The fork server killed from outside: a replacement is then forked by the main process (with
-// a warning), and the stream goes on. (Forked from the threaded test process: not under the
-// sanitizers, label forked-child.)
+int parent_of(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));  // after "pid (comm) "
+  char state;
+  int ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+std::vector<std::string> g_warnings;
+void keep_warning(LogLevel, const std::string& message) {
+  g_warnings.push_back(message);
+}
+
+// Waits (20 s at most) for a datapoint of seed `seed`.
+bool delivers_seed(MultiProcessRunnerZMQ& r, uint64_t seed) {
+  for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;)
+    if (auto dp = r.next(2s); dp && seed_of(*dp) == seed) return true;
+  return false;
+}
+
+// The fork server forks replacements (it is their parent). Killed from outside, it takes
+// them with it (PDEATHSIG); each is then replaced by a fork of the main process, with a
+// warning, and the stream goes on. (That fork is made by the threaded test process: not under
+// the sanitizers, label forked-child.)
 TEST_F(Healing, AReplacementIsForkedByTheMainProcessOnceTheForkServerIsGone) {
   MultiProcessRunnerZMQ raising(counting(std::nullopt), {.num_proc = 1});
   raising.reset_state();
   EXPECT_TRUE(non_workers(children_before_, raising.pids()).empty());  // no server needed
   raising.close();
 
-  MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(),
-                          {.num_proc = 1, .seed = kSeed, .policy = restart()});
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart()};
+  std::vector<std::string> deaths;
+  o.policy.on_restart = [&](const WorkerRestart& w) { deaths.push_back(w.message); };
+  MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(), o);
   r.reset_state();
   EXPECT_EQ(seed_of(*r.next(10s)), kSeed);
   const std::vector<int> server = non_workers(children_before_, r.pids());
   ASSERT_EQ(server.size(), 1u);
+  ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
+  ASSERT_TRUE(delivers_seed(r, kSeed + 1));
+  EXPECT_EQ(parent_of(r.pids()[0]), server[0]);
+
+  g_warnings.clear();
+  set_log_handler(keep_warning);
   ASSERT_EQ(::kill(server[0], SIGKILL), 0);
   ASSERT_TRUE(testing::ends_within(server[0], 5s));
-  ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
-  EXPECT_TRUE(replacement_delivers(r));
-  EXPECT_EQ(r.restarts(), 1u);
+  EXPECT_TRUE(delivers_seed(r, kSeed + 2));  // its replacement died with it: replaced again
+  set_log_handler(nullptr);
+  EXPECT_EQ(r.restarts(), 2u);
+  EXPECT_EQ(parent_of(r.pids()[0]), ::getpid());
+  ASSERT_EQ(deaths.size(), 2u);
+  EXPECT_THAT(deaths[1], HasSubstr("exit status unavailable"));  // its reaper was the server
+  EXPECT_THAT(g_warnings, Contains(HasSubstr("the fork server is gone")));
 }
 
 // Datapoint 3 of the first pass sleeps for ever in the first worker generation.
