@@ -207,9 +207,9 @@ void ForkServer::close() noexcept {
   link_.close();  // and end-of-file for a server that missed the order
   // It exits as soon as it has reaped what it forked (killed by then); one that does not is
   // stopped (SIGSTOP) or stuck, and is killed (its workers go with it: PR_SET_PDEATHSIG).
-  if (!os::reap(pid_, 2s)) {
+  if (!os::reap(pid_, 2s, &exit_status_)) {
     ::kill(pid_, SIGKILL);
-    os::reap(pid_, 10s);
+    os::reap(pid_, 10s, &exit_status_);
   }
   pid_ = -1;
 }

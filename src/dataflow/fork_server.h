@@ -57,6 +57,8 @@ class ForkServer {
   std::optional<int> status_of(int pid, Deadline deadline);
 
   int pid() const noexcept { return pid_; }
+  // After close(): the server's wait status (an exit of 0 when it quit as told), -1 before.
+  int exit_status() const noexcept { return exit_status_; }
   // Ends the server and reaps it (bounded: a stopped server is killed). It kills and reaps the
   // workers it forked. In a forked copy of the owner, only lets go of the link.
   void close() noexcept;
@@ -73,6 +75,7 @@ class ForkServer {
   Body body_;
   int pid_ = -1;
   int owner_pid_ = -1;
+  int exit_status_ = -1;
   os::UnixSocket link_;
   std::map<int, int> ended_;  // pid -> wait status, reports not asked for yet
 };
