@@ -24,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+from round_trips import round_trips
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,14 +112,7 @@ def client_loop(system, payload, client, seconds, go, results):
 
 def latency_loop(system, payload, client, count, results):
     td = _request(system, payload)
-    for _ in range(200):
-        client(td)
-    samples = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        client(td)
-        samples.append((time.perf_counter() - t0) * 1e6)
-    samples.sort()
+    samples = round_trips(lambda: client(td), count, warmup=200)
     # p50, p95, and the percentiles 0, 5, ..., 100 for the figure's distribution
     results.put((samples[len(samples) // 2], samples[int(len(samples) * 0.95)],
                  [samples[min(len(samples) - 1, round(q * (len(samples) - 1) / 20))] for q in range(21)]))

@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from round_trips import round_trips
 
 
 def make_client(system, reach, i):
@@ -46,12 +47,7 @@ def actor(system, reach, i, shape, dtype, seconds, latency, go, results):
     results.put(("ready", 0, 0.0, []))
     go.wait()
     if latency:
-        samples = []
-        for _ in range(latency):
-            t0 = time.perf_counter()
-            client(td)
-            samples.append((time.perf_counter() - t0) * 1e6)
-        results.put(("done", latency, 0.0, sorted(samples)))
+        results.put(("done", latency, 0.0, round_trips(lambda: client(td), latency)))
         return
     n, t0 = 0, time.monotonic()
     while True:

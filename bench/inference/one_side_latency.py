@@ -12,9 +12,9 @@ make a lone actor wait on the idle one (issue 10: "starves neither side").
 import argparse
 import subprocess
 import sys
-import time
 
 import numpy as np
+from round_trips import round_trips
 
 import tensorwire as tw
 from tensorwire import inference as inf
@@ -27,15 +27,8 @@ def actor(kind: str, address: str, requests: int) -> None:
     c = inf.SharedMemoryTransport.client_for(address) if kind == "local" else \
         inf.connect("127.0.0.1", int(address))
     td = {"observation": np.zeros(4, np.float32)}
-    for _ in range(500):
-        c(td)
-    lat = []
-    for _ in range(requests):
-        t0 = time.perf_counter()
-        c(td)
-        lat.append(time.perf_counter() - t0)
-    lat.sort()
-    print(lat[len(lat) // 2] * 1e6, lat[len(lat) * 99 // 100] * 1e6)
+    lat = round_trips(lambda: c(td), requests, warmup=500)
+    print(lat[len(lat) // 2], lat[len(lat) * 99 // 100])
 
 
 def one(kind: str, both: bool, requests: int) -> tuple:

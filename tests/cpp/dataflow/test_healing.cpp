@@ -129,10 +129,11 @@ uint64_t seed_of(const TensorDict& td) {
   return *td.get("seed").data<uint64_t>();
 }
 
-// True once a datapoint of the replacement of the only worker arrives (within 20 s).
-bool replacement_delivers(MultiProcessRunnerZMQ& r) {
+// True once a datapoint of seed `seed` arrives (within 20 s): of the only worker's k-th
+// replacement for kSeed + k.
+bool delivers_seed(MultiProcessRunnerZMQ& r, uint64_t seed) {
   for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;)
-    if (auto dp = r.next(2s); dp && seed_of(*dp) == kSeed + 1) return true;
+    if (auto dp = r.next(2s); dp && seed_of(*dp) == seed) return true;
   return false;
 }
 
@@ -171,7 +172,7 @@ TEST_F(Healing, AReplacementDoesNotInheritALockTheMainProcessHolds) {
     cv.wait(l, [&] { return taken; });
   }
   ASSERT_EQ(::kill(r.pids()[0], SIGKILL), 0);
-  EXPECT_TRUE(replacement_delivers(r));
+  EXPECT_TRUE(delivers_seed(r, kSeed + 1));
   EXPECT_EQ(r.restarts(), 1u);
   {
     std::lock_guard l(mu);
@@ -204,13 +205,6 @@ int parent_of(int pid) {
 std::vector<std::string> g_warnings;
 void keep_warning(LogLevel, const std::string& message) {
   g_warnings.push_back(message);
-}
-
-// Waits (20 s at most) for a datapoint of seed `seed`.
-bool delivers_seed(MultiProcessRunnerZMQ& r, uint64_t seed) {
-  for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;)
-    if (auto dp = r.next(2s); dp && seed_of(*dp) == seed) return true;
-  return false;
 }
 
 // The fork server forks replacements (it is their parent). Killed from outside, it takes
