@@ -15,8 +15,13 @@ namespace tensorwire::detail {
 
 namespace {
 
-wire::Mode mode_of(const PipeOptions& o) {
-  return o.consolidated ? wire::Mode::Consolidated : wire::Mode::NonConsolidated;
+// A payload that goes inline in its frame is gathered by UCX's eager protocol from the
+// frame's pieces straight into the peer's FIFO: the encoder hands the leaves over as
+// pieces rather than packing them into its staging buffer first (a second copy).
+wire::Encoder encoder_for(const PipeOptions& o) {
+  wire::Encoder e(o.consolidated ? wire::Mode::Consolidated : wire::Mode::NonConsolidated);
+  e.gather_up_to(kInlineMax);
+  return e;
 }
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
@@ -59,7 +64,7 @@ PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& op
       generation_(os::fork_generation()),
       owner_pid_(::getpid()),
       worker_(std::make_unique<ucx::Worker>()),
-      encoder_(mode_of(options)),
+      encoder_(encoder_for(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, host, port);
 }
@@ -70,7 +75,7 @@ PipeImpl::PipeImpl(ucx::ConnRequest& request, const PipeOptions& options, uint16
       owner_pid_(::getpid()),
       local_port_(local_port),
       worker_(std::make_unique<ucx::Worker>()),
-      encoder_(mode_of(options)),
+      encoder_(encoder_for(options)),
       decoder_(options.limits) {
   ep_ = std::make_unique<ucx::Endpoint>(*worker_, request);
 }
@@ -397,7 +402,9 @@ void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   bool resumed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    resumed = sending_ && sending_td_ == &td;
+    // The same dict, not another one that took the address of a dropped one: the message
+    // in flight holds the storages it was made from, so no other dict can have them.
+    resumed = sending_ && sending_td_ == &td && encoder_.last().made_from(td);
   }
   // Another TensorDict's send still in flight (an earlier call timed out): it completes
   // first, so messages arrive in the order they were sent, each once.

@@ -1,5 +1,9 @@
 #include "tensorwire/wire/encoder.h"
 
+#include <algorithm>
+
+#include "core/plan_cache.h"
+
 namespace tensorwire::wire {
 
 namespace {
@@ -68,12 +72,17 @@ Json non_consolidated_header(const TensorDict& td, uint32_t max_depth) {
   return h;
 }
 
-Encoder::Encoder(Mode mode, ConsolidateOptions options) : mode_(mode), options_(options) {}
+Encoder::Encoder(Mode mode, ConsolidateOptions options)
+    : mode_(mode), options_(options), plans_(std::make_unique<PlanCache>(options)) {}
+Encoder::~Encoder() = default;
+Encoder::Encoder(Encoder&&) noexcept = default;
+Encoder& Encoder::operator=(Encoder&&) noexcept = default;
 
 void Encoder::reset() noexcept {
   schema_id_ = 0;
   last_metadata_.clear();
   last_source_ = nullptr;
+  schema_is_plan_ = false;
 }
 
 void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
@@ -85,10 +94,22 @@ void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
   msg_.header_bytes = msg_.header.encode();
 }
 
+bool OutMessage::made_from(const TensorDict& td) const {
+  size_t i = 0;
+  bool same = true;
+  for_each_leaf(td, [&](const Tensor& t) {
+    same = same && i < sources.size() && sources[i].same(t.storage());
+    ++i;
+  });
+  return same && i == sources.size();
+}
+
 const OutMessage& Encoder::encode(const TensorDict& td) {
   msg_.payload.clear();
   msg_.keepalive.clear();
   msg_.metadata.clear();
+  msg_.sources.clear();
+  for_each_leaf(td, [&](const Tensor& t) { msg_.sources.push_back(t.storage()); });
   if (mode_ == Mode::Consolidated)
     encode_consolidated(td);
   else
@@ -101,6 +122,10 @@ void Encoder::encode_consolidated(const TensorDict& td) {
   size_t total;
   std::string metadata;
   bool same;
+  // Cleared until this message's schema is settled: an exception on the way must not
+  // leave it claiming a plan the cache has already replaced.
+  const bool schema_was_plan = schema_is_plan_;
+  schema_is_plan_ = false;
   if (is_consolidated_root(td)) {
     // Already one storage: send it as it is. The same metadata object means the same
     // layout, so the steady state costs no serialisation at all.
@@ -113,17 +138,23 @@ void Encoder::encode_consolidated(const TensorDict& td) {
       same = schema_id_ != 0 && metadata == last_metadata_;
     }
     last_source_ = c.metadata;
+    msg_.payload.emplace_back(data, total);
   } else {
-    ConsolidatedPlan plan = plan_consolidation(td, options_);
-    metadata = plan.metadata.dump();
-    same = schema_id_ != 0 && metadata == last_metadata_;
-    if (!same || staging_.nbytes() != plan.total_bytes)
-      staging_ = Storage::allocate(plan.total_bytes, 64);
-    plan_ = std::move(plan);
-    pack(td, plan_, staging_.data());
-    data = staging_.data();
-    total = plan_.total_bytes;
+    bool reused;
+    const ConsolidatedPlan& plan = plans_->plan(td, reused);
+    // The plan the last message was sent with: its metadata needs no serialising.
+    same = reused && schema_was_plan && schema_id_ != 0;
+    if (!same) {
+      metadata = plan.metadata.dump();
+      same = schema_id_ != 0 && metadata == last_metadata_;
+    }
+    total = plan.total_bytes;
     last_source_ = nullptr;
+    if (total > gather_max_ || !gather(td, plan)) {
+      if (!same || staging_.nbytes() != total) staging_ = Storage::allocate(total, 64);
+      pack(td, plan, staging_.data());
+      msg_.payload.emplace_back(staging_.data(), total);
+    }
   }
   if (same) {
     finish_header(MessageKind::Storage, total);
@@ -133,7 +164,28 @@ void Encoder::encode_consolidated(const TensorDict& td) {
     msg_.metadata = std::move(metadata);
     finish_header(MessageKind::SchemaAndStorage, total);
   }
-  msg_.payload.emplace_back(data, total);
+  schema_is_plan_ = last_source_ == nullptr;
+}
+
+bool Encoder::gather(const TensorDict& td, const ConsolidatedPlan& plan) {
+  // Zeros for the padding between leaves (less than the alignment each).
+  static constexpr size_t kZeros = 4096;
+  static const std::byte zeros[kZeros]{};
+  bool contiguous = true;
+  for_each_leaf(td, [&](const Tensor& t) { contiguous = contiguous && t.is_contiguous(); });
+  if (!contiguous) return false;
+  size_t leaf = 0;
+  for_each_leaf(td, [&](const Tensor& t) {
+    const size_t start = plan.offsets[leaf++];
+    const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
+    msg_.payload.emplace_back(static_cast<const std::byte*>(t.data()), t.nbytes());
+    for (size_t pad = end - start - t.nbytes(); pad > 0;) {
+      const size_t n = std::min(pad, kZeros);
+      msg_.payload.emplace_back(zeros, n);
+      pad -= n;
+    }
+  });
+  return true;
 }
 
 void Encoder::encode_non_consolidated(const TensorDict& td) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "tensorwire/wire/decoder.h"
@@ -165,6 +166,137 @@ TEST(Codec, ChangedNonTensorValueSendsANewSchema) {
   const OutMessage& m = enc.encode(step(1, "run"));
   EXPECT_EQ(m.header.kind, MessageKind::SchemaAndStorage);
   EXPECT_EQ(dec.decode(flatten(m)).get_non_tensor("task"), "run");
+}
+
+// A dict of tensors only: its plan is reused while the structure holds (no metadata JSON
+// is built), and any change of what the metadata records sends a new schema.
+TensorDict tensors_only(float value) {
+  TensorDict td({3});
+  td.set("obs", fill_f32({3, 4}, value));
+  td.set({"info", "reward"}, fill_f32({3}, value * 10));
+  return td;
+}
+
+TEST(Codec, EveryChangeOfATensorOnlyStructureSendsANewSchemaAndRoundTrips) {
+  using Change = std::function<void(TensorDict&)>;
+  const std::vector<std::pair<std::string, Change>> changes = {
+      {"dtype",
+       [](TensorDict& td) {
+         td.set("obs", Tensor::zeros({3, 4}, DType::Float64));
+       }},
+      {"shape",
+       [](TensorDict& td) {
+         td.set("obs", fill_f32({3, 5}, 1));
+       }},
+      {"key",
+       [](TensorDict& td) {
+         td.erase(Key("obs"));
+         td.set("obz", fill_f32({3, 4}, 1));
+       }},
+      {"order",
+       [](TensorDict& td) {
+         td.erase(Key("obs"));
+         td.set("obs", fill_f32({3, 4}, 1));
+       }},
+      {"new leaf",
+       [](TensorDict& td) {
+         td.set({"info", "done"}, Tensor::zeros({3}, DType::Bool));
+       }},
+      {"nested batch size",
+       [](TensorDict& td) {
+         TensorDict info({3, 1});
+         info.set("reward", fill_f32({3, 1}, 2));
+         td.set("info", std::move(info));
+       }},
+      {"names", [](TensorDict& td) { td.set_names({std::string("time")}); }},
+      {"lock", [](TensorDict& td) { td.lock_(); }},
+      {"non-tensor", [](TensorDict& td) { td.set("task", NonTensor{"walk"}); }},
+  };
+  for (const auto& [what, change] : changes) {
+    SCOPED_TRACE(what);
+    Encoder enc(Mode::Consolidated);
+    Decoder dec;
+    dec.decode(flatten(enc.encode(tensors_only(1))));
+    const OutMessage& again = enc.encode(tensors_only(2));
+    EXPECT_EQ(again.header.kind, MessageKind::Storage);
+    std::string why;
+    EXPECT_TRUE(equal(tensors_only(2), dec.decode(flatten(again)), &why)) << why;
+    TensorDict changed = tensors_only(3);
+    change(changed);
+    const OutMessage& m = enc.encode(changed);
+    EXPECT_EQ(m.header.kind, MessageKind::SchemaAndStorage);
+    EXPECT_TRUE(equal(changed, dec.decode(flatten(m)), &why)) << why;
+    // And back: the first structure again is a new schema too, then storage only.
+    const OutMessage& first_again = enc.encode(tensors_only(4));
+    EXPECT_EQ(first_again.header.kind, MessageKind::SchemaAndStorage);
+    dec.decode(flatten(first_again));
+    const OutMessage& last = enc.encode(tensors_only(5));
+    EXPECT_EQ(last.header.kind, MessageKind::Storage);
+    EXPECT_TRUE(equal(tensors_only(5), dec.decode(flatten(last)), &why)) << why;
+  }
+}
+
+TEST(Codec, AReusedPlanIsNotTakenForTheSchemaOfAConsolidatedInputSentBetween) {
+  Encoder enc(Mode::Consolidated);
+  Decoder dec;
+  dec.decode(flatten(enc.encode(tensors_only(1))));
+  TensorDict other = consolidate(step(2));  // another structure, sent from its own storage
+  const OutMessage& m = enc.encode(other);
+  EXPECT_EQ(m.header.kind, MessageKind::SchemaAndStorage);
+  dec.decode(flatten(m));
+  const OutMessage& back = enc.encode(tensors_only(3));
+  EXPECT_EQ(back.header.kind, MessageKind::SchemaAndStorage);
+  std::string why;
+  EXPECT_TRUE(equal(tensors_only(3), dec.decode(flatten(back)), &why)) << why;
+}
+
+TEST(Codec, ARefusedDictLeavesTheReusedPlanIntact) {
+  Encoder enc(Mode::Consolidated, ConsolidateOptions{.max_depth = 1});
+  Decoder dec;
+  dec.decode(flatten(enc.encode(tensors_only(1))));
+  TensorDict deep = tensors_only(2);
+  deep.set({"a", "b", "c"}, fill_f32({3}, 1));
+  EXPECT_THROW(enc.encode(deep), ValueError);
+  const OutMessage& m = enc.encode(tensors_only(3));
+  EXPECT_EQ(m.header.kind, MessageKind::Storage);
+  std::string why;
+  EXPECT_TRUE(equal(tensors_only(3), dec.decode(flatten(m)), &why)) << why;
+}
+
+// gather_up_to: a small message goes out as pieces of the leaves (and zero padding), no
+// copy, with exactly the bytes of the packed one; a strided leaf or a bigger message is
+// packed as before.
+TEST(Codec, AGatheredMessageCarriesTheBytesOfAPackedOneWithoutCopying) {
+  TensorDict td({3});
+  td.set("a", Tensor::from_vector<uint8_t>({1, 2, 3}, {3}));  // 5 bytes of padding after it
+  td.set({"n", "b"}, fill_f32({3, 2}, 7));
+  td.set("c", Tensor::from_vector<int16_t>({-1, -2, -3}, {3}));
+  Encoder packed(Mode::Consolidated), gathered(Mode::Consolidated);
+  gathered.gather_up_to(1 << 20);
+  const OutMessage& p = packed.encode(td);
+  const OutMessage& g = gathered.encode(td);
+  EXPECT_EQ(p.payload.size(), 1u);
+  ASSERT_EQ(g.payload.size(), 5u);  // a, its padding, b, c, its padding
+  EXPECT_EQ(g.payload[0].data(), static_cast<const std::byte*>(td.get("a").data()));
+  EXPECT_EQ(g.payload[2].data(), static_cast<const std::byte*>(td.get({"n", "b"}).data()));
+  EXPECT_EQ(flatten(p), flatten(g));
+  Decoder dec;
+  std::string why;
+  EXPECT_TRUE(equal(td, dec.decode(flatten(g)), &why)) << why;
+  // The same structure again: storage only, still gathered.
+  const OutMessage& again = gathered.encode(td);
+  EXPECT_EQ(again.header.kind, MessageKind::Storage);
+  EXPECT_EQ(again.payload.size(), 5u);
+  EXPECT_TRUE(equal(td, dec.decode(flatten(again)), &why)) << why;
+
+  Encoder small(Mode::Consolidated);
+  small.gather_up_to(16);  // less than the message: packed
+  EXPECT_EQ(small.encode(td).payload.size(), 1u);
+  Tensor base = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5}, {3, 2});
+  td.set("strided", Tensor::view(base.storage(), 0, {3, 2}, DType::Float64, {1, 3}));
+  const OutMessage& s = gathered.encode(td);
+  EXPECT_EQ(s.payload.size(), 1u);
+  EXPECT_EQ(flatten(s), flatten(packed.encode(td)));
 }
 
 TEST(Codec, ConsolidatedInputIsSentFromItsOwnStorageWithoutCopying) {

@@ -16,29 +16,51 @@
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/frame.h"
 
+namespace tensorwire {
+class PlanCache;  // core/plan_cache.h (private)
+}  // namespace tensorwire
+
 namespace tensorwire::wire {
 
 enum class Mode : uint8_t { Consolidated, NonConsolidated };
 
 // One encoded message. The header and metadata are owned; the payload pieces point into
-// the TensorDict that was encoded, or the encoder's staging buffer, and stay valid until
-// the next encode() call as long as that TensorDict is alive and unchanged.
+// the storages of the TensorDict that was encoded (held in `sources`), or into the
+// encoder's staging buffer, and stay valid until the next encode() call, also when the
+// caller has dropped the TensorDict meanwhile: a send that timed out is still in flight
+// and reads them later (as the peer receives), so they must not be freed and reused.
 struct OutMessage {
   FrameHeader header;
   FrameHeader::Bytes header_bytes{};
   std::string metadata;
   std::vector<std::span<const std::byte>> payload;  // consolidated: 1 piece; else one per leaf
   std::vector<Tensor> keepalive;  // contiguous copies of strided leaves (non-consolidated)
+  std::vector<Storage> sources;   // the storage of every tensor leaf, in leaf order
+
+  // True when `td`'s tensor leaves are the storages this message was encoded from (a dict
+  // sent again, as opposed to another one that took its place at the same address).
+  bool made_from(const TensorDict& td) const;
 };
 
 class Encoder {
  public:
   explicit Encoder(Mode mode, ConsolidateOptions options = {});
+  ~Encoder();
+  Encoder(Encoder&&) noexcept;
+  Encoder& operator=(Encoder&&) noexcept;
 
   const OutMessage& encode(const TensorDict& td);
   // A Control message (handshakes): JSON only.
   static OutMessage control(const Json& body);
 
+  // A consolidated message of at most `bytes` whose leaves are contiguous is given as
+  // pieces (each leaf, then its zero padding) instead of being packed into the staging
+  // buffer: for a sender whose transport copies the pieces into a buffer of its own anyway
+  // (UCX's eager protocol gathers them into its FIFO), where packing first is a second
+  // copy of every byte. 0 (the default): always packed, one piece.
+  void gather_up_to(size_t bytes) noexcept { gather_max_ = bytes; }
+  // The message of the last encode() (valid until the next).
+  const OutMessage& last() const noexcept { return msg_; }
   Mode mode() const noexcept { return mode_; }
   uint64_t schema_id() const noexcept { return schema_id_; }
   // Forget the last schema, so the next message carries one again.
@@ -48,6 +70,9 @@ class Encoder {
   void encode_consolidated(const TensorDict& td);
   void encode_non_consolidated(const TensorDict& td);
   void finish_header(MessageKind kind, uint64_t payload_bytes);
+  // The payload as pieces of `td`'s leaves and padding (gather_up_to); false, with nothing
+  // added, when a leaf is not contiguous.
+  bool gather(const TensorDict& td, const ConsolidatedPlan& plan);
 
   Mode mode_;
   ConsolidateOptions options_;
@@ -58,8 +83,10 @@ class Encoder {
   // Metadata of the consolidated TD last sent as-is. Held (not a raw pointer) so that its
   // address cannot be reused by another TD's metadata while it identifies schema_id_.
   std::shared_ptr<const Json> last_source_;
-  ConsolidatedPlan plan_;  // for staging
+  std::unique_ptr<PlanCache> plans_;  // for staging: the plan, reused while the structure holds
+  bool schema_is_plan_ = false;       // schema_id_ is the metadata of plans_'s current plan
   Storage staging_;
+  size_t gather_max_ = 0;
 };
 
 // JSON header of a NonConsolidated message for `td` (exposed for tests and tools).
