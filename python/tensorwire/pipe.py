@@ -442,7 +442,8 @@ class TensorDictServer(_Acceptor):
     (and keeps, in ``handler_errors``) any exception a handler raises; ``async for pipe in
     server`` yields the pipes instead. A client that fails or abandons its handshake is
     counted in ``refused`` (and logged at debug level); the server goes on. ``close()``
-    stops accepting and closes every pipe the server handed out. ``liveness_timeout`` applies
+    stops accepting, cancels the handlers ``serve`` runs and closes every pipe the server
+    handed out. ``liveness_timeout`` applies
     to every client's pipe (see ``TensorDictPipe.connect``).
     """
 
@@ -515,6 +516,16 @@ class TensorDictServer(_Acceptor):
                 raise
 
     def close(self) -> None:
+        # The handlers first: cancelled, as the end of serve() cancels them, before their
+        # pipes close under them (a handler still reading would get ClosedError, reported
+        # as its failure). Tasks belong to the loop running here, if any.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        for t in list(self._tasks):
+            if t.get_loop() is loop:
+                t.cancel()
         self._waiter.detach()
         self._impl.close()
 

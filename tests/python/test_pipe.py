@@ -287,6 +287,36 @@ def test_server_serves_three_concurrent_clients_and_reports_handler_errors(tls):
     asyncio.run(run())
 
 
+def test_closing_the_server_ends_its_handlers_without_reporting_errors(tls, caplog):
+    # close() closes every pipe the server handed out and ends the handlers reading them
+    # (cancelled, as serve()'s own end cancels them): a shutdown, not handler failures to
+    # log, also when a handler's pipe had more to read or its peer was closing it too.
+    async def run():
+        server = tw.TensorDictServer(0)
+        got = []
+
+        async def handler(pipe):
+            async for td in pipe:
+                got.append(td["x"][0])
+
+        task = asyncio.ensure_future(server.serve(handler))
+        peers = [py_peer("send", "127.0.0.1", server.port, 200, *hang) for hang in ([], ["--hang"])]
+        for _ in range(600):
+            if len(got) >= 20:
+                break
+            await asyncio.sleep(0.01)
+        assert len(got) >= 20
+        server.close()
+        await asyncio.sleep(0.2)  # the handlers run before serve() ends (no await on it)
+        assert server.handler_errors == []
+        await asyncio.wait_for(task, 10)
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        for p in peers:
+            p.kill()
+            finish(p)
+    asyncio.run(run())
+
+
 def test_a_pipe_read_with_async_for_lets_the_loop_run_other_tasks_between_messages(tls):
     # A server reads each pipe in its own task: a pipe whose messages are already there
     # must still give the loop up between two of them, or the server's other pipes (and
