@@ -386,32 +386,71 @@ bool PipeImpl::step_send() {
 
 bool PipeImpl::poll_send(std::chrono::microseconds spin) {
   check_process();
+  std::optional<TensorDict> done;  // destroyed with no lock held (see in_flight_)
   auto once = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw ClosedError("Cannot send on a closed pipe.");
-    return !sending_ || step_send();
+    const bool over = !sending_ || step_send();
+    if (over) done = taken_in_flight();
+    return over;
   };
   if (once()) return true;
   return spin.count() > 0 && ucx::spin_for(spin, once);
 }
 
+namespace {
+// Whether `a` has the tensors of `b` (the same storages and bytes, in the same places): a
+// dict sent again, not another one that took a dropped dict's address. Recursion follows
+// `b`, a copy of a dict the encoder accepted (so within the nesting limit).
+bool same_leaves(const TensorDict& a, const TensorDict& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const auto& [ka, ea] = a.items()[i];
+    const auto& [kb, eb] = b.items()[i];
+    if (ka != kb) return false;
+    if (eb.is_tensor()) {
+      if (!ea.is_tensor() || !ea.tensor().storage().same(eb.tensor().storage()) ||
+          ea.tensor().data() != eb.tensor().data())
+        return false;
+    } else if (eb.is_tensordict()) {
+      if (!ea.is_tensordict() || !same_leaves(ea.tensordict(), eb.tensordict())) return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+std::optional<TensorDict> PipeImpl::taken_in_flight() {
+  if (sending_) return std::nullopt;
+  return std::exchange(in_flight_, std::nullopt);
+}
+
 void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   check_process();
+  std::optional<TensorDict> done;  // destroyed last, with no lock held (see in_flight_)
   std::lock_guard<std::mutex> one_sender(send_mu_);
   const Deadline deadline = Deadline::after(timeout);
   bool resumed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // The same dict, not another one that took the address of a dropped one: the message
-    // in flight holds the storages it was made from, so no other dict can have them.
-    resumed = sending_ && sending_td_ == &td && encoder_.last().made_from(td);
+    resumed = sending_ && sending_td_ == &td && (!in_flight_ || same_leaves(td, *in_flight_));
   }
   // Another TensorDict's send still in flight (an earlier call timed out): it completes
   // first, so messages arrive in the order they were sent, each once.
   wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done = taken_in_flight();
+  }
   if (resumed) return;
   start_send(td);
-  wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  try {
+    wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sending_ && !in_flight_) in_flight_.emplace(td);
+    throw;
+  }
 }
 
 // ---- receiving -------------------------------------------------------------

@@ -107,6 +107,8 @@ class PipeImpl : public runtime::Beating {
   // Sleeps until progress may be possible or `slice` passes; `seen` is worker_->events()
   // from before the caller's last poll (returns at once if anything progressed since).
   void wait_event(Deadline slice, uint64_t seen);
+  // Under mu_: in_flight_ once its send is over (to destroy after unlocking), else nothing.
+  std::optional<TensorDict> taken_in_flight();
   unsigned progress();  // under mu_
   bool peer_is_local() const;
   void wait_wireup(Deadline deadline);
@@ -153,6 +155,11 @@ class PipeImpl : public runtime::Beating {
   // send state
   bool sending_ = false;
   const TensorDict* sending_td_ = nullptr;  // what the send in flight reads (identity only)
+  // A copy of the dict whose blocking send returned (timed out, interrupted) still in flight:
+  // it holds the storages UCX reads until the peer has the message, even if the caller
+  // lets the dict go. Taken out (taken_in_flight()) once the send is over and destroyed
+  // outside mu_: a storage that wraps a Python buffer takes the GIL to let it go.
+  std::optional<TensorDict> in_flight_;
   std::vector<std::span<const std::byte>> pieces_;
   std::vector<ucp_dt_iov_t> frame_iov_;
   std::vector<ucx::Request> send_reqs_;

@@ -94,22 +94,10 @@ void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
   msg_.header_bytes = msg_.header.encode();
 }
 
-bool OutMessage::made_from(const TensorDict& td) const {
-  size_t i = 0;
-  bool same = true;
-  for_each_leaf(td, [&](const Tensor& t) {
-    same = same && i < sources.size() && sources[i].same(t.storage());
-    ++i;
-  });
-  return same && i == sources.size();
-}
-
 const OutMessage& Encoder::encode(const TensorDict& td) {
   msg_.payload.clear();
   msg_.keepalive.clear();
   msg_.metadata.clear();
-  msg_.sources.clear();
-  for_each_leaf(td, [&](const Tensor& t) { msg_.sources.push_back(t.storage()); });
   if (mode_ == Mode::Consolidated)
     encode_consolidated(td);
   else

@@ -210,6 +210,15 @@ TEST(Codec, EveryChangeOfATensorOnlyStructureSendsANewSchemaAndRoundTrips) {
        }},
       {"names", [](TensorDict& td) { td.set_names({std::string("time")}); }},
       {"lock", [](TensorDict& td) { td.lock_(); }},
+      {"nested names",
+       [](TensorDict& td) { td.get_tensordict(Key("info")).set_names({std::string("t")}); }},
+      {"nested lock", [](TensorDict& td) { td.get_tensordict(Key("info")).lock_(); }},
+      {"device",
+       [](TensorDict& td) {
+         TensorDict on_cpu({3}, Device::cpu());
+         for (const auto& [name, e] : td.items()) on_cpu.set(name, e);
+         td = std::move(on_cpu);
+       }},
       {"non-tensor", [](TensorDict& td) { td.set("task", NonTensor{"walk"}); }},
   };
   for (const auto& [what, change] : changes) {

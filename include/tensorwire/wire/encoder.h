@@ -25,21 +25,16 @@ namespace tensorwire::wire {
 enum class Mode : uint8_t { Consolidated, NonConsolidated };
 
 // One encoded message. The header and metadata are owned; the payload pieces point into
-// the storages of the TensorDict that was encoded (held in `sources`), or into the
-// encoder's staging buffer, and stay valid until the next encode() call, also when the
-// caller has dropped the TensorDict meanwhile: a send that timed out is still in flight
-// and reads them later (as the peer receives), so they must not be freed and reused.
+// the TensorDict that was encoded (its leaves, its consolidated storage) or into the
+// encoder's staging buffer, and stay valid until the next encode() call as long as that
+// TensorDict is alive and unchanged: a sender whose send may outlive its caller's hold on
+// the dict keeps the dict itself (the pipe keeps a copy of a dict whose send timed out).
 struct OutMessage {
   FrameHeader header;
   FrameHeader::Bytes header_bytes{};
   std::string metadata;
   std::vector<std::span<const std::byte>> payload;  // consolidated: 1 piece; else one per leaf
   std::vector<Tensor> keepalive;  // contiguous copies of strided leaves (non-consolidated)
-  std::vector<Storage> sources;   // the storage of every tensor leaf, in leaf order
-
-  // True when `td`'s tensor leaves are the storages this message was encoded from (a dict
-  // sent again, as opposed to another one that took its place at the same address).
-  bool made_from(const TensorDict& td) const;
 };
 
 class Encoder {
@@ -59,8 +54,6 @@ class Encoder {
   // (UCX's eager protocol gathers them into its FIFO), where packing first is a second
   // copy of every byte. 0 (the default): always packed, one piece.
   void gather_up_to(size_t bytes) noexcept { gather_max_ = bytes; }
-  // The message of the last encode() (valid until the next).
-  const OutMessage& last() const noexcept { return msg_; }
   Mode mode() const noexcept { return mode_; }
   uint64_t schema_id() const noexcept { return schema_id_; }
   // Forget the last schema, so the next message carries one again.
