@@ -28,13 +28,16 @@ class ListenerImpl {
       const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
     std::optional<TensorDictPipe> accepted;
     runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+      std::shared_ptr<ucx::Listener> keep;  // the request is the listener's: it must outlive it
       std::optional<ucx::ConnRequest> req;
       int efd = -1;
       {
         std::lock_guard<std::mutex> lock(mu_);
         check_usable();
         req = listener_->poll();
-        if (!req) {
+        if (req) {
+          keep = listener_;
+        } else {
           if (listener_->worker().progress() || !listener_->worker().arm()) return false;
           efd = listener_->worker().efd();
         }
@@ -64,11 +67,19 @@ class ListenerImpl {
     return !listener_->worker().progress() && !listener_->has_pending() &&
            listener_->worker().arm();
   }
-  // Releases the port at once: later clients are refused by the operating system. In a
-  // forked child, the parent's listener is left alone (ucx::Listener leaks it there).
+  // Releases the port (at once, unless an accept() in another thread is in a client's
+  // handshake: then when that ends, which this makes immediate): later clients are refused
+  // by the operating system. The handshake's accept() throws ClosedError. In a forked
+  // child, the parent's listener is left alone (ucx::Listener leaks it there).
   void close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    listener_.reset();
+    std::shared_ptr<ucx::Listener> gone;  // destroyed here unless an accept still holds it
+    std::shared_ptr<PipeImpl> in_handshake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone = std::move(listener_);
+      in_handshake = handshaking_;
+    }
+    if (in_handshake) in_handshake->close();  // its waits end with ClosedError
   }
   bool closed() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -78,9 +89,9 @@ class ListenerImpl {
   const std::string& last_refusal() const { return last_refusal_; }
 
  private:
-  static std::unique_ptr<ucx::Listener> open(uint16_t port) {
+  static std::shared_ptr<ucx::Listener> open(uint16_t port) {
     try {
-      return std::make_unique<ucx::Listener>(port);
+      return std::make_shared<ucx::Listener>(port);
     } catch (const SystemError& e) {
       if (e.code() == EADDRINUSE) throw PortInUse(port);
       throw;
@@ -98,30 +109,60 @@ class ListenerImpl {
   }
 
   // A client that fails the handshake, or gives up or vanishes during it, is that
-  // client's failure, not the listener's: it is counted and accept() goes on.
+  // client's failure, not the listener's: it is counted and accept() goes on. A close()
+  // meanwhile ends the handshake and the accept: ClosedError, and no pipe comes out.
   std::optional<TensorDictPipe> handshake(
       ucx::ConnRequest& req, bool throw_on_refusal,
       const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
+    std::shared_ptr<PipeImpl> impl;
     try {
-      auto impl = std::make_shared<PipeImpl>(req, options_, port_);
+      impl = std::make_shared<PipeImpl>(req, options_, port_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!listener_) throw_closed();
+        handshaking_ = impl;
+      }
       impl->handshake(/*as_server=*/true);
-      return wrap(std::move(impl));
+      std::lock_guard<std::mutex> lock(mu_);
+      handshaking_.reset();
+      if (!listener_) throw_closed();  // closed at the very end of the handshake
     } catch (const Interrupted&) {
+      forget(impl);
       throw;
     } catch (const Error& e) {
+      forget(impl);
       std::lock_guard<std::mutex> lock(mu_);
+      if (!listener_) throw_closed();
       ++refused_;
       last_refusal_ = "client " + req.peer + ": " + e.what();
       if (throw_on_refusal) throw;
       return std::nullopt;
     }
+    return wrap(std::move(impl));
+  }
+
+  // After a failed or abandoned handshake: no longer the one close() ends, and closed.
+  void forget(const std::shared_ptr<PipeImpl>& impl) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (handshaking_ == impl) handshaking_.reset();
+    }
+    if (impl) impl->close();
+  }
+
+  [[noreturn]] void throw_closed() const {
+    throw ClosedError("the listener on port " + std::to_string(port_) + " is closed");
   }
 
   PipeOptions options_;
   uint64_t generation_;
   pid_t owner_pid_;
   std::mutex mu_;
-  std::unique_ptr<ucx::Listener> listener_;  // null once closed
+  // Null once closed. Shared with an accept() in a client's handshake, whose connection
+  // request belongs to it: destroying it under that handshake freed the request UCX was
+  // still using (a crash, or a spin for ever, when a server closed during a handshake).
+  std::shared_ptr<ucx::Listener> listener_;
+  std::shared_ptr<PipeImpl> handshaking_;  // the pipe an accept() is handshaking, if any
   uint16_t port_;
   std::atomic<size_t> refused_{0};
   std::string last_refusal_;

@@ -20,6 +20,10 @@ std::optional<TensorDictPipe> TensorDictServer::accept(Timeout timeout) {
   auto pipe = listener_.accept(timeout);
   if (pipe) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {  // closed as the handshake ended: close() did not see this pipe
+      pipe->close();
+      throw ClosedError("the TensorDictServer on port " + std::to_string(port()) + " is closed");
+    }
     // Forget pipes that are gone, so a long-running server does not grow this list.
     std::erase_if(handed_out_, [](const auto& w) { return w.expired(); });
     handed_out_.push_back(pipe->impl_);

@@ -12,6 +12,7 @@
 #include "tensorwire/pipe/server.h"
 #include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/tensorwire.h"
+#include "ucx/ucx.h"
 
 using namespace tensorwire;
 using namespace std::chrono_literals;
@@ -150,6 +151,41 @@ TEST(PipeRuntime, ADictDroppedAfterItsSendTimedOutStillArrivesWhole) {
     });
     connected.send(small(9.f), 20s);
     receiver.join();
+  }
+}
+
+// close() while another thread's accept() is in a client's handshake (a client that
+// connects and never says a word): the accept ends at once with ClosedError, and the
+// listener's connection request, still in use by that handshake, is not freed under it
+// (that was a crash, or a spin for ever in UCX, for a server closed during a handshake).
+TEST(PipeRuntime, ClosingDuringAClientsHandshakeEndsTheAcceptAtOnce) {
+  PipeOptions o;
+  o.connect_timeout = std::chrono::seconds(60);
+  for (const bool server : {false, true}) {
+    SCOPED_TRACE(server ? "TensorDictServer" : "PipeListener");
+    std::optional<PipeListener> listener;
+    std::optional<TensorDictServer> srv;
+    if (server)
+      srv.emplace(0, o);
+    else
+      listener.emplace(0, o);
+    const uint16_t port = server ? srv->port() : listener->port();
+    std::atomic<bool> stop{false};
+    std::thread silent([&] {
+      ucx::Worker w;
+      ucx::Endpoint ep(w, "127.0.0.1", port);
+      while (!stop.load()) w.progress();
+    });
+    std::thread closer([&] {
+      std::this_thread::sleep_for(500ms);
+      server ? srv->close() : listener->close();
+    });
+    const auto start = Clock::now();
+    EXPECT_THROW(server ? srv->accept(30s) : listener->accept(30s), ClosedError);
+    EXPECT_LT(Clock::now() - start, 10s);  // the handshake's own limit is 60 s
+    closer.join();
+    stop = true;
+    silent.join();
   }
 }
 
