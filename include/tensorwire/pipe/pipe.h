@@ -61,10 +61,12 @@ class TensorDictPipe {
   // sides. A larger payload travels by rendezvous, straight from `td`'s memory into the
   // receiver's: send() returns when the peer has received it (docs/pipe.md).
   //
-  // Resuming: a send that timed out or was interrupted stays in flight (`td`'s memory is
-  // still read: keep it alive and unchanged). Calling send() again with the same TensorDict
-  // object continues it (the message arrives exactly once); with another TensorDict, the
-  // one in flight completes first (within this call's timeout), then the new one is sent.
+  // Resuming: a send that timed out or was interrupted stays in flight, still reading
+  // `td`'s memory: the pipe keeps that memory alive (`td` may be dropped), but leave it
+  // unchanged until the send is over, or the peer may get the new bytes. Calling send()
+  // again with the same TensorDict object (with the same leaves) continues it (the message
+  // arrives exactly once); with another TensorDict, the one in flight completes first
+  // (within this call's timeout), then the new one is sent.
   void send(const TensorDict& td, Timeout timeout = Timeout::forever());
   // Returns the received TensorDict. Consolidated mode: the same object as the previous
   // receive while the structure is unchanged (its storage overwritten in place), or
