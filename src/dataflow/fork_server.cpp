@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +60,11 @@ ForkServer::ForkServer(std::string owner, ForkHooks hooks, const std::function<v
   // The server is no worker: current_worker() stays unset in it (nullptr info).
   pid_ = fork_process(hooks_, nullptr, owner_ + ": fork of its fork server", [&]() -> int {
     link_ = std::move(theirs);  // and the main process's end closed
+    // Named apart from the workers (ps, top, /proc/PID/comm): a tool that picks the runner's
+    // workers among its descendants must not take this process for one. The workers it
+    // forks get the main process's name back.
+    ::prctl(PR_GET_NAME, worker_name_);
+    ::prctl(PR_SET_NAME, kProcessName);
     serve(in_server);
   });
   owner_pid_ = ::getpid();
@@ -118,6 +124,7 @@ bool ForkServer::fork_worker(os::Message m, std::map<int, os::ProcessWatch>& chi
   try {
     pid = fork_process(hooks_, &info, owner_ + ": fork of worker " + std::to_string(o.index),
                        [&]() -> int {
+                         ::prctl(PR_SET_NAME, worker_name_);
                          link_.close();  // the worker has no business with the main process's link
                          children.clear();
                          return body_(info, o.tag, std::move(m.fds));

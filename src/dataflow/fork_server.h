@@ -70,6 +70,9 @@ class ForkServer {
   // The server's next report, waited for until `deadline` (std::nullopt), not interruptible.
   std::optional<os::Message> next_report(Deadline deadline);
 
+  // The server's process name (comm), and the one it gives back to the workers it forks.
+  static constexpr const char* kProcessName = "tw-forkserver";
+  char worker_name_[16] = {};
   std::string owner_;
   ForkHooks hooks_;
   Body body_;

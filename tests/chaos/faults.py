@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from events import RUNNER_DATAPOINT_TIMEOUT, STALL_REQUEST
-from supervisor import HERE, alive, children
+from supervisor import HERE, alive, descendants, runner_workers
 
 KINDS = [
     "kill_runner_worker", "stall_runner_worker", "kill_actor", "kill_pipe_client", "kill_pipe_server",
@@ -109,8 +109,7 @@ class Killer:
     def runner_worker(self, f):
         """A worker of the runner, drawn at random, or None (the runner is restarting)."""
         f.target = "runner"
-        pid = self.sup.pid("runner")
-        workers = sorted(children(pid)) if pid else []
+        workers = runner_workers(self.sup.pid("runner"))
         return self.rng.choice(workers) if workers else None
 
     def restart_after(self, f, stuck):
@@ -209,7 +208,7 @@ class Killer:
     def kill_runner(self, f):
         f.target = "runner"
         pid = self.sup.pid("runner")
-        workers = children(pid) if pid else []
+        workers = descendants(pid) if pid else []  # its fork server and what that forked too
         if self.kill(f.target) is None:
             return None
         f.excuses = {"runner"}
@@ -238,8 +237,7 @@ class Killer:
         f.target = self.rng.choice(candidates + ["runner_worker"])
         f.duration = self.rng.uniform(0.3, 2.5)
         if f.target == "runner_worker":
-            pid = self.sup.pid("runner")
-            workers = sorted(children(pid)) if pid else []
+            workers = runner_workers(self.sup.pid("runner"))
             if not workers:
                 return None
             pid = self.rng.choice(workers)

@@ -84,6 +84,36 @@ def children(pid):
     return kids
 
 
+# The process name of a runner's fork server (src/dataflow/fork_server.h): a child of the
+# runner, and the parent of the workers it forked as replacements, but no worker itself.
+FORK_SERVER_NAME = "tw-forkserver"
+
+
+def descendants(pid):
+    """Every process below pid (children, theirs, ...)."""
+    out, todo = [], children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def comm(pid):
+    """The process's name, or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def runner_workers(pid):
+    """The runner's workers: its descendants but its fork server (replacements are the fork
+    server's children, not the runner's)."""
+    return sorted(p for p in descendants(pid) if comm(p) != FORK_SERVER_NAME) if pid else []
+
+
 def alive(pid):
     """True while pid runs (a zombie is not running: nothing reaps in a host's pid
     namespace, whose init is `sleep`)."""

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include "dataflow/fork_server.h"
 #include "flows.h"
@@ -43,6 +46,37 @@ TEST_F(ForkServerTest, TheServerForksAWorkerOnOrderAndReportsItsStatus) {
   EXPECT_EQ(WEXITSTATUS(*status), 3 + 2);
   server.close();
   EXPECT_TRUE(WIFEXITED(server.exit_status()) && WEXITSTATUS(server.exit_status()) == 0);
+}
+
+std::string comm_of(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+
+// The server is named apart from the workers (a tool that lists a runner's workers among
+// its descendants must not take the server for one); a worker it forks has the main
+// process's name again.
+TEST_F(ForkServerTest, TheServerIsNamedApartAndItsWorkersKeepTheMainProcessName) {
+  const std::string mine = comm_of(::getpid());
+  ASSERT_NE(mine, "tw-forkserver");
+  ForkServer server(
+      "test", {}, [] {},
+      [mine](const WorkerInfo&, uint32_t, std::vector<os::Fd>) -> int {
+        return comm_of(::getpid()) == mine ? 0 : 1;
+      });
+  const auto until = std::chrono::steady_clock::now() + 10s;  // it names itself once forked
+  while (comm_of(server.pid()) != "tw-forkserver" && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(comm_of(server.pid()), "tw-forkserver");
+  ForkServer::Spawned s = server.spawn(WorkerInfo{0, 1, 1}, 7, {});
+  ASSERT_GT(s.pid, 0);
+  os::ProcessWatch watch(s.pid, std::move(s.pidfd));
+  EXPECT_TRUE(testing::ends_within(s.pid, 10s));
+  const std::optional<int> status = server.status_of(s.pid, Deadline::after(5s));
+  ASSERT_TRUE(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the worker's name differs";
 }
 
 // A process forked from the owner since holds its end of the link: close() still ends the
