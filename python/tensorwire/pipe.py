@@ -130,7 +130,6 @@ class TensorDictPipe:
         self._send_spin = _Spin()
         self._recv_spin = _Spin()
         self._sending: Optional[TensorDict] = None  # the TensorDict of an asend in flight
-        self._send_keep: list = []                  # TensorDicts of a timed-out send, in flight
         self._recv_targets: list = []               # targets of receives in flight
         self._receiving = False                     # an arecv is running
         self._recv_owes_yield = False               # an arecv returned since the last yield
@@ -193,10 +192,8 @@ class TensorDictPipe:
         _check_sync("send")
         self._check_open("send")
         td = _as_tensorwire(td)
-        if not self._send_keep or self._send_keep[-1] is not td:
-            self._send_keep.append(td)  # read until the send completes, even after a timeout
+        # A send that times out keeps what it still reads itself (the C++ pipe holds a copy).
         self._impl.send(td, timeout)
-        self._send_keep.clear()
         self._sending = None  # an abandoned asend, completed first by this send
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
@@ -218,8 +215,8 @@ class TensorDictPipe:
     async def asend(self, td: TensorDict) -> None:
         self._check_open("send")
         td = _as_tensorwire(td)
-        if self._sending is not None or self._send_keep:  # an abandoned asend or timed-out
-            await self._send_done(self._impl.events)      # send: it completes first
+        if not self._impl.poll_send(0):  # an abandoned asend or a timed-out send: it
+            await self._send_done(self._impl.events)  # completes first
         self._sending = td  # read until the send completes, even if this call is cancelled
         self._impl.start_send(td)
         budget = self._send_spin.budget()
@@ -236,7 +233,6 @@ class TensorDictPipe:
             seen = self._impl.events
             if self._impl.poll_send(0):
                 self._sending = None
-                self._send_keep.clear()
                 return
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:

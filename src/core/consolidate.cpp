@@ -139,22 +139,6 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
   node["leaves"] = std::move(leaves);
 }
 
-void pack_node(const TensorDict& td, const ConsolidatedPlan& plan, std::byte* dst, size_t& leaf) {
-  for (const auto& [name, e] : td.items()) {
-    if (e.is_tensor()) {
-      const Tensor& t = e.tensor();
-      const size_t start = plan.offsets[leaf++];
-      t.copy_to(dst + start);
-      // Zero the padding so a storage never carries stale heap bytes over the wire.
-      const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
-      if (end > start + t.nbytes())
-        std::memset(dst + start + t.nbytes(), 0, end - start - t.nbytes());
-    } else if (e.is_tensordict()) {
-      pack_node(e.tensordict(), plan, dst, leaf);
-    }
-  }
-}
-
 // Rebuilds the tree with every tensor replaced by a view into `c->storage`.
 TensorDict view_node(const TensorDict& td, const std::shared_ptr<const Consolidated>& c,
                      const Json& node, const ConsolidatedPlan& plan, size_t& leaf) {
@@ -199,8 +183,12 @@ ConsolidatedPlan plan_consolidation(const TensorDict& td, const ConsolidateOptio
 }
 
 void pack(const TensorDict& td, const ConsolidatedPlan& plan, std::byte* dst) {
-  size_t leaf = 0;
-  pack_node(td, plan, dst, leaf);
+  for_each_placed_leaf(td, plan, [&](const Tensor& t, size_t start, size_t end) {
+    t.copy_to(dst + start);
+    // Zero the padding so a storage never carries stale heap bytes over the wire.
+    if (end > start + t.nbytes())
+      std::memset(dst + start + t.nbytes(), 0, end - start - t.nbytes());
+  });
 }
 
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) {

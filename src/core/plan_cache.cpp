@@ -2,15 +2,14 @@
 
 namespace tensorwire {
 
-const ConsolidatedPlan& PlanCache::plan(const TensorDict& td, bool& reused) {
+const ConsolidatedPlan& PlanCache::plan(const TensorDict& td) {
   size_t i = 0;
-  reused = valid_ && matches(td, i) && i == items_.size();
-  if (reused) return plan_;
+  if (matches(td, i) && i == items_.size()) return plan_;
   // Planned first: a dict plan_consolidation refuses leaves the cache as it was.
-  ConsolidatedPlan fresh = plan_consolidation(td, options_);
-  plan_ = std::move(fresh);
+  plan_ = plan_consolidation(td, options_);
+  ++generation_;
   items_.clear();
-  valid_ = record(td);
+  if (!record(td)) items_.clear();
   return plan_;
 }
 

@@ -24,8 +24,10 @@ class PlanCache {
   explicit PlanCache(ConsolidateOptions options = {}) : options_(options) {}
 
   // The plan for `td` (plan_consolidation's, with its errors): the previous one when `td`
-  // has the structure that one was made for, then `reused` is true.
-  const ConsolidatedPlan& plan(const TensorDict& td, bool& reused);
+  // has the structure that one was made for.
+  const ConsolidatedPlan& plan(const TensorDict& td);
+  // Names the plan plan() returns: changes whenever it makes a new one; never 0.
+  uint64_t generation() const noexcept { return generation_; }
 
  private:
   struct Item {
@@ -49,8 +51,8 @@ class PlanCache {
 
   ConsolidateOptions options_;
   ConsolidatedPlan plan_;
-  std::vector<Item> items_;
-  bool valid_ = false;  // items_ describe the structure plan_ was made for
+  std::vector<Item> items_;  // the structure plan_ was made for; empty: none to reuse
+  uint64_t generation_ = 0;
 };
 
 }  // namespace tensorwire

@@ -82,7 +82,7 @@ void Encoder::reset() noexcept {
   schema_id_ = 0;
   last_metadata_.clear();
   last_source_ = nullptr;
-  schema_is_plan_ = false;
+  schema_plan_ = 0;
 }
 
 void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
@@ -106,19 +106,13 @@ const OutMessage& Encoder::encode(const TensorDict& td) {
 }
 
 void Encoder::encode_consolidated(const TensorDict& td) {
-  const std::byte* data;
   size_t total;
   std::string metadata;
   bool same;
-  // Cleared until this message's schema is settled: an exception on the way must not
-  // leave it claiming a plan the cache has already replaced.
-  const bool schema_was_plan = schema_is_plan_;
-  schema_is_plan_ = false;
   if (is_consolidated_root(td)) {
     // Already one storage: send it as it is. The same metadata object means the same
     // layout, so the steady state costs no serialisation at all.
     const Consolidated& c = *td.consolidated();
-    data = c.storage.data();
     total = c.storage.nbytes();
     same = schema_id_ != 0 && c.metadata == last_source_;
     if (!same) {
@@ -126,12 +120,11 @@ void Encoder::encode_consolidated(const TensorDict& td) {
       same = schema_id_ != 0 && metadata == last_metadata_;
     }
     last_source_ = c.metadata;
-    msg_.payload.emplace_back(data, total);
+    msg_.payload.emplace_back(c.storage.data(), total);
   } else {
-    bool reused;
-    const ConsolidatedPlan& plan = plans_->plan(td, reused);
+    const ConsolidatedPlan& plan = plans_->plan(td);
     // The plan the last message was sent with: its metadata needs no serialising.
-    same = reused && schema_was_plan && schema_id_ != 0;
+    same = schema_id_ != 0 && schema_plan_ == plans_->generation();
     if (!same) {
       metadata = plan.metadata.dump();
       same = schema_id_ != 0 && metadata == last_metadata_;
@@ -152,7 +145,9 @@ void Encoder::encode_consolidated(const TensorDict& td) {
     msg_.metadata = std::move(metadata);
     finish_header(MessageKind::SchemaAndStorage, total);
   }
-  schema_is_plan_ = last_source_ == nullptr;
+  // Set once the schema is settled: an exception on the way leaves the generation of an
+  // older plan here, and the next message compares metadata again.
+  schema_plan_ = last_source_ ? 0 : plans_->generation();
 }
 
 bool Encoder::gather(const TensorDict& td, const ConsolidatedPlan& plan) {
@@ -160,12 +155,8 @@ bool Encoder::gather(const TensorDict& td, const ConsolidatedPlan& plan) {
   static constexpr size_t kZeros = 4096;
   static const std::byte zeros[kZeros]{};
   bool contiguous = true;
-  for_each_leaf(td, [&](const Tensor& t) { contiguous = contiguous && t.is_contiguous(); });
-  if (!contiguous) return false;
-  size_t leaf = 0;
-  for_each_leaf(td, [&](const Tensor& t) {
-    const size_t start = plan.offsets[leaf++];
-    const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
+  for_each_placed_leaf(td, plan, [&](const Tensor& t, size_t start, size_t end) {
+    contiguous = contiguous && t.is_contiguous();
     msg_.payload.emplace_back(static_cast<const std::byte*>(t.data()), t.nbytes());
     for (size_t pad = end - start - t.nbytes(); pad > 0;) {
       const size_t n = std::min(pad, kZeros);
@@ -173,7 +164,8 @@ bool Encoder::gather(const TensorDict& td, const ConsolidatedPlan& plan) {
       pad -= n;
     }
   });
-  return true;
+  if (!contiguous) msg_.payload.clear();  // packed instead
+  return contiguous;
 }
 
 void Encoder::encode_non_consolidated(const TensorDict& td) {

@@ -204,6 +204,25 @@ def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
     assert got == [float((1 << 20) - 1), [9.0, 9.0]]
 
 
+def test_a_dict_dropped_after_its_send_timed_out_still_arrives_whole(pair):
+    # A consolidated dict is sent from its own storage: the send in flight keeps it (the
+    # C++ pipe holds a copy), or the peer would receive what the freed block holds next.
+    accepted, connected = pair
+    with pytest.raises(TimeoutError):
+        connected.send(big().consolidate(), timeout=0.05)  # dropped right after
+    # Blocks of this size come back from the storage cache: fill them with something else.
+    junk = [tw.TensorDict({"x": np.full(1 << 20, -1.0)}).consolidate() for _ in range(4)]
+    got = []
+    t = threading.Thread(target=lambda: got.extend(
+        [accepted.recv(timeout=30)["x"].copy(), accepted.recv(timeout=30)["v"].tolist()]))
+    t.start()
+    connected.send(small(5.0), timeout=30)
+    t.join(30)
+    assert len(got) == 2 and junk
+    assert np.array_equal(got[0], np.arange(1 << 20, dtype=np.float64))
+    assert got[1] == [5.0, 5.0]
+
+
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
     # A send lets go of what it sent with the pipe's lock released: a dict over numpy
     # memory takes the GIL to go, and a thread holding the GIL (repr() asks the pipe

@@ -55,4 +55,16 @@ void for_each_leaf(const TensorDict& td, Fn&& fn) {
   }
 }
 
+// Calls fn(const Tensor& leaf, size_t start, size_t end) for every tensor leaf of `td`, which
+// must have the structure `plan` was made for: where the plan places the leaf, `end` past
+// its padding. What pack() copies, and what a sender that gathers the leaves instead sends.
+template <class Fn>
+void for_each_placed_leaf(const TensorDict& td, const ConsolidatedPlan& plan, Fn&& fn) {
+  size_t leaf = 0;
+  for_each_leaf(td, [&](const Tensor& t) {
+    const size_t start = plan.offsets[leaf++];
+    fn(t, start, leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes);
+  });
+}
+
 }  // namespace tensorwire

@@ -77,7 +77,7 @@ class Encoder {
   // address cannot be reused by another TD's metadata while it identifies schema_id_.
   std::shared_ptr<const Json> last_source_;
   std::unique_ptr<PlanCache> plans_;  // for staging: the plan, reused while the structure holds
-  bool schema_is_plan_ = false;       // schema_id_ is the metadata of plans_'s current plan
+  uint64_t schema_plan_ = 0;          // plans_'s generation whose metadata schema_id_ is (0: none)
   Storage staging_;
   size_t gather_max_ = 0;
 };
