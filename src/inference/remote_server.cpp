@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <poll.h>
+
 #include "runtime/peer_liveness.h"
 #include "tensorwire/runtime/log.h"
 #include "ucx/control.h"
@@ -131,7 +133,9 @@ void RemoteServer::answer(uint32_t slot, std::optional<Json> failure) {
   auto it = conns.find(s.conn);
   if (it == conns.end()) return free_slot(slot);  // its client is gone: the request is dropped
   s.state = RemoteSlot::Answering;
-  it->second->outbox.push_back({slot, s.seq, std::move(failure)});
+  Outgoing o{slot, s.seq, std::move(failure)};
+  if (it->second->send_now(o)) return;
+  it->second->outbox.push_back(std::move(o));
   it->second->wake();
 }
 
@@ -196,8 +200,9 @@ void RemoteConnection::wake() noexcept {
 }
 
 void RemoteConnection::run() noexcept {
-  std::string refusal;              // a handshake or protocol failure, counted as a refusal
-  std::optional<std::string> tell;  // what the client is told before the connection goes
+  std::unique_lock<std::mutex> io(io_mu_);  // released only while the thread waits (serve())
+  std::string refusal;                      // a handshake or protocol failure, counted as a refusal
+  std::optional<std::string> tell;          // what the client is told before the connection goes
   try {
     {
       std::lock_guard<std::mutex> lock(wake_mu_);
@@ -205,7 +210,7 @@ void RemoteConnection::run() noexcept {
     }
     ep_ = std::make_unique<ucx::Endpoint>(*worker_, request_);
     handshake();
-    serve();
+    serve(io);
     std::lock_guard<std::mutex> lock(s_.mu);
     tell = Json{{"closed", stop_reason_}}.dump();
   } catch (const wire::HandshakeError& e) {
@@ -231,6 +236,7 @@ void RemoteConnection::run() noexcept {
   } catch (const Error&) {
   }
   release_slots();
+  io.unlock();  // before finished_: a reaper may destroy this connection from then on
   finished_.store(true, std::memory_order_release);
 }
 
@@ -269,7 +275,7 @@ void RemoteConnection::handshake() {
   ++s_.connected;
 }
 
-void RemoteConnection::serve() {
+void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
   while (!stop_.load(std::memory_order_acquire)) {
@@ -301,11 +307,30 @@ void RemoteConnection::serve() {
     if (std::any_of(receives_.begin(), receives_.end(), done) ||
         std::any_of(sends_.begin(), sends_.end(), done))
       continue;
-    if (awaiting_ > 0 && answer_spin_.spin(bell_, rung) != rung)
-      continue;  // an answer came while spinning
-    asleep_.store(true, std::memory_order_seq_cst);
-    if (bell_.seq.load(std::memory_order_seq_cst) == rung) worker_->wait(period_);
-    asleep_.store(false, std::memory_order_relaxed);
+    // The waits leave the worker to the serving thread (send_now()).
+    io.unlock();
+    const auto t0 = Clock::now();
+    const bool came = spin_.poll_for([&] {
+      std::lock_guard<std::mutex> lock(io_mu_);
+      return worker_->progress() != 0 || bell_.seq.load(std::memory_order_seq_cst) != rung;
+    });
+    if (!came) {
+      asleep_.store(true, std::memory_order_seq_cst);
+      bool armed = false;
+      if (bell_.seq.load(std::memory_order_seq_cst) == rung) {
+        std::lock_guard<std::mutex> lock(io_mu_);
+        armed = worker_->progress() == 0 && worker_->arm();
+      }
+      if (armed) {
+        struct pollfd p {
+          worker_->efd(), POLLIN, 0
+        };
+        ::poll(&p, 1, static_cast<int>(period_.count()));
+      }
+      asleep_.store(false, std::memory_order_relaxed);
+      spin_.learn_wait(Clock::now() - t0);
+    }
+    io.lock();
   }
 }
 
@@ -376,9 +401,6 @@ void RemoteConnection::complete_receives() {
         ++s_.wakeups;
         s_.work.notify_one();
         made_ready = true;
-        if (counted_.size() <= r.slot) counted_.resize(s_.slots.size());
-        counted_[r.slot] = 1;
-        ++awaiting_;
       }
     }
     if (made_ready) s_.notifier.notify();
@@ -393,24 +415,42 @@ void RemoteConnection::send_answers() {
     std::lock_guard<std::mutex> lock(s_.mu);
     out.swap(outbox);
   }
-  for (Outgoing& o : out) {
-    if (o.slot != UINT32_MAX && o.slot < counted_.size() && counted_[o.slot]) {
-      counted_[o.slot] = 0;
-      --awaiting_;
+  for (Outgoing& o : out) post(o);
+}
+
+bool RemoteConnection::send_now(Outgoing& o) {
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io || !ep_ || stop_.load(std::memory_order_relaxed)) return false;
+  try {
+    if (post(o)) {  // sent at once (small answers over TCP): the slot is free again
+      sends_.pop_back();
+      s_.free_slot(o.slot);
+      // The client asks again soon after an answer: a thread spinning for it starts its
+      // spin again (one asleep stays asleep: waking it costs the client a CPU here).
+      bell_.seq.fetch_add(1, std::memory_order_seq_cst);
+      return true;
     }
-    auto snd = std::make_unique<Send>();
-    snd->slot = o.slot;
-    if (o.failure) {
-      snd->frame = wire::control_frame(*o.failure);
-      snd->req = ep_->send(remote::tag(remote::Kind::Failure, o.seq), snd->frame);
-    } else {
-      std::vector<std::span<const std::byte>> pieces;
-      for (const LeafSlot& l : s_.response.leaves())
-        pieces.emplace_back(s_.response_bank.data() + l.offset + o.slot * l.row_bytes, l.row_bytes);
-      snd->req = ep_->send(remote::tag(remote::Kind::Response, o.seq), pieces, snd->iov);
-    }
-    sends_.push_back(std::move(snd));
+  } catch (const Error&) {
+    return false;  // the thread finds the endpoint's failure on its next turn
   }
+  wake();  // the thread completes the send and frees the slot
+  return true;
+}
+
+bool RemoteConnection::post(Outgoing& o) {
+  auto snd = std::make_unique<Send>();
+  snd->slot = o.slot;
+  if (o.failure) {
+    snd->frame = wire::control_frame(*o.failure);
+    snd->req = ep_->send(remote::tag(remote::Kind::Failure, o.seq), snd->frame);
+  } else {
+    std::vector<std::span<const std::byte>> pieces;
+    for (const LeafSlot& l : s_.response.leaves())
+      pieces.emplace_back(s_.response_bank.data() + l.offset + o.slot * l.row_bytes, l.row_bytes);
+    snd->req = ep_->send(remote::tag(remote::Kind::Response, o.seq), pieces, snd->iov);
+  }
+  sends_.push_back(std::move(snd));
+  return o.slot != UINT32_MAX && sends_.back()->req.done();
 }
 
 void RemoteConnection::complete_sends() {
@@ -448,6 +488,7 @@ void RemoteConnection::release_slots() noexcept {
     std::lock_guard<std::mutex> lock(wake_mu_);
     worker_.reset();
   }
+
   std::lock_guard<std::mutex> lock(s_.mu);
   if (s_.conns.erase(id_)) --s_.connected;
   outbox.clear();

@@ -28,6 +28,11 @@ namespace tensorwire::inference::detail {
 
 class RemoteConnection;
 
+// The longest spin of a serving or connection thread before it sleeps: twice the gap
+// between an answer and the client's next request across two simulated hosts (about 45 us,
+// docs/benchmarks.md), as AdaptiveSpin learns budgets of twice the waits it sees.
+inline constexpr std::chrono::microseconds kLongestSpin{200};
+
 struct RemoteSlot {
   enum State : uint8_t {
     Free,
@@ -62,6 +67,10 @@ class RemoteServer {
   Storage request_bank, response_bank;
   size_t request_bytes = 0;  // one request on the wire: its leaves back to back
   BatchViews batch;          // serving thread only
+  // How long the serving thread spins for work before it sleeps on `work`: it learns the
+  // gaps between batches, so a steady stream of requests is caught spinning and an idle
+  // or slow one costs no CPU. Serving thread only.
+  os::AdaptiveSpin work_spin = os::AdaptiveSpin::lasting(kLongestSpin);
   uint16_t port = 0;
 
   // --- everything below under mu ---
@@ -112,6 +121,10 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
   // Wakes the thread (an answer was queued, a slot freed); any thread, under server.mu.
   void wake() noexcept;
+  // The serving thread's answer, posted from the calling thread when this connection's
+  // thread is not using its worker (it is waiting): false when it is, and the answer goes
+  // to the outbox instead. Under server.mu.
+  bool send_now(Outgoing& o);
 
   std::deque<Outgoing> outbox;  // under server.mu
 
@@ -120,10 +133,12 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   struct Send;
   void run() noexcept;
   void handshake();
-  void serve();
+  void serve(std::unique_lock<std::mutex>& io);
   void take_requests();
   void complete_receives();
   void send_answers();
+  // Posts `o`'s send (under io_mu_): true when it completed at once, for a slot.
+  bool post(Outgoing& o);
   void complete_sends();
   void heartbeats();
   void release_slots() noexcept;
@@ -134,15 +149,19 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   const std::string peer_;  // "client <ip:port>", as messages name it
   std::unique_ptr<ucx::Worker> worker_;
   std::unique_ptr<ucx::Endpoint> ep_;
+  // Guards the worker, the endpoint and the transfers. The connection's thread holds it
+  // except while it waits, so the serving thread can post an answer itself (send_now())
+  // instead of handing it over: a hand-over woke a sleeping thread, 35 us of a 92 us round
+  // trip across two simulated hosts (docs/benchmarks.md). Taken before server.mu; the
+  // serving thread, which holds server.mu, only ever tries it.
+  std::mutex io_mu_;
   std::mutex wake_mu_;  // guards worker_ for wake() against its teardown
-  // wake() rings the bell; a thread that expects answers spins on it a while before it
-  // sleeps on its worker's fd (waking that costs a system call on each side and tens of
-  // microseconds), and wake() signals the worker only while the thread is asleep.
+  // wake() rings the bell, which the thread's spin before a sleep watches, and signals the
+  // worker only while the thread is asleep on its fd.
   os::WaitWord bell_;
   std::atomic<bool> asleep_{false};
-  os::AdaptiveSpin answer_spin_;
-  size_t awaiting_ = 0;           // requests made ready and not answered yet (this thread only)
-  std::vector<uint8_t> counted_;  // by slot: counted in awaiting_ (this thread only)
+  // The spin before a sleep, learning this client's pace (work_spin above).
+  os::AdaptiveSpin spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};

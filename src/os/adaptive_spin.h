@@ -18,6 +18,8 @@
 // less accurate (it is a relaxed atomic).
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +27,24 @@
 #include "os/futex.h"
 
 namespace tensorwire::os {
+
+// Runs `poll` (one attempt; true once it succeeded) until it succeeds or `budget` has
+// passed, yielding the CPU after each failed attempt. Spinning only pays while the peer
+// runs on another CPU. On a loaded machine the scheduler often puts the two ends of a
+// ping-pong on one CPU (a loopback wake-up is "sync": the woken process goes to the
+// waker's CPU), and a plain spin then keeps the peer from running until the spin ends:
+// each hop cost the whole 50 us spin plus a wake-up (1 KiB round trip 72 us one way over
+// TCP, 58-128 us over shared memory, against 1-11 us; docs/benchmarks.md). sched_yield()
+// hands the CPU to a peer that is runnable here at once, and is one system call otherwise.
+template <class Poll>
+bool spin_for(std::chrono::steady_clock::duration budget, Poll&& poll) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  do {
+    if (poll()) return true;
+    ::sched_yield();
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
 
 class AdaptiveSpin {
  public:
@@ -48,6 +68,18 @@ class AdaptiveSpin {
   // time spun says nothing about when the change will come).
   template <class Word>
   uint32_t spin(Word&& word, uint32_t seen);
+
+  // The same learning for a waiter whose event is found by looking rather than on a word
+  // (a UCX worker to progress, a queue under a mutex): spin_for() with the budget, calling
+  // `poll` (one look: true once the event came). True when it came; a miss halves the
+  // budget, and a waiter that then sleeps reports its whole wait with learn_wait().
+  template <class Poll>
+  bool poll_for(Poll&& poll);
+  void learn_wait(std::chrono::steady_clock::duration waited) noexcept { learn(waited); }
+  // An AdaptiveSpin whose longest spin lasts about `longest`.
+  static AdaptiveSpin lasting(std::chrono::nanoseconds longest) noexcept {
+    return AdaptiveSpin(static_cast<uint32_t>(static_cast<double>(longest.count()) / pause_ns()));
+  }
 
   uint32_t budget() const noexcept { return budget_.load(std::memory_order_relaxed); }
   uint32_t max_spins() const noexcept { return max_; }
@@ -100,6 +132,21 @@ uint32_t AdaptiveSpin::spin(Word&& word, uint32_t seen) {
   else
     budget_.store(budget_.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
   return now;
+}
+
+template <class Poll>
+bool AdaptiveSpin::poll_for(Poll&& poll) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const uint32_t spins = spins_now();
+  if (spins == 0) return false;
+  const auto budget = std::chrono::nanoseconds(static_cast<int64_t>(spins * pause_ns()));
+  if (spin_for(budget, poll)) {
+    learn(clock::now() - t0);
+    return true;
+  }
+  budget_.store(budget_.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+  return false;
 }
 
 }  // namespace tensorwire::os

@@ -395,7 +395,7 @@ bool PipeImpl::poll_send(std::chrono::microseconds spin) {
     return over;
   };
   if (once()) return true;
-  return spin.count() > 0 && ucx::spin_for(spin, once);
+  return spin.count() > 0 && os::spin_for(spin, once);
 }
 
 namespace {
@@ -550,7 +550,7 @@ TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin
   };
   TensorDict* got = once();
   if (got || spin.count() <= 0) return got;
-  ucx::spin_for(spin, [&] { return (got = once()) != nullptr; });
+  os::spin_for(spin, [&] { return (got = once()) != nullptr; });
   return got;
 }
 

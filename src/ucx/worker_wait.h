@@ -23,35 +23,17 @@
 #pragma once
 
 #include <poll.h>
-#include <sched.h>
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
 
+#include "os/adaptive_spin.h"
 #include "os/unix_socket.h"
 #include "tensorwire/runtime/timeout.h"
 #include "ucx/ucx.h"
 
 namespace tensorwire::ucx {
-
-// Runs `poll` (one attempt; true once it succeeded) until it succeeds or `budget` has
-// passed, yielding the CPU after each failed attempt. Spinning only pays while the peer
-// runs on another CPU. On a loaded machine the scheduler often puts the two ends of a
-// ping-pong on one CPU (a loopback wake-up is "sync": the woken process goes to the
-// waker's CPU), and a plain spin then keeps the peer from running until the spin ends:
-// each hop cost the whole 50 us spin plus a wake-up (1 KiB round trip 72 us one way over
-// TCP, 58-128 us over shared memory, against 1-11 us; docs/benchmarks.md). sched_yield()
-// hands the CPU to a peer that is runnable here at once, and is one system call otherwise.
-template <class Poll>
-bool spin_for(Clock::duration budget, Poll&& poll) {
-  const auto until = Clock::now() + budget;
-  do {
-    if (poll()) return true;
-    ::sched_yield();
-  } while (Clock::now() < until);
-  return false;
-}
 
 class WorkerWait {
  public:
@@ -64,7 +46,7 @@ class WorkerWait {
 
   // Sleeps until `worker` may progress or `slice` passes; `seen` is worker.events() from
   // before the caller's last poll (returns at once if anything progressed since). First
-  // spins for 50 us (spin_for: a reply is often microseconds away), progressing under `mu`.
+  // spins for 50 us (os::spin_for: a reply is often microseconds away), progressing under `mu`.
   // Then `check()` (under `mu`) says whether to sleep (false: the owner failed or closed,
   // look again at once); the worker is armed (arm()) and the thread
   // polls the worker's fd, the kick eventfd and `extra_fd` (when >= 0).
@@ -107,7 +89,7 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
   // progress(), not worker.progress(): what this spin takes in may be what another thread
   // sleeps for, and it is kicked awake like any other progress would kick it. No spin while
   // stalled: the peer's room comes after its work on several messages, not microseconds.
-  if (!stalled_.load(std::memory_order_relaxed) && spin_for(std::chrono::microseconds(50), [&] {
+  if (!stalled_.load(std::memory_order_relaxed) && os::spin_for(std::chrono::microseconds(50), [&] {
         std::lock_guard<std::mutex> lock(mu);
         return progress(worker) != 0;
       }))
