@@ -128,13 +128,13 @@ void RemoteServer::free_slot(uint32_t i) {
   }
 }
 
-void RemoteServer::answer(uint32_t slot, std::optional<Json> failure) {
+void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sender) {
   RemoteSlot& s = slots[slot];
   auto it = conns.find(s.conn);
   if (it == conns.end()) return free_slot(slot);  // its client is gone: the request is dropped
   s.state = RemoteSlot::Answering;
   Outgoing o{slot, s.seq, std::move(failure)};
-  if (it->second->send_now(o)) return;
+  if (sender == Sender::Caller && it->second->send_now(o)) return;
   it->second->outbox.push_back(std::move(o));
   it->second->wake();
 }

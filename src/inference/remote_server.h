@@ -33,6 +33,14 @@ class RemoteConnection;
 // docs/benchmarks.md), as AdaptiveSpin learns budgets of twice the waits it sees.
 inline constexpr std::chrono::microseconds kLongestSpin{200};
 
+// The largest batch whose answers the serving thread sends itself. A small batch means an
+// idle server, whose serving thread would wait for work next: sending saves each client a
+// hand-over (a wake-up of its connection's thread). A large one means requests queue, and
+// the serving thread's time bounds the throughput: its connection threads send in
+// parallel (256 clients: 8.3-9.0 k requests/s with every answer sent by the serving
+// thread, 9.7-13.4 k handed over; docs/benchmarks.md).
+inline constexpr size_t kAnswersSentByTheServer = 4;
+
 struct RemoteSlot {
   enum State : uint8_t {
     Free,
@@ -92,9 +100,13 @@ class RemoteServer {
 
   // Under mu: gives a slot back and wakes a connection that waits for one.
   void free_slot(uint32_t i);
-  // Under mu: queues an answer for the slot's connection, or frees the slot when the
-  // connection is gone.
-  void answer(uint32_t slot, std::optional<Json> failure);
+  // Who sends an answer: the connection's thread (handed over through its outbox), or the
+  // calling serving thread itself when that connection's thread is not using its worker
+  // (RemoteConnection::send_now). Never Caller from a connection's thread.
+  enum class Sender { Connection, Caller };
+  // Under mu: sends or queues an answer for the slot's connection, or frees the slot when
+  // the connection is gone.
+  void answer(uint32_t slot, std::optional<Json> failure, Sender sender = Sender::Connection);
   void refuse(const std::string& why);
 
  private:

@@ -161,7 +161,10 @@ void RemoteTransport::resolve(const Drained& drained, const Group& group, const 
                               const VersionStamp& stamp) {
   write_response_rows(s_->response, s_->response_bank.data(), drained, group, output, stamp);
   std::lock_guard<std::mutex> lock(s_->mu);
-  for (size_t row : group.rows) s_->answer(static_cast<uint32_t>(drained.ids[row]), std::nullopt);
+  const auto sender = drained.size() <= kAnswersSentByTheServer ? RemoteServer::Sender::Caller
+                                                                : RemoteServer::Sender::Connection;
+  for (size_t row : group.rows)
+    s_->answer(static_cast<uint32_t>(drained.ids[row]), std::nullopt, sender);
 }
 
 void RemoteTransport::reject(const Drained& drained, std::span<const size_t> rows,

@@ -1,10 +1,12 @@
-// AdaptiveSpin after fork(): a child forked while another thread of its parent measures
-// pause_ns() must not block on that measurement (`tensorwire demo` forked its actors while
-// the server thread measured it; the actors waited for ever on their first reply).
+// AdaptiveSpin: the budget a poll_for() spin learns, and after fork(): a child forked while
+// another thread of its parent measures pause_ns() must not block on that measurement
+// (`tensorwire demo` forked its actors while the server thread measured it; the actors
+// waited for ever on their first reply).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -40,6 +42,44 @@ TEST(AdaptiveSpin, AChildForkedDuringTheFirstMeasurementMeasuresItself) {
       << "the child "
       << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? "blocked on the parent's measurement"
                                                              : "failed");
+}
+
+TEST(AdaptiveSpin, APollForSpinEndsWhenThePollSucceeds) {
+  AdaptiveSpin spin = AdaptiveSpin::lasting(std::chrono::milliseconds(100));
+  int looks = 0;
+  EXPECT_TRUE(spin.poll_for([&] { return ++looks == 3; }));
+  EXPECT_EQ(looks, 3);
+  // The budget became twice that wait: far below the 100 ms maximum.
+  EXPECT_LT(spin.budget(), spin.max_spins() / 2);
+}
+
+TEST(AdaptiveSpin, AMissHalvesTheBudgetAndASleepReportedTeachesIt) {
+  AdaptiveSpin spin = AdaptiveSpin::lasting(std::chrono::microseconds(200));
+  const uint32_t max = spin.max_spins();
+  int looks = 0;
+  EXPECT_FALSE(spin.poll_for([&] { return ++looks, false; }));
+  EXPECT_GT(looks, 0);
+  EXPECT_EQ(spin.budget(), max / 2);
+  spin.learn_wait(std::chrono::seconds(1));  // a long sleep: the budget halves again
+  EXPECT_EQ(spin.budget(), max / 4);
+  spin.learn_wait(std::chrono::microseconds(20));  // a short one: twice it
+  const auto twice = static_cast<uint32_t>(40'000 / AdaptiveSpin::pause_ns());
+  EXPECT_NEAR(spin.budget(), std::max<uint32_t>(twice, 8), 1);
+}
+
+TEST(AdaptiveSpin, ABudgetOfZeroLooksOnlyOnEverySixtyFourthWait) {
+  AdaptiveSpin spin = AdaptiveSpin::lasting(std::chrono::microseconds(50));
+  int looks = 0;
+  auto never = [&] { return ++looks, false; };
+  while (spin.budget() > 0) spin.poll_for(never);  // misses halve it to nothing
+  int waits_that_looked = 0;
+  for (int i = 0; i < 128; ++i) {
+    const int before = looks;
+    EXPECT_FALSE(spin.poll_for(never));
+    waits_that_looked += looks > before;
+  }
+  // A probe every 64th wait spins the full maximum, so the budget can come back.
+  EXPECT_EQ(waits_that_looked, 2);
 }
 
 }  // namespace
