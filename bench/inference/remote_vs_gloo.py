@@ -2,14 +2,15 @@
 distributed (gloo) inference transport, each under its own InferenceServer, in one run.
 
     python bench/inference/remote_vs_gloo.py [--actors 4,16] [--payloads f32x4,u8x84x84x3]
-        [--seconds 3] [--rounds 2] [--latency-requests 500] [--json out.json]
+        [--seconds 3] [--rounds 2] [--latency-requests 500] [--latency-rounds 1]
+        [--only throughput|latency] [--json out.json]
 
 Host A (tests/python/hosts.py: its own network, IPC and pid namespaces) runs the server: a
 policy that costs nothing (a preallocated response of the batch's size), max_batch_size
 64; host B runs the actor processes (spawned), which call the server in a loop over TCP on
 the veth link. For each (payload, actors) both systems run in turn, `--rounds` times
 interleaved; requests/s is summed over the actors, and the median round is reported.
-Round-trip p50 is one actor's alone. gloo is told the namespace's interface
+Round-trip p50 is one actor's alone, `--latency-rounds` runs of each system, interleaved. gloo is told the namespace's interface
 (GLOO_SOCKET_IFNAME=eth0), or it advertises 127.0.0.1. Run as root.
 """
 import argparse
@@ -88,10 +89,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--latency-requests", type=int, default=500)
+    ap.add_argument("--latency-rounds", type=int, default=1,
+                    help="round-trip runs per payload, the systems interleaved")
+    ap.add_argument("--only", choices=["throughput", "latency"])
     ap.add_argument("--json")
     a = ap.parse_args()
     report = {"throughput": [], "latency": []}
-    for payload in a.payloads.split(","):
+    for payload in a.payloads.split(",") if a.only != "latency" else []:
         for actors in map(int, a.actors.split(",")):
             runs = {s: [] for s in SYSTEMS}
             for _ in range(a.rounds):
@@ -105,15 +109,16 @@ def main():
                   f"{' '.join(f'{x:.0f}' for x in runs['tensorwire'])} req/s, torchrl gloo "
                   f"{' '.join(f'{x:.0f}' for x in runs['torchrl_gloo'])} req/s: "
                   f"{ratio:.1f}x (median rounds; target >= 20x)", flush=True)
-    for payload in a.payloads.split(","):
-        lat = {s: one_run(s, payload, 1, 0, a.latency_requests) for s in SYSTEMS}
-        ratio = lat["torchrl_gloo"]["p50_us"] / lat["tensorwire"]["p50_us"]
-        report["latency"].append({"payload": payload, **lat, "ratio": ratio})
-        print(f"{payload:11s} one actor's round trip p50: tensorwire "
-              f"{lat['tensorwire']['p50_us']:.0f} us (p99 {lat['tensorwire']['p99_us']:.0f}), "
-              f"torchrl gloo {lat['torchrl_gloo']['p50_us']:.0f} us "
-              f"(p99 {lat['torchrl_gloo']['p99_us']:.0f}): {ratio:.1f}x lower (target >= 20x)",
-              flush=True)
+    for payload in a.payloads.split(",") if a.only != "throughput" else []:
+        for _ in range(a.latency_rounds):
+            lat = {s: one_run(s, payload, 1, 0, a.latency_requests) for s in SYSTEMS}
+            ratio = lat["torchrl_gloo"]["p50_us"] / lat["tensorwire"]["p50_us"]
+            report["latency"].append({"payload": payload, **lat, "ratio": ratio})
+            print(f"{payload:11s} one actor's round trip p50: tensorwire "
+                  f"{lat['tensorwire']['p50_us']:.0f} us (p99 {lat['tensorwire']['p99_us']:.0f}), "
+                  f"torchrl gloo {lat['torchrl_gloo']['p50_us']:.0f} us "
+                  f"(p99 {lat['torchrl_gloo']['p99_us']:.0f}): {ratio:.1f}x lower (target >= 20x)",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
