@@ -132,6 +132,7 @@ void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sen
   RemoteSlot& s = slots[slot];
   auto it = conns.find(s.conn);
   if (it == conns.end()) return free_slot(slot);  // its client is gone: the request is dropped
+  if (s.state == RemoteSlot::Ready || s.state == RemoteSlot::Taken) --it->second->unanswered;
   s.state = RemoteSlot::Answering;
   Outgoing o{slot, s.seq, std::move(failure)};
   if (sender == Sender::Caller && it->second->send_now(o)) return;
@@ -202,7 +203,7 @@ void RemoteConnection::wake() noexcept {
 void RemoteConnection::run() noexcept {
   std::unique_lock<std::mutex> io(io_mu_);  // released only while the thread waits (serve())
   std::string refusal;                      // a handshake or protocol failure, counted as a refusal
-  std::optional<std::string> tell;          // what the client is told before the connection goes
+  std::optional<Json> tell;                 // what the client is told before the connection goes
   try {
     {
       std::lock_guard<std::mutex> lock(wake_mu_);
@@ -212,23 +213,23 @@ void RemoteConnection::run() noexcept {
     handshake();
     serve(io);
     std::lock_guard<std::mutex> lock(s_.mu);
-    tell = Json{{"closed", stop_reason_}}.dump();
+    tell = Json{{"closed", stop_reason_}};
   } catch (const wire::HandshakeError& e) {
     refusal = peer_ + " refused: " + e.what();
   } catch (const ProtocolError& e) {
     refusal = peer_ + " disconnected: " + e.what();
-    tell = e.what();
+    tell = Json{{"error", e.what()}};
   } catch (const Error&) {
     // The client went away (closed, died, or its host or link is gone): nobody to tell.
   }
+  if (!io.owns_lock()) io.lock();  // thrown from serve()'s wait, where it lets go of it
   if (!refusal.empty()) {
     s_.refuse(refusal);
     log_message(LogLevel::Warning, "RemoteTransport: " + refusal);
   }
   try {
     if (tell && ep_ && ep_->error() == UCS_OK) {
-      Json body = refusal.empty() ? Json{{"closed", stop_reason_}} : Json{{"error", *tell}};
-      std::vector<std::byte> frame = wire::control_frame(body);
+      std::vector<std::byte> frame = wire::control_frame(*tell);
       ucx::Request req = ep_->send(remote::tag(remote::Kind::Control), frame);
       const auto until = Clock::now() + std::chrono::milliseconds(500);
       while (!req.done() && Clock::now() < until) worker_->progress();
@@ -297,9 +298,11 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     complete_sends();
     // Sleep until UCX has an event (a transfer in flight moved on too: the worker's fd fires
     // for it), an answer is queued (wake()) or a heartbeat is due.
+    bool awaiting_answers;
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!outbox.empty()) continue;
+      awaiting_answers = unanswered > 0;
     }
     // A receive of a message that had already arrived, or a small send, completes when it is
     // posted, with no event to wake the worker's fd: finish those before sleeping.
@@ -310,7 +313,8 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     // The waits leave the worker to the serving thread (send_now()).
     io.unlock();
     const auto t0 = Clock::now();
-    const bool came = spin_.poll_for([&] {
+    os::AdaptiveSpin& spin = awaiting_answers ? answer_spin_ : request_spin_;
+    const bool came = spin.poll_for([&] {
       std::lock_guard<std::mutex> lock(io_mu_);
       return worker_->progress() != 0 || bell_.seq.load(std::memory_order_seq_cst) != rung;
     });
@@ -328,7 +332,7 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
         ::poll(&p, 1, static_cast<int>(period_.count()));
       }
       asleep_.store(false, std::memory_order_relaxed);
-      spin_.learn_wait(Clock::now() - t0);
+      spin.learn_wait(Clock::now() - t0);
     }
     io.lock();
   }
@@ -398,6 +402,7 @@ void RemoteConnection::complete_receives() {
       } else {
         rs.state = RemoteSlot::Ready;
         s_.ready.push_back(r.slot);
+        ++unanswered;
         ++s_.wakeups;
         s_.work.notify_one();
         made_ready = true;
@@ -450,7 +455,12 @@ bool RemoteConnection::post(Outgoing& o) {
     snd->req = ep_->send(remote::tag(remote::Kind::Response, o.seq), pieces, snd->iov);
   }
   sends_.push_back(std::move(snd));
-  return o.slot != UINT32_MAX && sends_.back()->req.done();
+  try {
+    return o.slot != UINT32_MAX && sends_.back()->req.done();
+  } catch (...) {
+    sends_.pop_back();  // failed at once: the caller fails too, the slot is freed once
+    throw;
+  }
 }
 
 void RemoteConnection::complete_sends() {

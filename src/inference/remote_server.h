@@ -139,6 +139,7 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   bool send_now(Outgoing& o);
 
   std::deque<Outgoing> outbox;  // under server.mu
+  size_t unanswered = 0;        // its requests made ready and not answered yet; under server.mu
 
  private:
   struct Receive;
@@ -172,8 +173,11 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   // worker only while the thread is asleep on its fd.
   os::WaitWord bell_;
   std::atomic<bool> asleep_{false};
-  // The spin before a sleep, learning this client's pace (work_spin above).
-  os::AdaptiveSpin spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
+  // The spin before a sleep, learning (work_spin above) the wait for an answer while the
+  // client has requests at the server, and the client's pace otherwise: one budget for
+  // both learnt the (short) answer and then missed the next request.
+  os::AdaptiveSpin answer_spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
+  os::AdaptiveSpin request_spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};

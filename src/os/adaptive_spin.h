@@ -20,6 +20,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -78,7 +79,8 @@ class AdaptiveSpin {
   void learn_wait(std::chrono::steady_clock::duration waited) noexcept { learn(waited); }
   // An AdaptiveSpin whose longest spin lasts about `longest`.
   static AdaptiveSpin lasting(std::chrono::nanoseconds longest) noexcept {
-    return AdaptiveSpin(static_cast<uint32_t>(static_cast<double>(longest.count()) / pause_ns()));
+    const double spins = static_cast<double>(longest.count()) / pause_ns();
+    return AdaptiveSpin(static_cast<uint32_t>(std::min(spins, double{UINT32_MAX})));
   }
 
   uint32_t budget() const noexcept { return budget_.load(std::memory_order_relaxed); }

@@ -192,7 +192,11 @@ Context::~Context() {
 Worker::Worker() : context_(Context::get()), generation_(os::fork_generation()) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // SERIALIZED, not SINGLE: a worker is used by more than one thread, one at a time under
+  // its owner's mutex (a pipe's callers; a remote connection's thread and the serving thread
+  // that answers on it). SINGLE lets a transport assume one thread (mlx5 posts to its
+  // BlueFlame register without the ordering several threads need).
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucs_status_t st = ucp_worker_create(context_->handle(), &params, &worker_);
   if (st != UCS_OK) throw_status("ucp_worker_create", st);
   st = ucp_worker_get_efd(worker_, &efd_);

@@ -4,8 +4,8 @@
 // only "a frame and some payload buffers".
 //
 // Threading model: every object here is used under its owner's mutex (the pipe's or the
-// listener's); UCX workers are created UCS_THREAD_MODE_SINGLE and never progressed by two
-// threads at once. Waits release that mutex and sleep on the worker's wake-up fd.
+// listener's); UCX workers are created UCS_THREAD_MODE_SERIALIZED: several threads use one,
+// never two at once. Waits release that mutex and sleep on the worker's wake-up fd.
 //
 // Fork: every object remembers the process generation (os/fork.h) it was made in. In a
 // forked child the inherited ones are the parent's UCX state (its shared memory, its

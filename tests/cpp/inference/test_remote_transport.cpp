@@ -4,6 +4,7 @@
 // between two hosts are tested in tests/python/test_remote_inference.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -179,6 +180,45 @@ TEST(RemoteTransport, AClientGoneMidRequestGivesItsSlotsBack) {
   EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0 && t->connected() == 0; }));
   Client other = connect_to(*t);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(action0(other(observation(float(i)), 5s)), 2.0f * i);
+}
+
+// A small batch's answers are sent by the serving thread itself, a large one's handed to
+// the connections' threads (remote_server.h, kAnswersSentByTheServer): both kinds of
+// batches, every answer right, every slot given back exactly once (a slot freed twice
+// shows as a count below zero, i.e. huge).
+TEST(RemoteTransport, AnswersSentByTheServingThreadOrHandedOverEachGiveTheirSlotBackOnce) {
+  auto t = make_remote(16);
+  std::mutex mu;
+  std::vector<int64_t> sizes;
+  InferenceServer server(
+      [&](const TensorDict& b) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (sizes.empty()) std::this_thread::sleep_for(50ms);  // the others queue up meanwhile
+        sizes.push_back(b.batch_size()[0]);
+        return double_policy(b);
+      },
+      t, {.max_batch_size = 16});
+  server.start();
+  std::vector<std::thread> clients;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&, c] {
+      Client client = connect_to(*t);
+      for (int round = 0; round < 40; ++round) {
+        std::vector<Future> fs;
+        const int burst = 1 + (round + c) % 4;
+        for (int i = 0; i < burst; ++i)
+          fs.push_back(client.submit(observation(float(c * 100 + i))));
+        for (int i = 0; i < burst; ++i)
+          if (action0(fs[i].result(5s)) != 2.0f * float(c * 100 + i)) ++wrong;
+      }
+    });
+  for (auto& th : clients) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; })) << t->slots_in_use();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(std::any_of(sizes.begin(), sizes.end(), [](int64_t n) { return n <= 4; }));
+  EXPECT_TRUE(std::any_of(sizes.begin(), sizes.end(), [](int64_t n) { return n > 4; }));
 }
 
 TEST(RemoteTransport, ClientsRaiseClosedErrorPromptlyWhenTheServerGoes) {

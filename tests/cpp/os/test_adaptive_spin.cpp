@@ -45,11 +45,11 @@ TEST(AdaptiveSpin, AChildForkedDuringTheFirstMeasurementMeasuresItself) {
 }
 
 TEST(AdaptiveSpin, APollForSpinEndsWhenThePollSucceeds) {
-  AdaptiveSpin spin = AdaptiveSpin::lasting(std::chrono::milliseconds(100));
+  AdaptiveSpin spin = AdaptiveSpin::lasting(std::chrono::seconds(1));
   int looks = 0;
   EXPECT_TRUE(spin.poll_for([&] { return ++looks == 3; }));
   EXPECT_EQ(looks, 3);
-  // The budget became twice that wait: far below the 100 ms maximum.
+  // The budget became twice that wait (two sched_yield calls): far below the 1 s maximum.
   EXPECT_LT(spin.budget(), spin.max_spins() / 2);
 }
 
