@@ -39,6 +39,26 @@ bool eventually(Pred&& p, std::chrono::milliseconds limit = 5000ms) {
   return p();
 }
 
+// double_policy, recording each batch's size; the first call waits `first_call` (requests
+// queue up meanwhile).
+struct BatchRecorder {
+  std::chrono::milliseconds first_call{0};
+  std::mutex mu;
+  std::vector<int64_t> sizes;
+  Policy policy() {
+    return [this](const TensorDict& b) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (sizes.empty()) std::this_thread::sleep_for(first_call);
+      sizes.push_back(b.batch_size()[0]);
+      return double_policy(b);
+    };
+  }
+  std::vector<int64_t> seen() {
+    std::lock_guard<std::mutex> lock(mu);
+    return sizes;
+  }
+};
+
 // A hand-made client: the real handshake, then whatever bytes a test sends.
 struct RawClient {
   ucx::Worker worker;
@@ -188,16 +208,8 @@ TEST(RemoteTransport, AClientGoneMidRequestGivesItsSlotsBack) {
 // shows as a count below zero, i.e. huge).
 TEST(RemoteTransport, AnswersSentByTheServingThreadOrHandedOverEachGiveTheirSlotBackOnce) {
   auto t = make_remote(16);
-  std::mutex mu;
-  std::vector<int64_t> sizes;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (sizes.empty()) std::this_thread::sleep_for(50ms);  // the others queue up meanwhile
-        sizes.push_back(b.batch_size()[0]);
-        return double_policy(b);
-      },
-      t, {.max_batch_size = 16});
+  BatchRecorder batches{.first_call = 50ms};
+  InferenceServer server(batches.policy(), t, {.max_batch_size = 16});
   server.start();
   std::vector<std::thread> clients;
   std::atomic<int> wrong{0};
@@ -216,7 +228,7 @@ TEST(RemoteTransport, AnswersSentByTheServingThreadOrHandedOverEachGiveTheirSlot
   for (auto& th : clients) th.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_TRUE(eventually([&] { return t->slots_in_use() == 0; })) << t->slots_in_use();
-  std::lock_guard<std::mutex> lock(mu);
+  const std::vector<int64_t> sizes = batches.seen();
   EXPECT_TRUE(std::any_of(sizes.begin(), sizes.end(), [](int64_t n) { return n <= 4; }));
   EXPECT_TRUE(std::any_of(sizes.begin(), sizes.end(), [](int64_t n) { return n > 4; }));
 }
@@ -263,15 +275,9 @@ TEST(RemoteTransport, ANewClientConnectsWhenAServerListensAgainAtTheAddress) {
 TEST(SeveralTransports, LocalAndRemoteRequestsShareOnePolicyCall) {
   auto shm = make_shm(8);
   auto remote = make_remote(8);
-  std::mutex mu;
-  std::vector<int64_t> sizes;
-  InferenceServer server(
-      [&](const TensorDict& b) {
-        std::lock_guard<std::mutex> l(mu);
-        sizes.push_back(b.batch_size()[0]);
-        return double_policy(b);
-      },
-      std::vector<std::shared_ptr<Transport>>{shm, remote}, {.max_batch_size = 8});
+  BatchRecorder batches;
+  InferenceServer server(batches.policy(), std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 8});
   Client local = shm->client(), far = connect_to(*remote);
   std::vector<Future> futures;
   for (int i = 0; i < 4; ++i) {
@@ -284,8 +290,7 @@ TEST(SeveralTransports, LocalAndRemoteRequestsShareOnePolicyCall) {
     EXPECT_EQ(action0(futures[2 * i].result(5s)), 2.0f * i);
     EXPECT_EQ(action0(futures[2 * i + 1].result(5s)), 2.0f * (100 + i));
   }
-  std::lock_guard<std::mutex> l(mu);
-  EXPECT_EQ(sizes, (std::vector<int64_t>{8}));
+  EXPECT_EQ(batches.seen(), (std::vector<int64_t>{8}));
 }
 
 TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
