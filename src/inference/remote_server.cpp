@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include <poll.h>
-
 #include "runtime/peer_liveness.h"
 #include "tensorwire/runtime/log.h"
 #include "ucx/control.h"
@@ -312,28 +310,21 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
       continue;
     // The waits leave the worker to the serving thread (send_now()).
     io.unlock();
-    const auto t0 = Clock::now();
-    os::AdaptiveSpin& spin = awaiting_answers ? answer_spin_ : request_spin_;
-    const bool came = spin.poll_for([&] {
+    auto look = [&] {
       std::lock_guard<std::mutex> lock(io_mu_);
       return worker_->progress() != 0 || bell_.seq.load(std::memory_order_seq_cst) != rung;
-    });
-    if (!came) {
+    };
+    auto sleep = [&] {
       asleep_.store(true, std::memory_order_seq_cst);
       bool armed = false;
       if (bell_.seq.load(std::memory_order_seq_cst) == rung) {
         std::lock_guard<std::mutex> lock(io_mu_);
-        armed = worker_->progress() == 0 && worker_->arm();
+        armed = worker_->ready_to_sleep();
       }
-      if (armed) {
-        struct pollfd p {
-          worker_->efd(), POLLIN, 0
-        };
-        ::poll(&p, 1, static_cast<int>(period_.count()));
-      }
+      if (armed) worker_->sleep(period_);
       asleep_.store(false, std::memory_order_relaxed);
-      spin.learn_wait(Clock::now() - t0);
-    }
+    };
+    (awaiting_answers ? answer_spin_ : request_spin_).poll_or_sleep(look, sleep);
     io.lock();
   }
 }
@@ -498,7 +489,6 @@ void RemoteConnection::release_slots() noexcept {
     std::lock_guard<std::mutex> lock(wake_mu_);
     worker_.reset();
   }
-
   std::lock_guard<std::mutex> lock(s_.mu);
   if (s_.conns.erase(id_)) --s_.connected;
   outbox.clear();

@@ -37,8 +37,8 @@ inline constexpr std::chrono::microseconds kLongestSpin{200};
 // idle server, whose serving thread would wait for work next: sending saves each client a
 // hand-over (a wake-up of its connection's thread). A large one means requests queue, and
 // the serving thread's time bounds the throughput: its connection threads send in
-// parallel (256 clients: 8.3-9.0 k requests/s with every answer sent by the serving
-// thread, 9.7-13.4 k handed over; docs/benchmarks.md).
+// parallel (256 clients: 6.1-6.6 k requests/s with every answer sent by the serving
+// thread, 8.8-11.8 k handed over; docs/benchmarks.md).
 inline constexpr size_t kAnswersSentByTheServer = 4;
 
 struct RemoteSlot {

@@ -115,18 +115,17 @@ void RemoteTransport::wait_for_work(Deadline deadline) {
   // Spin first (RemoteServer::work_spin): a sleeping serving thread woke 8-16 us after a
   // request was ready, about a sixth of a remote round trip across two simulated hosts.
   // Not when the deadline comes sooner than a spin could end (a batch's short wait).
-  const auto t0 = Clock::now();
-  if (deadline.left() > kLongestSpin) {
-    lock.unlock();
-    const bool came = s_->work_spin.poll_for([&] {
-      std::lock_guard<std::mutex> l(s_->mu);
-      return ready();
-    });
+  auto sleep = [&] { s_->work.wait_until(lock, deadline.when(), ready); };
+  if (deadline.left() <= kLongestSpin) return sleep();
+  lock.unlock();
+  auto look = [&] {
+    std::lock_guard<std::mutex> l(s_->mu);
+    return ready();
+  };
+  s_->work_spin.poll_or_sleep(look, [&] {
     lock.lock();
-    if (came) return;
-  }
-  s_->work.wait_until(lock, deadline.when(), ready);
-  s_->work_spin.learn_wait(Clock::now() - t0);
+    sleep();
+  });
 }
 
 void RemoteTransport::interrupt() {

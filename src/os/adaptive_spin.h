@@ -73,10 +73,16 @@ class AdaptiveSpin {
   // The same learning for a waiter whose event is found by looking rather than on a word
   // (a UCX worker to progress, a queue under a mutex): spin_for() with the budget, calling
   // `poll` (one look: true once the event came). True when it came; a miss halves the
-  // budget, and a waiter that then sleeps reports its whole wait with learn_wait().
+  // budget, and a waiter that then sleeps reports its whole wait with learn_wait() (which
+  // poll_or_sleep() does).
   template <class Poll>
   bool poll_for(Poll&& poll);
   void learn_wait(std::chrono::steady_clock::duration waited) noexcept { learn(waited); }
+  // poll_for(), then `sleep()` when the spin missed, learning from the whole wait: how a
+  // waiter that sleeps elsewhere (an fd, a condition variable) uses it. True when the spin
+  // caught the event.
+  template <class Poll, class Sleep>
+  bool poll_or_sleep(Poll&& poll, Sleep&& sleep);
   // An AdaptiveSpin whose longest spin lasts about `longest`.
   static AdaptiveSpin lasting(std::chrono::nanoseconds longest) noexcept {
     const double spins = static_cast<double>(longest.count()) / pause_ns();
@@ -148,6 +154,15 @@ bool AdaptiveSpin::poll_for(Poll&& poll) {
     return true;
   }
   budget_.store(budget_.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+  return false;
+}
+
+template <class Poll, class Sleep>
+bool AdaptiveSpin::poll_or_sleep(Poll&& poll, Sleep&& sleep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (poll_for(poll)) return true;
+  sleep();
+  learn(std::chrono::steady_clock::now() - t0);
   return false;
 }
 

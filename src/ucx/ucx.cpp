@@ -227,8 +227,14 @@ void Worker::signal() {
 }
 
 void Worker::wait(std::chrono::milliseconds timeout) {
-  if (progress()) return;
-  if (!arm()) return;
+  if (ready_to_sleep()) sleep(timeout);
+}
+
+bool Worker::ready_to_sleep() {
+  return progress() == 0 && arm();
+}
+
+void Worker::sleep(std::chrono::milliseconds timeout) const noexcept {
   struct pollfd p {
     efd_, POLLIN, 0
   };

@@ -95,6 +95,11 @@ class Worker {
   void signal();
   // Progress, then sleep on efd() for at most `timeout` if nothing happened.
   void wait(std::chrono::milliseconds timeout);
+  // wait() in two halves, for a worker other threads use between them (under its owner's
+  // mutex): whether to sleep (nothing progressed and the fd is armed), under that mutex;
+  // then the sleep on efd(), without it.
+  bool ready_to_sleep();
+  void sleep(std::chrono::milliseconds timeout) const noexcept;
   // This worker's address (every transport it can be reached by), for a peer's
   // Endpoint(worker, address).
   std::vector<std::byte> address() const;
