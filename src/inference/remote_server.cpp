@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "runtime/peer_liveness.h"
 #include "tensorwire/runtime/log.h"
@@ -136,6 +137,26 @@ void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sen
   if (sender == Sender::Caller && it->second->send_now(o)) return;
   it->second->outbox.push_back(std::move(o));
   it->second->wake();
+}
+
+void RemoteServer::take_arrivals() {
+  const int64_t now = now_ns();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (conns.size() > kConnectionsTheServerReceivesFrom) return;
+    for (const auto& [id, c] : conns)
+      if (c->overdue(now)) arrivals_.push_back(c);
+  }
+  uint64_t found = 0;
+  for (const auto& c : arrivals_) {
+    const bool took = c->receive_now();
+    c->looked(now, took);
+    found += took;
+  }
+  arrivals_.clear();
+  if (found == 0) return;
+  std::lock_guard<std::mutex> lock(mu);
+  taken_in += found;
 }
 
 void RemoteServer::refuse(const std::string& why) {
@@ -278,6 +299,8 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
   while (!stop_.load(std::memory_order_acquire)) {
+    if (stolen_failure_) std::rethrow_exception(std::exchange(stolen_failure_, nullptr));
+    turn_ns_.store(now_ns(), std::memory_order_relaxed);
     const uint32_t rung = bell_.seq.load(std::memory_order_seq_cst);  // before the outbox check
     while (worker_->progress()) {
     }
@@ -312,6 +335,7 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     io.unlock();
     auto look = [&] {
       std::lock_guard<std::mutex> lock(io_mu_);
+      turn_ns_.store(now_ns(), std::memory_order_relaxed);
       return worker_->progress() != 0 || bell_.seq.load(std::memory_order_seq_cst) != rung;
     };
     auto sleep = [&] {
@@ -376,7 +400,8 @@ void RemoteConnection::take_requests() {
   }
 }
 
-void RemoteConnection::complete_receives() {
+size_t RemoteConnection::complete_receives() {
+  size_t completed = 0;
   for (size_t i = 0; i < receives_.size();) {
     Receive& r = *receives_[i];
     if (!r.req.done()) {
@@ -402,7 +427,9 @@ void RemoteConnection::complete_receives() {
     if (made_ready) s_.notifier.notify();
     receives_[i] = std::move(receives_.back());
     receives_.pop_back();
+    ++completed;
   }
+  return completed;
 }
 
 void RemoteConnection::send_answers() {
@@ -430,6 +457,42 @@ bool RemoteConnection::send_now(Outgoing& o) {
     return false;  // the thread finds the endpoint's failure on its next turn
   }
   wake();  // the thread completes the send and frees the slot
+  return true;
+}
+
+bool RemoteConnection::overdue(int64_t now) const noexcept {
+  using std::chrono::nanoseconds;
+  return unanswered == 0 && outbox.empty() && now >= next_look_ns_ &&
+         now - turn_ns_.load(std::memory_order_relaxed) > nanoseconds(kTurnOverdue).count();
+}
+
+void RemoteConnection::looked(int64_t now, bool found) noexcept {
+  using std::chrono::nanoseconds;
+  look_gap_ns_ = found ? nanoseconds(kLookGapMin).count()
+                       : std::clamp(2 * look_gap_ns_, nanoseconds(kLookGapMin).count(),
+                                    nanoseconds(kLookGapMax).count());
+  next_look_ns_ = now + look_gap_ns_;
+}
+
+bool RemoteConnection::receive_now() {
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io || !ep_ || stolen_failure_ || stop_.load(std::memory_order_relaxed)) return false;
+  const size_t before = receives_.size();
+  uint64_t made_ready = 0;
+  try {
+    while (worker_->progress()) {
+    }
+    take_requests();
+    made_ready = complete_receives();
+  } catch (...) {
+    stolen_failure_ = std::current_exception();
+    wake();  // the thread ends the connection with it now, not after its sleep
+    return true;
+  }
+  if (made_ready == 0 && receives_.size() == before) return false;
+  // The thread takes a turn before it sleeps again (its spin sees the bell; one asleep on its
+  // fd was woken by the arrival already, or wakes within its period).
+  bell_.seq.fetch_add(1, std::memory_order_seq_cst);
   return true;
 }
 

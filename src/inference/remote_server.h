@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,20 @@ inline constexpr std::chrono::microseconds kLongestSpin{200};
 // parallel (256 clients: 6.1-6.6 k requests/s with every answer sent by the serving
 // thread, 8.8-11.8 k handed over; docs/benchmarks.md).
 inline constexpr size_t kAnswersSentByTheServer = 4;
+
+// The serving thread takes in requests itself (RemoteServer::take_arrivals) from a
+// connection whose thread has not taken a turn for kTurnOverdue. On a server host whose CPUs
+// are busy (local actors of the same server), a connection's thread woken by a request waits
+// for a CPU for up to a scheduler slice: remote actors got 2-3% of a mixed batch with a CPU
+// of their own (docs/benchmarks.md). A look costs the serving thread a worker progress (a
+// system call), so a look that finds nothing doubles that connection's gap to the next one
+// (from kLookGapMin up to kLookGapMax: an idle client costs a look a millisecond), and with
+// more than kConnectionsTheServerReceivesFrom connections their threads, which run in
+// parallel, do it alone.
+inline constexpr std::chrono::microseconds kTurnOverdue{20};
+inline constexpr std::chrono::microseconds kLookGapMin{10};
+inline constexpr std::chrono::microseconds kLookGapMax{1000};
+inline constexpr size_t kConnectionsTheServerReceivesFrom = 8;
 
 struct RemoteSlot {
   enum State : uint8_t {
@@ -96,6 +111,7 @@ class RemoteServer {
   std::vector<uint32_t> starved;  // connections waiting for a free slot
   uint64_t refused = 0;
   std::string last_refusal;
+  uint64_t taken_in = 0;  // looks of take_arrivals() that took in a request (or a failure)
   size_t connected = 0;
 
   // Under mu: gives a slot back and wakes a connection that waits for one.
@@ -108,6 +124,10 @@ class RemoteServer {
   // the connection is gone.
   void answer(uint32_t slot, std::optional<Json> failure, Sender sender = Sender::Connection);
   void refuse(const std::string& why);
+  // Serving thread, not under mu: takes in the requests that arrived on connections whose
+  // thread waits for its client's next request (RemoteConnection::receive_now), with at most
+  // kConnectionsTheServerReceivesFrom connections.
+  void take_arrivals();
 
  private:
   void listen() noexcept;
@@ -119,6 +139,7 @@ class RemoteServer {
   std::vector<std::shared_ptr<RemoteConnection>> threads_;  // listener thread (and stop) only
   uint32_t next_conn_ = 1;
   std::once_flag stopped_once_;
+  std::vector<std::shared_ptr<RemoteConnection>> arrivals_;  // take_arrivals() only
 };
 
 class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
@@ -137,6 +158,17 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   // thread is not using its worker (it is waiting): false when it is, and the answer goes
   // to the outbox instead. Under server.mu.
   bool send_now(Outgoing& o);
+  // The serving thread's turn at receiving, while this connection's thread waits for its
+  // client (or for a CPU after its wake-up): takes in the requests that arrived. Nothing when
+  // the thread is using its worker. Not under server.mu. A failure is left for the thread,
+  // which ends the connection with it.
+  bool receive_now();  // true when it took in a request
+  // Whether the serving thread should look (receive_now()) at `now_ns`: no answer is owed
+  // (the client's next request is what may have come), the thread has not taken a turn for
+  // kTurnOverdue, and the last look was not too recent. Under server.mu.
+  bool overdue(int64_t now_ns) const noexcept;
+  // After a look: the gap to the next one. Serving thread only.
+  void looked(int64_t now_ns, bool found) noexcept;
 
   std::deque<Outgoing> outbox;  // under server.mu
   size_t unanswered = 0;        // its requests made ready and not answered yet; under server.mu
@@ -148,7 +180,7 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   void handshake();
   void serve(std::unique_lock<std::mutex>& io);
   void take_requests();
-  void complete_receives();
+  size_t complete_receives();  // how many completed
   void send_answers();
   // Posts `o`'s send (under io_mu_): true when it completed at once, for a slot.
   bool post(Outgoing& o);
@@ -181,7 +213,11 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
-  std::string stop_reason_;  // under server.mu
+  std::string stop_reason_;            // under server.mu
+  std::exception_ptr stolen_failure_;  // receive_now()'s failure, rethrown by serve(); under io_mu_
+  std::atomic<int64_t> turn_ns_{0};    // when the thread last took a turn or looked
+  int64_t next_look_ns_ = 0;           // the serving thread's, for overdue() and looked()
+  int64_t look_gap_ns_ = 0;
   std::vector<std::unique_ptr<Receive>> receives_;
   std::vector<std::unique_ptr<Send>> sends_;
   ucx::Heartbeats heartbeats_;
@@ -194,6 +230,8 @@ struct RemoteAccess {
   static TensorDict request_row(const RemoteTransport& t, uint32_t slot);
   static void resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response);
   static void reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error);
+  // RemoteServer::taken_in, for tests.
+  static uint64_t taken_in(const RemoteTransport& t);
 };
 
 // The handshake both sides of a remote transport run (wire/handshake.h).

@@ -145,6 +145,7 @@ bool RemoteTransport::notify_work(std::function<void()> on_work) {
 }
 
 void RemoteTransport::drain(size_t max_items, Drained& out) {
+  s_->take_arrivals();
   std::lock_guard<std::mutex> lock(s_->mu);
   for (size_t n = 0; n < max_items && !s_->ready.empty(); ++n) {
     const uint32_t i = s_->ready.front();
@@ -204,6 +205,11 @@ void RemoteAccess::reject_one(RemoteTransport& t, uint32_t slot, const RemoteErr
   RemoteServer& s = taken_slot(t, slot, t.s_);
   std::lock_guard<std::mutex> lock(s.mu);
   s.answer(slot, wire::remote::failure_json({error.type_name(), error.message(), false}));
+}
+
+uint64_t RemoteAccess::taken_in(const RemoteTransport& t) {
+  std::lock_guard<std::mutex> lock(t.s_->mu);
+  return t.s_->taken_in;
 }
 
 }  // namespace detail
