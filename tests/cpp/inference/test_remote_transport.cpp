@@ -319,73 +319,77 @@ TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
   EXPECT_GT(remote_done, 0);
 }
 
+// One server over shared memory and a remote transport, kept busy by a local actor calling
+// in a loop, so that its serving thread drains all the time.
+struct BusyMixedServer {
+  std::shared_ptr<SharedMemoryTransport> shm = make_shm(8);
+  std::shared_ptr<RemoteTransport> remote = make_remote(8);
+  InferenceServer server{
+      double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote}, {.max_batch_size = 8}};
+  std::atomic<bool> stop{false};
+  std::thread local;
+  BusyMixedServer() {
+    server.start();
+    local = std::thread([this, c = shm->client()]() mutable {
+      while (!stop) c(observation(1), 5s);
+    });
+  }
+  ~BusyMixedServer() {
+    stop = true;
+    local.join();
+  }
+  uint64_t taken_in() const { return detail::RemoteAccess::taken_in(*remote); }
+};
+
 // A busy server (local actors keep its serving thread draining) takes in a remote request
 // itself when that connection's thread has not run for a while (remote_server.h,
 // kTurnOverdue): each such request is answered once and right, its slot given back, and the
 // connection's thread goes on with the client. The remote clients pause between requests,
 // so their threads sleep and are overdue when a request comes.
 TEST(SeveralTransports, RequestsTheServingThreadTakesInAreAnsweredOnceAndRight) {
-  auto shm = make_shm(8);
-  auto remote = make_remote(8);
-  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
-                         {.max_batch_size = 8});
-  server.start();
-  std::atomic<bool> stop{false};
-  std::thread local([&, c = shm->client()]() mutable {
-    while (!stop) c(observation(1), 5s);
-  });
+  BusyMixedServer busy;
+  RemoteTransport& remote = *busy.remote;
   std::atomic<int> wrong{0}, answered{0};
   std::vector<std::thread> clients;
   for (int k = 0; k < 2; ++k)
     clients.emplace_back([&, k] {
-      Client c = connect_to(*remote);
+      Client c = connect_to(remote);
       const auto until = std::chrono::steady_clock::now() + 20s;
       for (int i = 0; i < 3000 && std::chrono::steady_clock::now() < until; ++i) {
         const float x = float(k * 10000 + i);
         if (action0(c(observation(x), 5s)) != 2 * x) ++wrong;
         ++answered;
-        if (i >= 200 && detail::RemoteAccess::taken_in(*remote) > 0) break;
+        if (i >= 200 && busy.taken_in() > 0) break;
         std::this_thread::sleep_for(200us);
       }
     });
   for (auto& th : clients) th.join();
-  stop = true;
-  local.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_GE(answered.load(), 400);
-  EXPECT_GT(detail::RemoteAccess::taken_in(*remote), 0u);
-  EXPECT_TRUE(eventually([&] { return remote->slots_in_use() == 0; })) << remote->slots_in_use();
+  EXPECT_GT(busy.taken_in(), 0u);
+  EXPECT_TRUE(eventually([&] { return remote.slots_in_use() == 0; })) << remote.slots_in_use();
 }
 
 // A malformed frame is refused with the same error whichever thread takes it in: here the
 // busy serving thread (retried with new connections until it is the one), and no slot is
 // written or kept.
 TEST(SeveralTransports, AFrameOfTheWrongSizeTakenInByTheServingThreadEndsItsConnection) {
-  auto shm = make_shm(8);
-  auto remote = make_remote(8);
-  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
-                         {.max_batch_size = 8});
-  server.start();
-  std::atomic<bool> stop{false};
-  std::thread local([&, c = shm->client()]() mutable {
-    while (!stop) c(observation(1), 5s);
-  });
+  BusyMixedServer busy;
+  RemoteTransport& remote = *busy.remote;
   bool by_server = false;
   for (int attempt = 0; attempt < 50 && !by_server; ++attempt) {
-    RawClient evil(remote->port());
+    RawClient evil(remote.port());
     std::this_thread::sleep_for(2ms);  // its connection's thread goes to sleep
-    const uint64_t before = detail::RemoteAccess::taken_in(*remote);
+    const uint64_t before = busy.taken_in();
     std::vector<std::byte> bytes(17, std::byte{0x7f});
     evil.send(remote::tag(remote::Kind::Request, 1), bytes);
     const std::string err = evil.error();
     EXPECT_NE(err.find("request of 17 bytes"), std::string::npos) << err;
-    by_server = detail::RemoteAccess::taken_in(*remote) > before;
+    by_server = busy.taken_in() > before;
   }
-  stop = true;
-  local.join();
   EXPECT_TRUE(by_server) << "the serving thread never took a frame in";
-  EXPECT_TRUE(eventually([&] { return remote->slots_in_use() == 0 && remote->connected() == 0; }));
-  Client good = connect_to(*remote);
+  EXPECT_TRUE(eventually([&] { return remote.slots_in_use() == 0 && remote.connected() == 0; }));
+  Client good = connect_to(remote);
   EXPECT_EQ(action0(good(observation(3), 5s)), 6);
 }
 
