@@ -45,7 +45,7 @@ inline constexpr size_t kAnswersSentByTheServer = 4;
 // The serving thread takes in requests itself (RemoteServer::take_arrivals) from a
 // connection whose thread has not taken a turn for kTurnOverdue. On a server host whose CPUs
 // are busy (local actors of the same server), a connection's thread woken by a request waits
-// for a CPU for up to a scheduler slice: remote actors got 2-3% of a mixed batch with a CPU
+// for a CPU for up to a scheduler slice: remote actors got 2-7% of a mixed batch with a CPU
 // of their own (docs/benchmarks.md). A look costs the serving thread a worker progress (a
 // system call), so a look that finds nothing doubles that connection's gap to the next one
 // (from kLookGapMin up to kLookGapMax: an idle client costs a look a millisecond), and with
