@@ -179,6 +179,7 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   void run() noexcept;
   void handshake();
   void serve(std::unique_lock<std::mutex>& io);
+  void relock(std::unique_lock<std::mutex>& io);
   void take_requests();
   size_t complete_receives();  // how many completed
   void send_answers();
