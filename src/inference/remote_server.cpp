@@ -390,27 +390,38 @@ void RemoteConnection::take_requests() {
       s_.free_slots.pop_back();
     }
     auto m = ep_->probe(remote::tag(remote::Kind::Request), remote::kKindMask);
-    std::lock_guard<std::mutex> lock(s_.mu);
-    if (!m) {
-      s_.free_slot(slot);
-      return;
+    {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      if (!m) {
+        s_.free_slot(slot);
+        return;
+      }
+      try {
+        remote::check_request_length(m->length, s_.request_bytes);
+      } catch (const ProtocolError&) {
+        s_.free_slot(slot);
+        throw;  // the connection goes; UCX drops the message with the worker
+      }
+      RemoteSlot& rs = s_.slots[slot];
+      rs.state = RemoteSlot::Receiving;
+      rs.conn = id_;
+      rs.seq = remote::seq_of(m->tag);
     }
-    try {
-      remote::check_request_length(m->length, s_.request_bytes);
-    } catch (const ProtocolError&) {
-      s_.free_slot(slot);
-      throw;  // the connection goes; UCX drops the message with the worker
-    }
-    RemoteSlot& rs = s_.slots[slot];
-    rs.state = RemoteSlot::Receiving;
-    rs.conn = id_;
-    rs.seq = remote::seq_of(m->tag);
+    // Outside server.mu: a receive of a message that has arrived copies its bytes into the
+    // slot (21 KiB for uint8[84,84,3]), and the serving thread's spin and drains take that
+    // mutex. The slot is this connection's already; nobody else touches a Receiving one.
     auto r = std::make_unique<Receive>();
     r->slot = slot;
     std::vector<std::span<std::byte>> pieces;
     for (const LeafSlot& l : s_.request.leaves())
       pieces.emplace_back(s_.request_bank.data() + l.offset + slot * l.row_bytes, l.row_bytes);
-    r->req = ep_->recv(m->message, pieces, r->iov, &r->length);
+    try {
+      r->req = ep_->recv(m->message, pieces, r->iov, &r->length);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      s_.free_slot(slot);
+      throw;
+    }
     receives_.push_back(std::move(r));
   }
 }

@@ -118,9 +118,11 @@ void RemoteTransport::wait_for_work(Deadline deadline) {
   auto sleep = [&] { s_->work.wait_until(lock, deadline.when(), ready); };
   if (deadline.left() <= kLongestSpin) return sleep();
   lock.unlock();
+  // A look never blocks on the mutex: a connection's thread holds it for a moment, and a
+  // look that blocked slept in the kernel and paid a wake-up (remote_server.cpp, serve()).
   auto look = [&] {
-    std::lock_guard<std::mutex> l(s_->mu);
-    return ready();
+    std::unique_lock<std::mutex> l(s_->mu, std::try_to_lock);
+    return l && ready();
   };
   s_->work_spin.poll_or_sleep(look, [&] {
     lock.lock();
