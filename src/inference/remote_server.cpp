@@ -346,9 +346,11 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     auto sleep = [&] {
       asleep_.store(true, std::memory_order_seq_cst);
       bool armed = false;
-      if (bell_.seq.load(std::memory_order_seq_cst) == rung) {
+      {
+        // The bell is read under the worker's mutex: receive_now() rings it under that mutex
+        // after it ran the worker, so either we see its bell or it ran before our arming.
         std::lock_guard<std::mutex> lock(io_mu_);
-        armed = worker_->ready_to_sleep();
+        armed = bell_.seq.load(std::memory_order_seq_cst) == rung && worker_->ready_to_sleep();
       }
       if (armed) worker_->sleep(period_);
       asleep_.store(false, std::memory_order_relaxed);
@@ -506,9 +508,9 @@ bool RemoteConnection::receive_now() {
   if (!io || !ep_ || stolen_failure_ || stop_.load(std::memory_order_relaxed)) return false;
   const size_t before = receives_.size();
   uint64_t made_ready = 0;
+  bool moved = false;
   try {
-    while (worker_->progress()) {
-    }
+    while (worker_->progress()) moved = true;
     take_requests();
     made_ready = complete_receives();
   } catch (...) {
@@ -516,11 +518,13 @@ bool RemoteConnection::receive_now() {
     wake();  // the thread ends the connection with it now, not after its sleep
     return true;
   }
-  if (made_ready == 0 && receives_.size() == before) return false;
-  // The thread takes a turn before it sleeps again (its spin sees the bell; one asleep on its
-  // fd was woken by the arrival already, or wakes within its period).
-  bell_.seq.fetch_add(1, std::memory_order_seq_cst);
-  return true;
+  // Progress may have used up events only the thread acts on (a send that completed, the
+  // client's close, requests beyond one turn's): the bell, rung under the worker's mutex,
+  // makes it take a turn before it sleeps (its spin and its arming read the bell). One
+  // already asleep was woken by those events' arrival on its fd: no signal is needed.
+  if (moved || made_ready > 0 || receives_.size() != before)
+    bell_.seq.fetch_add(1, std::memory_order_seq_cst);
+  return made_ready > 0 || receives_.size() != before;
 }
 
 bool RemoteConnection::post(Outgoing& o) {
