@@ -4,10 +4,11 @@
         A RemoteTransport on a free port (or P) served by an InferenceServer (policy:
         action = 2 * observation, observation float32[4]); with --local N, also a
         SharedMemoryTransport served by the same server, and N local actor processes
-        (spawned) calling it 200 times each, from when the first remote actor connects.
+        (spawned) calling it from when the first remote actor connects until stdin closes
+        (at least 200 times each).
         Prints "port N", then serves until stdin closes;
         prints {"batches": [[n_local, n_remote], ...], "refused", "last_refusal",
-        "connected", "slots_in_use", "local_checked"}.
+        "connected", "slots_in_use", "local_checked": [[calls, checked], ...]}.
     remote_inference_peer.py actor HOST PORT COUNT [--key K] [--liveness S] [--tag T]
         Connects and calls COUNT times with observation [T, i, 0, 0]; checks each answer;
         prints {"checked"}.
@@ -44,16 +45,18 @@ def spec():
     return ({"observation": np.zeros(4, np.float32)}, {"action": np.zeros(4, np.float32)})
 
 
-def local_actor(client, count, q, go):
-    # Starts with the remote actors (a remote call takes ~150 us: run apart, the two groups
-    # of 200 calls may not overlap, and no batch would mix them).
+def local_actor(client, count, q, go, stop):
+    # Starts with the remote actors and calls until they are done (at least `count` calls):
+    # a fixed number of local calls (microseconds each) could all be over before the first
+    # remote request arrives, and no batch would mix the two.
     go.wait(60)
-    checked = 0
-    for i in range(count):
+    checked = i = 0
+    while i < count or not stop.is_set():
         r = client(obs(-1, i), timeout=30)
         if float(r["action"][1]) == 2 * i:
             checked += 1
-    q.put(checked)
+        i += 1
+    q.put([i, checked])
 
 
 def server(a):
@@ -78,8 +81,8 @@ def server(a):
     procs, q = [], None
     if a.local:
         ctx = mp.get_context("spawn")
-        q, go = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=local_actor, args=(shm.client(), 200, q, go))
+        q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+        procs = [ctx.Process(target=local_actor, args=(shm.client(), 200, q, go, stop))
                  for _ in range(a.local)]
         for p in procs:
             p.start()
@@ -91,7 +94,9 @@ def server(a):
             go.set()
         threading.Thread(target=start_when_remote_connected, daemon=True).start()
     out("port", remote.port)
-    sys.stdin.read()  # until the test closes stdin
+    sys.stdin.read()  # until the test closes stdin, once the remote actors are done
+    if procs:
+        stop.set()
     local_checked = [q.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(30)
