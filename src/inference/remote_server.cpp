@@ -139,11 +139,12 @@ void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sen
   it->second->wake();
 }
 
-void RemoteServer::take_arrivals() {
-  const int64_t now = now_ns();
+uint64_t RemoteServer::take_arrivals() {
+  int64_t now;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (conns.size() > kConnectionsTheServerReceivesFrom) return;
+    if (conns.empty() || conns.size() > kConnectionsTheServerReceivesFrom) return 0;
+    now = now_ns();
     for (const auto& [id, c] : conns)
       if (c->overdue(now)) arrivals_.push_back(c);
   }
@@ -154,9 +155,7 @@ void RemoteServer::take_arrivals() {
     found += took;
   }
   arrivals_.clear();
-  if (found == 0) return;
-  std::lock_guard<std::mutex> lock(mu);
-  taken_in += found;
+  return found;
 }
 
 void RemoteServer::refuse(const std::string& why) {
@@ -360,14 +359,10 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
   }
 }
 
-// Takes the worker back after a wait, yielding while the serving thread holds it for a few
-// tries before blocking (see serve()'s look).
+// Takes the worker back after a wait, yielding while the serving thread holds it (for
+// microseconds: see serve()'s look) before blocking.
 void RemoteConnection::relock(std::unique_lock<std::mutex>& io) {
-  for (int i = 0; i < 64; ++i) {
-    if (io.try_lock()) return;
-    ::sched_yield();
-  }
-  io.lock();
+  if (!os::spin_for(kRelockSpin, [&] { return io.try_lock(); })) io.lock();
 }
 
 void RemoteConnection::heartbeats() {
@@ -522,9 +517,9 @@ bool RemoteConnection::receive_now() {
   // client's close, requests beyond one turn's): the bell, rung under the worker's mutex,
   // makes it take a turn before it sleeps (its spin and its arming read the bell). One
   // already asleep was woken by those events' arrival on its fd: no signal is needed.
-  if (moved || made_ready > 0 || receives_.size() != before)
-    bell_.seq.fetch_add(1, std::memory_order_seq_cst);
-  return made_ready > 0 || receives_.size() != before;
+  const bool took = made_ready > 0 || receives_.size() != before;
+  if (moved || took) bell_.seq.fetch_add(1, std::memory_order_seq_cst);
+  return took;
 }
 
 bool RemoteConnection::post(Outgoing& o) {

@@ -55,6 +55,9 @@ inline constexpr std::chrono::microseconds kTurnOverdue{20};
 inline constexpr std::chrono::microseconds kLookGapMin{10};
 inline constexpr std::chrono::microseconds kLookGapMax{1000};
 inline constexpr size_t kConnectionsTheServerReceivesFrom = 8;
+// How long a connection's thread yields for its worker's mutex after a wait before it
+// blocks on it (RemoteConnection::relock).
+inline constexpr std::chrono::microseconds kRelockSpin{50};
 
 struct RemoteSlot {
   enum State : uint8_t {
@@ -126,8 +129,9 @@ class RemoteServer {
   void refuse(const std::string& why);
   // Serving thread, not under mu: takes in the requests that arrived on connections whose
   // thread waits for its client's next request (RemoteConnection::receive_now), with at most
-  // kConnectionsTheServerReceivesFrom connections.
-  void take_arrivals();
+  // kConnectionsTheServerReceivesFrom connections. Returns how many looks took something in
+  // (the caller adds them to taken_in under mu, which it takes next anyway).
+  uint64_t take_arrivals();
 
  private:
   void listen() noexcept;

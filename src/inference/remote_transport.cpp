@@ -147,8 +147,9 @@ bool RemoteTransport::notify_work(std::function<void()> on_work) {
 }
 
 void RemoteTransport::drain(size_t max_items, Drained& out) {
-  s_->take_arrivals();
+  const uint64_t taken_in = s_->take_arrivals();
   std::lock_guard<std::mutex> lock(s_->mu);
+  s_->taken_in += taken_in;
   for (size_t n = 0; n < max_items && !s_->ready.empty(); ++n) {
     const uint32_t i = s_->ready.front();
     s_->ready.pop_front();
