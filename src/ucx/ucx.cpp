@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <ucm/api/ucm.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/debug.h>
 #include <ucs/debug/log_def.h>
@@ -149,6 +150,17 @@ std::shared_ptr<Context> Context::get() {
 }
 
 Context::Context() : generation_(os::fork_generation()) {
+  if (generation_ != 0) {
+    // A forked child. UCX's memory-event hooks (libucm) may be patched into this process
+    // with their lock as fork() copied it: held by a thread of the parent that was in an
+    // mmap() or munmap() under the hooks, or installing them, at that moment, a holder that
+    // does not exist here. ucp_init registers a handler, which takes that lock exclusively
+    // and would wait for ever (a child forked while another thread started or closed a
+    // listener hung in ucp_init in 6% of forks). Without memory events UCX caches no memory
+    // registrations: the same transfers, each registering its memory where the transport
+    // needs it (RDMA), nothing to wait for.
+    ucm_global_opts.enable_events = 0;
+  }
   // A listener restarted on its port (a server that died and comes back at the address its
   // clients know) must not wait for the old connections' TIME_WAIT to end; a port another
   // socket listens on stays taken (Linux's SO_REUSEADDR). The connection manager reads this

@@ -1,8 +1,10 @@
 // The pipe on the shared runtime: Timeout, interrupts, resumable sends, error kinds, and
 // fork(). Both ends live in this process (the accepting end on a helper thread).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <ucm/api/ucm.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -343,6 +345,50 @@ TEST(PipeRuntime, AChildThatOnlyExitsLeavesTheParentsPipesWorking) {
   EXPECT_EQ(in_forked_child([] { return 0; }), 0);
   p.accepted->send(small(4.f), 20s);
   EXPECT_EQ(p.connected->recv(nullptr, 20s).get("v").data<float>()[0], 4.f);
+}
+
+// Once UCX has started in a process, its memory hooks (libucm) hold a lock for reading in
+// every mmap() and munmap() of any thread. A fork() meanwhile copies that lock held into the
+// child, by a thread that does not exist there, and a child that starts UCX (no context was
+// alive at the fork) must not wait for it: ucp_init used to register a handler, which takes
+// it exclusively, and hung (6% of the forks of the test below). Here a handler of the test
+// holds one munmap() inside the hook while the main thread forks.
+namespace hook {
+std::atomic<void*> region{nullptr};
+std::atomic<int> phase{0};  // 1: the munmap of `region` is inside the hook; 2: the fork is done
+void hold(ucm_event_type_t, ucm_event_t* event, void*) {
+  if (event->vm_unmapped.address != region.load()) return;
+  phase = 1;
+  while (phase.load() != 2) std::this_thread::yield();
+}
+}  // namespace hook
+
+TEST(PipeRuntime, AChildForkedDuringAnotherThreadsMunmapStartsUcxAfresh) {
+  { PipeListener started(0); }  // UCX started here (hooks installed); no context alive after
+  const size_t size = 1 << 20;
+  void* region = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  hook::region = region;
+  hook::phase = 0;
+  // With UCX's memory events off (UCX_MEM_EVENTS=no) there is no hook to be inside: the
+  // munmap goes straight through and the fork below only checks the child's start.
+  const bool hooked =
+      ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, &hook::hold, nullptr) == UCS_OK;
+  std::thread unmapper([&] { ::munmap(region, size); });
+  while (hooked && hook::phase.load() != 1) std::this_thread::yield();
+  const int code = in_forked_child([] {
+    ::alarm(10);  // a child that waits for ever dies of SIGALRM (code 142)
+    try {
+      TensorDictPipe::connect("127.0.0.1", 1, {.connect_timeout = 2s});
+      return 30;
+    } catch (const Error&) {
+      return 0;
+    }
+  });
+  hook::phase = 2;
+  unmapper.join();
+  if (hooked) ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &hook::hold, nullptr);
+  EXPECT_EQ(code, 0);
 }
 
 // ctest runs each test in a process of its own: the thread below starts the process's UCX
