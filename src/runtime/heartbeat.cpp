@@ -34,14 +34,22 @@ struct Registry {
 
 // Never destroyed: the thread may outlive static destruction at exit. A forked child gets a
 // fresh one (the parent's mutex may have been held by the parent's thread at the fork).
+// Made at first use without a function-local static's guard, which a fork() during its
+// initialization would leave held in the child for ever (docs/design.md, fork awareness).
+std::atomic<Registry*> g_current{nullptr};
+
 Registry& registry() {
-  static std::atomic<Registry*> current{new Registry};
-  Registry* r = current.load();
+  Registry* r = g_current.load();
+  if (r == nullptr) {
+    Registry* made = new Registry;
+    if (g_current.compare_exchange_strong(r, made)) return *made;
+    delete made;  // another thread made it first: r holds it
+  }
   if (r->generation != os::fork_generation()) {
     Registry* fresh = new Registry;
-    if (current.compare_exchange_strong(r, fresh)) return *fresh;
+    if (g_current.compare_exchange_strong(r, fresh)) return *fresh;
     delete fresh;
-    return *current.load();
+    return *g_current.load();
   }
   return *r;
 }
@@ -97,8 +105,9 @@ void keep_alive(std::weak_ptr<Beating> who, std::chrono::milliseconds period) {
   std::lock_guard<std::mutex> lock(r.mu);
   const Clock::duration p = std::max<Clock::duration>(period, std::chrono::milliseconds(10));
   r.entries.push_back({std::move(who), p, Clock::now()});
-  static std::once_flag at_exit;
-  std::call_once(at_exit, [] { std::atexit(stop_at_exit); });
+  // A flag, not std::call_once, for the same reason as g_current.
+  static std::atomic<bool> at_exit{false};
+  if (!at_exit.exchange(true)) std::atexit(stop_at_exit);
   if (r.exiting) return;
   if (!r.running) {
     r.running = true;

@@ -113,15 +113,21 @@ void quiet_ucx() {
 
 // Guards the process's context. Held across fork(): a child forked while another thread
 // made the context (ucp_init takes milliseconds) would otherwise inherit it locked and wait
-// for ever in its first Context::get.
+// for ever in its first Context::get. Made when the library is loaded, not at first use: a
+// fork() while another thread ran a function-local static's first initialization leaves
+// the child waiting for ever on the copied guard (seen: 1 child in about 1,000, in
+// __cxa_guard_acquire). Never destroyed: atfork handlers outlive static destructors.
+std::mutex& context_mutex();
+std::mutex* make_context_mutex() {
+  auto* m = new std::mutex;
+  ::pthread_atfork([] { context_mutex().lock(); }, [] { context_mutex().unlock(); },
+                   [] { context_mutex().unlock(); });
+  return m;
+}
+std::mutex* const g_context_mutex = make_context_mutex();
+
 std::mutex& context_mutex() {
-  static std::mutex* mu = [] {
-    auto* m = new std::mutex;  // never destroyed: atfork handlers outlive static destructors
-    ::pthread_atfork([] { context_mutex().lock(); }, [] { context_mutex().unlock(); },
-                     [] { context_mutex().unlock(); });
-    return m;
-  }();
-  return *mu;
+  return *g_context_mutex;
 }
 
 }  // namespace

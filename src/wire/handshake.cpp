@@ -27,33 +27,39 @@ std::string nonce() {
   return to_hex(std::as_bytes(std::span(buf)));
 }
 
+// Both read when the library is loaded, not at first use: a fork() while another thread
+// initialized a function-local static leaves the child waiting for ever on the copied guard.
+std::string read_boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+const std::string g_boot_id = read_boot_id();
+
 const std::string& boot_id() {
-  static const std::string id = [] {
-    std::ifstream f("/proc/sys/kernel/random/boot_id");
-    std::string s;
-    std::getline(f, s);
-    return s;
-  }();
-  return id;
+  return g_boot_id;
 }
 
 // The pid and IPC namespaces ("pid:[4026531836] ipc:[4026531839]"): two processes of one
 // host (equal boot ids) can share memory and read each other's memory only in the same
 // ones; containers share the boot id but not these.
+std::string read_namespaces() {
+  std::string out;
+  for (const char* n : {"pid", "ipc"}) {
+    char buf[64] = {};
+    const std::string path = std::string("/proc/self/ns/") + n;
+    ssize_t len = ::readlink(path.c_str(), buf, sizeof buf - 1);
+    if (len <= 0) return std::string();  // unknown: never "the same"
+    if (!out.empty()) out += ' ';
+    out.append(buf, static_cast<size_t>(len));
+  }
+  return out;
+}
+const std::string g_namespaces = read_namespaces();
+
 const std::string& namespaces() {
-  static const std::string ns = [] {
-    std::string out;
-    for (const char* n : {"pid", "ipc"}) {
-      char buf[64] = {};
-      const std::string path = std::string("/proc/self/ns/") + n;
-      ssize_t len = ::readlink(path.c_str(), buf, sizeof buf - 1);
-      if (len <= 0) return std::string();  // unknown: never "the same"
-      if (!out.empty()) out += ' ';
-      out.append(buf, static_cast<size_t>(len));
-    }
-    return out;
-  }();
-  return ns;
+  return g_namespaces;
 }
 
 bool same_secret(const std::string& a, const std::string& b) {
