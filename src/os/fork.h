@@ -17,5 +17,9 @@ namespace tensorwire::os {
 // A value that is the same for the whole life of a process and differs in each forked
 // child from its parent's (and from the child's own children's).
 uint64_t fork_generation() noexcept;
+// Whether this process is a fork() child (at any depth) of the one that loaded the library.
+inline bool forked() noexcept {
+  return fork_generation() != 0;
+}
 
 }  // namespace tensorwire::os

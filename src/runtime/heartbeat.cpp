@@ -40,16 +40,10 @@ std::atomic<Registry*> g_current{nullptr};
 
 Registry& registry() {
   Registry* r = g_current.load();
-  if (r == nullptr) {
-    Registry* made = new Registry;
-    if (g_current.compare_exchange_strong(r, made)) return *made;
-    delete made;  // another thread made it first: r holds it
-  }
-  if (r->generation != os::fork_generation()) {
+  while (r == nullptr || r->generation != os::fork_generation()) {
     Registry* fresh = new Registry;
     if (g_current.compare_exchange_strong(r, fresh)) return *fresh;
-    delete fresh;
-    return *g_current.load();
+    delete fresh;  // another thread published one first: r now holds it
   }
   return *r;
 }

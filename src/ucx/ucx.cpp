@@ -113,29 +113,24 @@ void quiet_ucx() {
 
 // Guards the process's context. Held across fork(): a child forked while another thread
 // made the context (ucp_init takes milliseconds) would otherwise inherit it locked and wait
-// for ever in its first Context::get. Made when the library is loaded, not at first use: a
-// fork() while another thread ran a function-local static's first initialization leaves
-// the child waiting for ever on the copied guard (seen: 1 child in about 1,000, in
-// __cxa_guard_acquire). Never destroyed: atfork handlers outlive static destructors.
-std::mutex& context_mutex();
-std::mutex* make_context_mutex() {
-  auto* m = new std::mutex;
-  ::pthread_atfork([] { context_mutex().lock(); }, [] { context_mutex().unlock(); },
-                   [] { context_mutex().unlock(); });
-  return m;
-}
-std::mutex* const g_context_mutex = make_context_mutex();
-
-std::mutex& context_mutex() {
-  return *g_context_mutex;
-}
+// for ever in its first Context::get. Made, and its atfork handlers registered, when the
+// library is loaded, not at first use: a fork() while another thread ran a function-local
+// static's first initialization leaves the child waiting for ever on the copied guard
+// (seen: 1 child in about 1,000, in __cxa_guard_acquire). Never destroyed: atfork handlers
+// outlive static destructors.
+std::mutex& g_context_mutex = *new std::mutex;
+const bool g_context_mutex_held_across_fork = [] {
+  ::pthread_atfork([] { g_context_mutex.lock(); }, [] { g_context_mutex.unlock(); },
+                   [] { g_context_mutex.unlock(); });
+  return true;
+}();
 
 }  // namespace
 
 std::shared_ptr<Context> Context::get() {
   static std::weak_ptr<Context> cached;
   quiet_ucx();
-  std::lock_guard<std::mutex> lock(context_mutex());
+  std::lock_guard<std::mutex> lock(g_context_mutex);
   auto c = cached.lock();
   if (c && inherited(c->generation_)) {
     // fork() while the parent's context was alive. UCX 1.13 keeps one async thread per
@@ -156,7 +151,7 @@ std::shared_ptr<Context> Context::get() {
 }
 
 Context::Context() : generation_(os::fork_generation()) {
-  if (generation_ != 0) {
+  if (os::forked()) {
     // A forked child. UCX's memory-event hooks (libucm) may be patched into this process
     // with their lock as fork() copied it: held by a thread of the parent that was in an
     // mmap() or munmap() under the hooks, or installing them, at that moment, a holder that

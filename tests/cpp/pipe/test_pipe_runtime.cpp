@@ -347,6 +347,21 @@ TEST(PipeRuntime, AChildThatOnlyExitsLeavesTheParentsPipesWorking) {
   EXPECT_EQ(p.connected->recv(nullptr, 20s).get("v").data<float>()[0], 4.f);
 }
 
+namespace {
+
+// The child of the two tests below: starts UCX (or fails at once saying why) and connects
+// to a port nothing listens on. 0 when that ends in an Error; a child that waits for ever
+// dies of SIGALRM (code 142).
+int connect_to_a_closed_port() {
+  ::alarm(10);
+  try {
+    TensorDictPipe::connect("127.0.0.1", 1, {.connect_timeout = 2s});
+    return 30;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
 // Once UCX has started in a process, its memory hooks (libucm) hold a lock for reading in
 // every mmap() and munmap() of any thread. A fork() meanwhile copies that lock held into the
 // child, by a thread that does not exist there, and a child that starts UCX (no context was
@@ -363,6 +378,8 @@ void hold(ucm_event_type_t, ucm_event_t* event, void*) {
 }
 }  // namespace hook
 
+}  // namespace
+
 TEST(PipeRuntime, AChildForkedDuringAnotherThreadsMunmapStartsUcxAfresh) {
   { PipeListener started(0); }  // UCX started here (hooks installed); no context alive after
   const size_t size = 1 << 20;
@@ -376,15 +393,7 @@ TEST(PipeRuntime, AChildForkedDuringAnotherThreadsMunmapStartsUcxAfresh) {
       ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, &hook::hold, nullptr) == UCS_OK;
   std::thread unmapper([&] { ::munmap(region, size); });
   while (hooked && hook::phase.load() != 1) std::this_thread::yield();
-  const int code = in_forked_child([] {
-    ::alarm(10);  // a child that waits for ever dies of SIGALRM (code 142)
-    try {
-      TensorDictPipe::connect("127.0.0.1", 1, {.connect_timeout = 2s});
-      return 30;
-    } catch (const Error&) {
-      return 0;
-    }
-  });
+  const int code = in_forked_child(connect_to_a_closed_port);
   hook::phase = 2;
   unmapper.join();
   if (hooked) ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &hook::hold, nullptr);
@@ -404,16 +413,7 @@ TEST(PipeRuntime, AChildForkedWhileAnotherThreadStartsUcxDoesNotWaitForIt) {
   });
   while (!starting) {
   }
-  EXPECT_EQ(in_forked_child([] {
-              ::alarm(10);  // a child that waits for ever dies of SIGALRM
-              try {
-                TensorDictPipe::connect("127.0.0.1", 1, {.connect_timeout = 2s});
-                return 30;
-              } catch (const Error&) {
-                return 0;
-              }
-            }),
-            0);
+  EXPECT_EQ(in_forked_child(connect_to_a_closed_port), 0);
   starter.join();
 }
 
