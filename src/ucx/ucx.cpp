@@ -119,9 +119,40 @@ void quiet_ucx() {
 // (seen: 1 child in about 1,000, in __cxa_guard_acquire). Never destroyed: atfork handlers
 // outlive static destructors.
 std::mutex& g_context_mutex = *new std::mutex;
-const bool g_context_mutex_held_across_fork = [] {
-  ::pthread_atfork([] { g_context_mutex.lock(); }, [] { g_context_mutex.unlock(); },
-                   [] { g_context_mutex.unlock(); });
+
+}  // namespace
+
+// libucm's lock around its memory events (a read-write lock: read in every mmap() and
+// munmap() under its hooks, written while a handler is added or removed, by ucp_init and
+// ucp_cleanup). Exported by UCX 1.13, declared in no installed header; weak, so that a UCX
+// that keeps them private still loads (a fork then relies on the child's events being off,
+// Context()).
+extern "C" {
+void ucm_event_enter() __attribute__((weak));
+void ucm_event_leave() __attribute__((weak));
+}
+
+namespace {
+
+// Taken around fork(), in this order: the context mutex (ucp_init, under it, writes libucm's
+// lock), then libucm's lock for reading (the default rwlock prefers readers: never waits for
+// a thread that is itself only reading). So fork() waits for a thread that is adding or
+// removing a memory-event handler (another thread's ucp_cleanup as its last pipe closes),
+// instead of copying that lock held for writing into the child, where every mmap() under the
+// hooks (a large malloc) would wait for ever.
+bool ucm_lock_reachable() {
+  return ucm_event_enter != nullptr && ucm_event_leave != nullptr;
+}
+void take_ucx_locks() {
+  g_context_mutex.lock();
+  if (ucm_lock_reachable()) ucm_event_enter();
+}
+void release_ucx_locks() {
+  if (ucm_lock_reachable()) ucm_event_leave();
+  g_context_mutex.unlock();
+}
+const bool g_ucx_locks_held_across_fork = [] {
+  ::pthread_atfork(take_ucx_locks, release_ucx_locks, release_ucx_locks);
   return true;
 }();
 

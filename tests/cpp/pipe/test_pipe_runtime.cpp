@@ -400,6 +400,41 @@ TEST(PipeRuntime, AChildForkedDuringAnotherThreadsMunmapStartsUcxAfresh) {
   EXPECT_EQ(code, 0);
 }
 
+// libucm's own lock functions (exported by UCX 1.13, in no installed header).
+extern "C" {
+void ucm_event_enter_exclusive() __attribute__((weak));
+void ucm_event_leave() __attribute__((weak));
+}
+
+// A thread adding or removing a memory-event handler (ucp_init, or ucp_cleanup as another
+// thread's last pipe closes) holds libucm's lock for writing. A fork() meanwhile must wait
+// for it: a child that got the lock copied held would wait for ever in its first mmap()
+// under the hooks (before the fix: this child died of its SIGALRM). Here a thread of the test
+// holds the lock for 300 ms while the main thread forks.
+TEST(PipeRuntime, AForkWaitsForAThreadHoldingUcxsMemoryEventLockForWriting) {
+  ASSERT_TRUE(ucm_event_enter_exclusive != nullptr && ucm_event_leave != nullptr)
+      << "this UCX does not export libucm's event lock";
+  { PipeListener started(0); }  // UCX started here (hooks installed); no context alive after
+  std::atomic<bool> held{false};
+  std::thread writer([&] {
+    ucm_event_enter_exclusive();
+    held = true;
+    std::this_thread::sleep_for(300ms);
+    ucm_event_leave();
+  });
+  while (!held.load()) std::this_thread::yield();
+  const int code = in_forked_child([] {
+    ::alarm(10);
+    const size_t size = 1 << 20;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 40;
+    ::munmap(p, size);
+    return connect_to_a_closed_port();
+  });
+  writer.join();
+  EXPECT_EQ(code, 0);
+}
+
 // ctest runs each test in a process of its own: the thread below starts the process's UCX
 // (ucp_init takes milliseconds), and the fork lands while it runs. The child must not
 // wait for ever on what that thread held (it used to, on the context's mutex): it fails at
