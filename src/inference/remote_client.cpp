@@ -73,11 +73,8 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
       if (m->length > kMaxSpecBytes)
         throw ProtocolError("remote inference spec of " + std::to_string(m->length) +
                             " bytes (at most " + std::to_string(kMaxSpecBytes) + ")");
-      std::vector<std::byte> buf(m->length);
-      size_t len = 0;
-      ucx::Request req = ep->recv(m->message, buf, &len);
-      while (!req.done()) worker->progress();
-      spec = wire::decode_owned(decoder, buf);
+      spec = wire::decode_owned(
+          decoder, ucx::receive_probed(*worker, *ep, m->message, m->length, deadline, what));
     }
     request = SlotLayout::from_spec(specs[0], 1, "the server's request_spec");
     response = SlotLayout::from_spec(specs[1], 1, "the server's response_spec");
@@ -138,7 +135,8 @@ void RemoteLink::step() {
     }
     reap_orphans();
     if (auto c = ucx::take_control(*worker, *ep, remote::tag(remote::Kind::Control),
-                                   ucx::kMaxControlFrame, wire::Limits{}, "control message")) {
+                                   ucx::kMaxControlFrame, wire::Limits{}, "control message",
+                                   frame_deadline())) {
       if (c->is_object() && c->contains("error"))
         fail("the remote inference server at " + address + " closed the connection: " +
                  ((*c)["error"].is_string() ? (*c)["error"].get<std::string>() : c->dump()),
@@ -156,6 +154,8 @@ void RemoteLink::step() {
            false);
   } catch (const ProtocolError& e) {
     fail(e.what(), true);
+  } catch (const ClosedError& e) {  // a server that stopped in the middle of a message
+    fail(e.what(), false);
   }
   check();
 }
@@ -168,7 +168,8 @@ void RemoteLink::reap_orphans() {
       done = o.recv.done() && o.send.done();
       if (!done) {
         if (auto f = ucx::take_control(*worker, *ep, remote::tag(remote::Kind::Failure, o.seq),
-                                       ucx::kMaxControlFrame, wire::Limits{}, "failure")) {
+                                       ucx::kMaxControlFrame, wire::Limits{}, "failure",
+                                       frame_deadline())) {
           o.recv.cancel(worker->handle());
           done = true;
         }
@@ -267,9 +268,9 @@ class RemotePending final : public Pending {
     try {
       link_->step();
       if (r_->recv.done() && r_->send.done()) return finish();
-      if (auto f = ucx::take_control(*link_->worker, *link_->ep,
-                                     remote::tag(remote::Kind::Failure, r_->seq),
-                                     ucx::kMaxControlFrame, wire::Limits{}, "failure")) {
+      if (auto f = ucx::take_control(
+              *link_->worker, *link_->ep, remote::tag(remote::Kind::Failure, r_->seq),
+              ucx::kMaxControlFrame, wire::Limits{}, "failure", link_->frame_deadline())) {
         failure_ = remote::parse_failure(*f);
         r_->recv.cancel(link_->worker->handle());
         return finish();

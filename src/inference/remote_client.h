@@ -13,6 +13,7 @@
 #include "runtime/heartbeat.h"
 #include "slot_layout.h"
 #include "tensorwire/inference/remote_transport.h"
+#include "ucx/control.h"
 #include "ucx/heartbeats.h"
 #include "ucx/ucx.h"
 #include "ucx/worker_wait.h"
@@ -32,6 +33,8 @@ class RemoteLink : public runtime::Beating {
   void wait(Deadline slice, uint64_t seen);
   void fail(const std::string& why, bool protocol);  // under mu
   void check() const;                                // under mu: throws the failure
+  // How long the rest of a message that began to arrive may take (ucx::frame_deadline).
+  Deadline frame_deadline() const { return ucx::frame_deadline(options_.liveness_timeout); }
   void beat() noexcept override;
 
   std::mutex mu;

@@ -305,8 +305,9 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     }
     if (ep_->error() != UCS_OK)
       throw ClosedError(peer_ + " lost: " + ucs_status_string(ep_->error()));
-    if (auto c = ucx::take_control(*worker_, *ep_, ctl, ucx::kMaxControlFrame, limits,
-                                   "control message")) {
+    if (auto c =
+            ucx::take_control(*worker_, *ep_, ctl, ucx::kMaxControlFrame, limits, "control message",
+                              ucx::frame_deadline(s_.options.liveness_timeout))) {
       if (c->is_object() && c->contains("error"))
         throw ClosedError(peer_ + " closed after an error: " + (*c)["error"].dump());
       return;  // the client closed

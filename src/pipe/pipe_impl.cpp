@@ -44,9 +44,12 @@ ucx::Request PipeImpl::post_control(const Json& body) {
 // that fails the pipe. Under mu_.
 std::optional<Json> PipeImpl::take_control(uint64_t tag, size_t max_bytes, const char* what) {
   try {
-    return ucx::take_control(*worker_, *ep_, tag, max_bytes, options_.limits, what);
+    return ucx::take_control(*worker_, *ep_, tag, max_bytes, options_.limits, what,
+                             ucx::frame_deadline(options_.liveness_timeout));
   } catch (const ProtocolError& e) {
     fail(e.what(), Fault::PeerBrokeProtocol);
+  } catch (const ClosedError& e) {
+    fail(e.what(), Fault::ConnectionLost);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "ucx/control.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/wait.h"
@@ -30,26 +31,54 @@ void wait_for(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
 
 }  // namespace
 
+Deadline frame_deadline(std::chrono::milliseconds liveness_timeout) {
+  return Deadline::after(liveness_timeout.count() > 0 ? liveness_timeout
+                                                      : std::chrono::seconds(10));
+}
+
+std::vector<std::byte> receive_probed(Worker& worker, Endpoint& ep, ucp_tag_message_h m,
+                                      size_t length, Deadline finish, const char* what) {
+  // On the heap, with the length UCX writes on completion: both may outlive a receive given up.
+  struct Incoming {
+    std::vector<std::byte> bytes;
+    size_t got = 0;
+  };
+  auto in = std::make_shared<Incoming>();
+  in->bytes.resize(length);
+  Request req = ep.recv(m, in->bytes, &in->got);
+  for (int idle = 0; !req.done();) {
+    if (ep.error() != UCS_OK || finish.passed()) {
+      worker.keep_until_destroyed(in);
+      throw ClosedError(std::string(what) + ": " + ep.peer() +
+                        " stopped in the middle of a message of " + std::to_string(length) +
+                        " bytes");
+    }
+    // The rest is usually microseconds away; a peer that stopped costs no CPU.
+    if (worker.progress() != 0)
+      idle = 0;
+    else if (++idle > 64)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return std::move(in->bytes);
+}
+
 std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, size_t max_bytes,
-                                 const wire::Limits& limits, const char* what) {
+                                 const wire::Limits& limits, const char* what, Deadline finish) {
   auto m = ep.probe(tag);
   if (!m) return std::nullopt;
-  std::vector<std::byte> buf;
   try {
     wire::check_control_length(m->first, max_bytes, what);
-    buf.resize(m->first);
-  } catch (...) {
-    // Received into a scratch buffer and dropped, so it does not stay in UCX's queue.
-    std::vector<std::byte> scratch(m->first);
-    size_t got = 0;
-    Request req = ep.recv(m->second, scratch, &got);
-    while (!req.done()) worker.progress();
+  } catch (const ProtocolError&) {
+    // Taken off UCX's queue into a few bytes, never the length it announces: UCX ends such a
+    // receive as truncated (a rendezvous moves no data then).
+    try {
+      receive_probed(worker, ep, m->second, 16, finish, what);
+    } catch (const Error&) {
+    }
     throw;
   }
-  size_t got = 0;
-  Request req = ep.recv(m->second, buf, &got);
-  while (!req.done()) worker.progress();
-  return wire::parse_control_frame(buf, limits, what);
+  return wire::parse_control_frame(receive_probed(worker, ep, m->second, m->first, finish, what),
+                                   limits, what);
 }
 
 void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline) {
@@ -62,7 +91,8 @@ Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits
                   Deadline deadline, const char* what) {
   Json body;
   wait_for(worker, ep, deadline, what, [&] {
-    std::optional<Json> got = take_control(worker, ep, tag, kMaxControlFrame, limits, what);
+    std::optional<Json> got =
+        take_control(worker, ep, tag, kMaxControlFrame, limits, what, deadline);
     if (got) body = std::move(*got);
     return got.has_value();
   });

@@ -18,10 +18,23 @@ namespace tensorwire::ucx {
 // Control frames are small; anything bigger breaks the protocol.
 inline constexpr size_t kMaxControlFrame = 64 * 1024 + 40;
 
-// One control frame that arrived on `tag`, if any, received and validated (at most
-// `max_bytes`, one frame of kind Control: ProtocolError naming `what` otherwise).
+// A probed message's rest comes only as its peer goes on. One that stops in the middle (a
+// SIGSTOP, a link cut, a hostile client) must not hold whoever receives it: receiving it
+// ends at a deadline, for a caller that polls and has none of its own this one: the
+// connection's liveness timeout (10 s with liveness checks off).
+Deadline frame_deadline(std::chrono::milliseconds liveness_timeout);
+
+// Receives the probed message `m` of `length` bytes (the caller checked it against its
+// bound) and returns them. ClosedError naming `what` at `finish` or once the endpoint fails;
+// the worker then keeps the buffer (Worker::keep_until_destroyed).
+std::vector<std::byte> receive_probed(Worker& worker, Endpoint& ep, ucp_tag_message_h m,
+                                      size_t length, Deadline finish, const char* what);
+
+// One control frame that arrived on `tag`, if any, received (by `finish`, as above) and
+// validated (at most `max_bytes`, one frame of kind Control: ProtocolError naming `what`
+// otherwise; a longer one is dropped without allocating what it announces).
 std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, size_t max_bytes,
-                                 const wire::Limits& limits, const char* what);
+                                 const wire::Limits& limits, const char* what, Deadline finish);
 
 // Sends `body` on `tag` and waits until the send completed, until `deadline` (TimeoutError).
 void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline);

@@ -16,13 +16,15 @@ constexpr int kMaxHeartbeatsPerBeat = 64;
 std::optional<std::chrono::milliseconds> Heartbeats::start(
     int64_t peer_heartbeat_ms, std::chrono::milliseconds liveness_timeout) {
   frame_ = wire::control_frame({{"heartbeat", true}});
+  timeout_ = liveness_timeout;
   return liveness_.start(peer_heartbeat_ms, liveness_timeout, Clock::now());
 }
 
 std::optional<std::string> Heartbeats::beat(Worker& worker, Endpoint& ep, uint64_t tag,
                                             const wire::Limits& limits, const std::string& peer) {
   for (int i = 0; i < kMaxHeartbeatsPerBeat; ++i) {
-    std::optional<Json> got = take_control(worker, ep, tag, kMaxHeartbeat, limits, "heartbeat");
+    std::optional<Json> got =
+        take_control(worker, ep, tag, kMaxHeartbeat, limits, "heartbeat", frame_deadline(timeout_));
     if (!got) break;
     if (!got->is_object() || !got->contains("heartbeat"))
       throw ProtocolError("a heartbeat must be {\"heartbeat\": true}, got " + got->dump());

@@ -32,6 +32,7 @@ class Heartbeats {
 
  private:
   runtime::PeerLiveness liveness_;
+  std::chrono::milliseconds timeout_{0};  // the liveness timeout start() was given
   std::vector<std::byte> frame_;
   Request in_flight_;
 };

@@ -103,6 +103,10 @@ class Worker {
   // This worker's address (every transport it can be reached by), for a peer's
   // Endpoint(worker, address).
   std::vector<std::byte> address() const;
+  // Keeps `buffer` until the worker is destroyed: a receive given up in flight (its peer
+  // stopped in the middle of a message) is released to UCX, which may still write into it
+  // if the peer goes on. Called by the thread that holds the worker.
+  void keep_until_destroyed(std::shared_ptr<void> buffer) { kept_.push_back(std::move(buffer)); }
 
  private:
   std::shared_ptr<Context> context_;
@@ -110,6 +114,7 @@ class Worker {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::atomic<uint64_t> events_{0};
+  std::vector<std::shared_ptr<void>> kept_;  // destroyed after the worker (declared last)
 };
 
 // An outstanding send or receive. Poll with done(); completed requests are freed.

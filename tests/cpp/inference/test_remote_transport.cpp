@@ -84,7 +84,7 @@ struct RawClient {
     while (std::chrono::steady_clock::now() < until) {
       worker.progress();
       if (auto j = ucx::take_control(worker, *ep, remote::tag(remote::Kind::Control),
-                                     ucx::kMaxControlFrame, {}, "test"))
+                                     ucx::kMaxControlFrame, {}, "test", Deadline::after(2s)))
         return j->dump();
     }
     return "";
@@ -177,6 +177,43 @@ TEST(RemoteTransport, AMalformedControlFrameEndsOnlyThatConnection) {
   EXPECT_NE(evil.error().find("error"), std::string::npos);
   EXPECT_TRUE(eventually([&] { return t->refused() == 1; }));
   EXPECT_EQ(action0(good(observation(4), 5s)), 8);
+}
+
+// A client that starts a control frame larger than any before its handshake (1 MiB: a
+// rendezvous, whose data comes only as the client progresses) and then stops: a hostile
+// client, a SIGSTOP, a link cut. The server refuses it without allocating what the frame
+// announces, serves the others, and closes promptly (its connection thread waited for the
+// rest for ever, and the transport's destructor for that thread).
+TEST(RemoteTransport, AClientThatStopsInTheMiddleOfAnOversizedFrameHoldsNothing) {
+  ::setenv("UCX_TLS", "tcp", 1);  // over TCP the rendezvous needs the sender
+  auto t = make_remote(4);
+  ucx::Worker worker;
+  ucx::Endpoint ep(worker, "127.0.0.1", t->port());
+  std::atomic<bool> closed{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 300 && !closed.load(); ++i) std::this_thread::sleep_for(100ms);
+    if (closed.load()) return;
+    std::fprintf(stderr, "the transport still waits for the rest of the frame\n");
+    std::_Exit(1);  // nothing can be joined
+  });
+  {
+    InferenceServer server(double_policy, t);
+    server.start();
+    ucx::wait_wired_up(worker, ep, Deadline::after(5s), "test");
+    std::vector<std::byte> frame(1 << 20);
+    // Posting it sends the rendezvous' announcement; from here on the client does nothing.
+    ucx::Request sent = ep.send(remote::tag(remote::Kind::Control), frame);
+    EXPECT_TRUE(eventually([&] { return t->refused() == 1; }));
+    EXPECT_NE(t->last_refusal().find("1048576 bytes"), std::string::npos) << t->last_refusal();
+    EXPECT_EQ(action0(connect_to(*t)(observation(2), 5s)), 4);
+    const auto start = std::chrono::steady_clock::now();
+    server.shutdown(Timeout(5s));
+    t.reset();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+    sent.cancel(worker.handle());
+  }
+  closed = true;
+  watchdog.join();
 }
 
 TEST(RemoteTransport, AClientGoneMidRequestGivesItsSlotsBack) {

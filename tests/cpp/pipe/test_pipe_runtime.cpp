@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
+#include "pipe/pipe_impl.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
 #include "tensorwire/runtime/interrupt.h"
@@ -287,6 +289,46 @@ TEST(PipeRuntime, NothingListeningIsConnectionRefusedNamingHostAndPort) {
   } catch (const ConnectionRefused& e) {
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos);
   }
+}
+
+// A client that starts a control frame larger than any (1 MiB: a rendezvous, whose data
+// comes only as the client progresses) and then stops: a hostile client, a SIGSTOP, a link
+// cut. The listener refuses it without allocating what the frame announces, and neither
+// accept() nor close() waits for the rest (both did, for ever).
+TEST(PipeRuntime, AClientThatStopsInTheMiddleOfAnOversizedHandshakeFrameHoldsNothing) {
+  ::setenv("UCX_TLS", "tcp", 1);  // over TCP the rendezvous needs the sender
+  PipeListener listener(0, {.connect_timeout = 2s});
+  std::promise<std::optional<TensorDictPipe>> accepted;
+  auto got = accepted.get_future();
+  std::thread acceptor([&] {
+    try {
+      accepted.set_value(listener.accept(4s));
+    } catch (...) {
+      accepted.set_exception(std::current_exception());
+    }
+  });
+  ucx::Worker worker;
+  ucx::Endpoint ep(worker, "127.0.0.1", listener.port());
+  ucx::Request flushed = ep.flush();
+  for (auto until = Clock::now() + 5s; !flushed.done() && Clock::now() < until;) worker.progress();
+  std::vector<std::byte> frame(1 << 20);
+  // A few progress calls send the rendezvous' announcement (microseconds: long before the
+  // listener's request for the data comes back); from here on the client does nothing.
+  ucx::Request sent = ep.send(detail::kControlTag, frame);
+  for (int i = 0; i < 20; ++i) worker.progress();
+  if (got.wait_for(10s) != std::future_status::ready) {
+    ADD_FAILURE() << "accept() still waits for the rest of the frame";
+    std::fflush(nullptr);
+    std::_Exit(1);  // the acceptor cannot be joined
+  }
+  acceptor.join();
+  EXPECT_FALSE(got.get().has_value());
+  EXPECT_EQ(listener.refused(), 1u);
+  EXPECT_NE(listener.last_refusal().find("control"), std::string::npos) << listener.last_refusal();
+  const auto start = Clock::now();
+  listener.close();
+  EXPECT_LT(Clock::now() - start, 2s);
+  sent.cancel(worker.handle());
 }
 
 TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
