@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <limits>
 #include <optional>
@@ -21,7 +22,9 @@ namespace tensorwire::detail {
 namespace {
 
 size_t page_size() {
-  static const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // Asked each time (glibc answers from memory): a function-local static would be a guard
+  // that a fork() during its first initialization leaves held in the child.
+  const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   return p;
 }
 
@@ -62,18 +65,33 @@ size_t default_limit() {
 
 }  // namespace
 
+namespace {
+// Published by an atomic exchange, not a function-local static: a fork() while another
+// thread ran such a static's first initialization would leave the child waiting for ever
+// on its copied guard (docs/design.md, "Fork awareness"). Never destroyed.
+std::atomic<BlockCache*> g_cache{nullptr};
+}  // namespace
+
 BlockCache& BlockCache::instance() {
-  static BlockCache* cache = [] {
-    auto* c = new BlockCache();
-    // fork() from another thread while this lock is held would leave it locked forever in
-    // the child: take it around fork.
-    ::pthread_atfork([] { BlockCache::instance().mu_.lock(); },
-                     [] { BlockCache::instance().mu_.unlock(); },
-                     [] { BlockCache::instance().mu_.unlock(); });
-    return c;
-  }();
-  return *cache;
+  if (BlockCache* c = g_cache.load(std::memory_order_acquire)) return *c;
+  auto* fresh = new BlockCache();
+  BlockCache* first = nullptr;
+  if (!g_cache.compare_exchange_strong(first, fresh, std::memory_order_acq_rel)) {
+    delete fresh;  // another thread published one first
+    return *first;
+  }
+  // fork() from another thread while this lock is held would leave it locked forever in
+  // the child: take it around fork.
+  ::pthread_atfork([] { BlockCache::instance().mu_.lock(); },
+                   [] { BlockCache::instance().mu_.unlock(); },
+                   [] { BlockCache::instance().mu_.unlock(); });
+  return *fresh;
 }
+
+namespace {
+// Made when the library is loaded (one thread), so that no fork races its making.
+const bool g_cache_made_at_load = (BlockCache::instance(), true);
+}  // namespace
 
 BlockCache::BlockCache() : limit_(default_limit()) {}
 

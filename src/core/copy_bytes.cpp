@@ -30,6 +30,12 @@ void futex_wake(std::atomic<uint32_t>& word) {
 // half takes it back (Posted -> Idle) and copies it too: on a busy machine the helper may
 // not get a CPU soon, and waiting for it would be slower than one thread. `claimed` makes
 // sure only one caller at a time uses the slot.
+// Read when the library is loaded, not in a function-local static: a fork() while another
+// thread ran that static's first initialization would leave the child's first large copy
+// waiting for ever on its copied guard (docs/design.md, "Fork awareness"). The atomics of
+// get() below are constant-initialized: no guard.
+const bool g_multi_cpu = std::thread::hardware_concurrency() > 1;
+
 class CopyHelper {
  public:
   enum : uint32_t { kIdle = 0, kPosted = 1, kRunning = 2, kDone = 3 };
@@ -39,8 +45,7 @@ class CopyHelper {
   static CopyHelper* get() noexcept {
     static std::atomic<CopyHelper*> current{nullptr};
     static std::atomic<pid_t> owner{0};
-    static const bool multi = std::thread::hardware_concurrency() > 1;
-    if (!multi) return nullptr;
+    if (!g_multi_cpu) return nullptr;
     const pid_t pid = ::getpid();
     CopyHelper* h = current.load(std::memory_order_acquire);
     if (h && owner.load(std::memory_order_acquire) == pid) return h;

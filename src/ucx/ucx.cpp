@@ -119,6 +119,8 @@ void quiet_ucx() {
 // (seen: 1 child in about 1,000, in __cxa_guard_acquire). Never destroyed: atfork handlers
 // outlive static destructors.
 std::mutex& g_context_mutex = *new std::mutex;
+// The process's context while one is alive, under g_context_mutex; made at load like it.
+std::weak_ptr<Context>& g_context = *new std::weak_ptr<Context>;
 
 }  // namespace
 
@@ -159,10 +161,9 @@ const bool g_ucx_locks_held_across_fork = [] {
 }  // namespace
 
 std::shared_ptr<Context> Context::get() {
-  static std::weak_ptr<Context> cached;
   quiet_ucx();
   std::lock_guard<std::mutex> lock(g_context_mutex);
-  auto c = cached.lock();
+  auto c = g_context.lock();
   if (c && inherited(c->generation_)) {
     // fork() while the parent's context was alive. UCX 1.13 keeps one async thread per
     // process (it drives connection set-up) and does not reset it in a forked child: a
@@ -176,7 +177,7 @@ std::shared_ptr<Context> Context::get() {
   }
   if (!c) {
     c = std::shared_ptr<Context>(new Context());
-    cached = c;
+    g_context = c;
   }
   return c;
 }
