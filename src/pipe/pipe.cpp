@@ -209,17 +209,17 @@ bool TensorDictPipe::last_recv_was_new_schema() const {
   return impl_->last_new_schema();
 }
 
-std::future<void> TensorDictPipe::send_async(TensorDict td) {
+std::future<void> TensorDictPipe::send_async(TensorDict td, Timeout timeout) {
   auto impl = impl_;
   return std::async(std::launch::async,
-                    [impl, td = std::move(td)] { impl->send(td, Timeout::forever()); });
+                    [impl, td = std::move(td), timeout] { impl->send(td, timeout); });
 }
 
-std::future<TensorDict> TensorDictPipe::recv_async() {
+std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
   auto impl = impl_;
   // A copy of the structure: the caller owns it, its tensors share the received storage.
   return std::async(std::launch::async,
-                    [impl] { return TensorDict(impl->recv(nullptr, Timeout::forever())); });
+                    [impl, timeout] { return TensorDict(impl->recv(nullptr, timeout)); });
 }
 
 void TensorDictPipe::start_send(const TensorDict& td) {

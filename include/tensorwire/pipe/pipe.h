@@ -77,9 +77,11 @@ class TensorDictPipe {
   // True when the last recv() started a new structure (a new TensorDict object).
   bool last_recv_was_new_schema() const;
 
-  // Futures: the operation runs on a helper thread.
-  std::future<void> send_async(TensorDict td);
-  std::future<TensorDict> recv_async();
+  // Futures: the blocking form runs on a helper thread, until `timeout` (TimeoutError from
+  // get()). As with any std::async future, destroying one waits for its operation: bound
+  // it with a timeout, or close() the pipe (from any thread), which ends it with ClosedError.
+  std::future<void> send_async(TensorDict td, Timeout timeout = Timeout::forever());
+  std::future<TensorDict> recv_async(Timeout timeout = Timeout::forever());
 
   // Non-blocking forms for event loops: each advances the operation as far as it can.
   // start_send() then poll_send() until true; poll_recv() until it returns a dict.

@@ -331,6 +331,30 @@ TEST(PipeRuntime, AClientThatStopsInTheMiddleOfAnOversizedHandshakeFrameHoldsNot
   sent.cancel(worker.handle());
 }
 
+// A future's destructor waits for its operation (std::async): a timeout bounds it, and a
+// close() from another thread ends it.
+TEST(PipeRuntime, AsyncFormsEndAtTheirTimeoutOrWhenThePipeCloses) {
+  Pair p;
+  auto timed = p.connected->recv_async(200ms);
+  ASSERT_EQ(timed.wait_for(5s), std::future_status::ready);
+  EXPECT_THROW(timed.get(), TimeoutError);
+  auto pending = p.connected->recv_async();
+  EXPECT_EQ(pending.wait_for(100ms), std::future_status::timeout);
+  p.connected->close();
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready);
+  EXPECT_THROW(pending.get(), ClosedError);
+  auto refused = p.connected->send_async(small(1.f), 1s);
+  ASSERT_EQ(refused.wait_for(5s), std::future_status::ready);
+  EXPECT_THROW(refused.get(), ClosedError);
+  // To a peer that closed: sent into UCX's buffers or failed, either way in time.
+  auto sent = p.accepted->send_async(small(2.f), 5s);
+  ASSERT_EQ(sent.wait_for(10s), std::future_status::ready);
+  try {
+    sent.get();
+  } catch (const ClosedError&) {
+  }
+}
+
 TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
   PipeListener first(0);
   try {
