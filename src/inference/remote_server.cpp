@@ -129,6 +129,7 @@ void RemoteServer::free_slot(uint32_t i) {
 
 void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sender) {
   RemoteSlot& s = slots[slot];
+  if (s.state == RemoteSlot::Free || s.state == RemoteSlot::Answering) return;  // answered once
   auto it = conns.find(s.conn);
   if (it == conns.end()) return free_slot(slot);  // its client is gone: the request is dropped
   if (s.state == RemoteSlot::Ready || s.state == RemoteSlot::Taken) --it->second->unanswered;

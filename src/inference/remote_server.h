@@ -124,7 +124,7 @@ class RemoteServer {
   // (RemoteConnection::send_now). Never Caller from a connection's thread.
   enum class Sender { Connection, Caller };
   // Under mu: sends or queues an answer for the slot's connection, or frees the slot when
-  // the connection is gone.
+  // the connection is gone. A slot already answered (or free) is left alone.
   void answer(uint32_t slot, std::optional<Json> failure, Sender sender = Sender::Connection);
   void refuse(const std::string& why);
   // Serving thread, not under mu: takes in the requests that arrived on connections whose
@@ -230,7 +230,8 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
 };
 
 // The server side one request at a time, for adapters whose own server batches
-// (tensorwire.torchrl under torchrl's InferenceServer), as ShmAccess (shm_rows.h).
+// (tensorwire.torchrl under torchrl's InferenceServer), as ShmAccess (shm_rows.h). A slot
+// that is no longer Taken (answered already) is not answered again: a no-op.
 struct RemoteAccess {
   static TensorDict request_row(const RemoteTransport& t, uint32_t slot);
   static void resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response);

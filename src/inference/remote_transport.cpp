@@ -197,16 +197,22 @@ TensorDict RemoteAccess::request_row(const RemoteTransport& t, uint32_t slot) {
   return s.request.row(s.request_bank, slot);
 }
 
+// Only a slot the policy still works on is answered: torchrl's server fails every request
+// of a batch when answering one of them raised, and those answered before must keep their
+// answer (a second write would overwrite a response being sent, a second free would give
+// the slot to two clients).
 void RemoteAccess::resolve_one(RemoteTransport& t, uint32_t slot, const TensorDict& response) {
   RemoteServer& s = taken_slot(t, slot, t.s_);
-  write_response_row(s.response, s.response_bank.data(), slot, response);
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.slots[slot].state != RemoteSlot::Taken) return;
+  write_response_row(s.response, s.response_bank.data(), slot, response);
   s.answer(slot, std::nullopt);
 }
 
 void RemoteAccess::reject_one(RemoteTransport& t, uint32_t slot, const RemoteError& error) {
   RemoteServer& s = taken_slot(t, slot, t.s_);
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.slots[slot].state != RemoteSlot::Taken) return;
   s.answer(slot, wire::remote::failure_json({error.type_name(), error.message(), false}));
 }
 

@@ -217,14 +217,17 @@ TensorDict ShmAccess::request_row(const SharedMemoryTransport& t, uint32_t slot)
 void ShmAccess::resolve_one(SharedMemoryTransport& t, uint32_t slot, const TensorDict& response) {
   ShmRegion& r = *t.region_;
   if (slot >= r.num_slots) throw ValueError("slot " + std::to_string(slot) + " out of range");
-  write_response_row(r.response, r.response_data(), slot, response);
   SlotControl& sc = r.slot(slot);
-  uint64_t w = sc.state.load(std::memory_order_relaxed);
-  if (state_of(w) == kTaken && sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
-                                                                std::memory_order_acq_rel))
-    r.notify_answered(slot);
-  else if (state_of(w) == kAbandoned)
-    r.free_slot(slot, w);
+  uint64_t w = sc.state.load(std::memory_order_acquire);
+  // Only the server leaves Taken, so the row is the server's to write; a slot answered
+  // already is left alone (see RemoteAccess::resolve_one): its owner may be reading it.
+  if (state_of(w) == kTaken) {
+    write_response_row(r.response, r.response_data(), slot, response);
+    if (sc.state.compare_exchange_strong(w, pack_state(kDone, owner_of(w)),
+                                         std::memory_order_acq_rel))
+      return r.notify_answered(slot);
+  }
+  if (state_of(w) == kAbandoned) r.free_slot(slot, w);  // its owner gave up meanwhile
 }
 
 void ShmAccess::reject_one(SharedMemoryTransport& t, uint32_t slot, const RemoteError& error) {
@@ -243,8 +246,9 @@ void SharedMemoryTransport::reject(const Drained& d, std::span<const size_t> row
   for (size_t row : rows) {
     const uint32_t i = static_cast<uint32_t>(d.ids[row]);
     SlotControl& sc = r.slot(i);
-    r.write_error(i, kPolicyError, error.type_name(), error.message());
-    uint64_t w = sc.state.load(std::memory_order_relaxed);
+    uint64_t w = sc.state.load(std::memory_order_acquire);
+    // As in resolve_one: an answered slot is not written again.
+    if (state_of(w) == kTaken) r.write_error(i, kPolicyError, error.type_name(), error.message());
     if (state_of(w) == kTaken &&
         sc.state.compare_exchange_strong(w, pack_state(kFailed, owner_of(w)),
                                          std::memory_order_acq_rel)) {

@@ -14,6 +14,7 @@ struct ShmAccess {
   static TensorDict request_row(const SharedMemoryTransport& t, uint32_t slot);
   // Answers the drained request in `slot` from one unbatched response (the declared keys
   // with the spec's shapes and dtypes: KeyError / ValueError otherwise, nothing written).
+  // Both answer a slot once: one no longer Taken (answered already) is left alone.
   static void resolve_one(SharedMemoryTransport& t, uint32_t slot, const TensorDict& response);
   static void reject_one(SharedMemoryTransport& t, uint32_t slot, const RemoteError& error);
 };

@@ -167,3 +167,58 @@ def test_torchrls_server_serves_remote_actors_unchanged():
     with InferenceServer(failing, t):
         with pytest.raises(ValueError, match="bad observation"):
             t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+
+
+# ---- a batch that fails after some of its requests were answered ---------------------
+
+def _drain(t, n):
+    items, callbacks = [], []
+    deadline = time.monotonic() + 10
+    while len(callbacks) < n and time.monotonic() < deadline:
+        t.wait_for_work(0.5)
+        more_items, more_callbacks = t.drain(n - len(callbacks))
+        items += more_items
+        callbacks += more_callbacks
+    assert len(callbacks) == n
+    return items, callbacks
+
+
+def _answer(value):
+    return TensorDict({"action": torch.full((2,), value), "policy_version": torch.tensor(3)})
+
+
+@pytest.mark.parametrize("kind", ["shared_memory", "remote"])
+def test_a_request_answered_before_its_batch_failed_keeps_its_answer(kind):
+    # torchrl's server answers a batch one callback at a time and, when one of those calls
+    # raises, fails every callback of the batch: the ones answered already must keep their
+    # answer and give their slot back once (not twice, which would hand it to two clients).
+    from tensorwire.torchrl import RemoteTransport
+
+    t = (SharedMemoryTransport(*specs(), num_slots=2) if kind == "shared_memory"
+         else RemoteTransport(*specs(), num_slots=2, host="127.0.0.1"))
+    c = t.client()
+    first = c.submit(TensorDict({"observation": torch.full((4,), 1.0)}))
+    second = c.submit(TensorDict({"observation": torch.full((4,), 2.0)}))
+    items, callbacks = _drain(t, 2)
+    if float(items[0]["observation"][0]) != 1.0:
+        callbacks.reverse()
+    t.resolve(callbacks[0], _answer(7.0))
+    t.resolve(callbacks[0], _answer(-1.0))  # a second answer is not written
+    for cb in callbacks:
+        t.resolve_exception(cb, ValueError("the batch failed"))
+    assert first.result(timeout=10)["action"].tolist() == [7.0, 7.0]
+    with pytest.raises(ValueError, match="the batch failed"):
+        second.result(timeout=10)
+    deadline = time.monotonic() + 10
+    while t._tw.slots_in_use and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t._tw.slots_in_use == 0
+    # Both slots serve again, each to one request.
+    clients = [t.client() for _ in range(2)]
+    with InferenceServer(sum_policy(), t, max_batch_size=2):
+        for round_ in range(20):
+            futures = [cl.submit(TensorDict({"observation": torch.full((4,), float(round_ + k))}))
+                       for k, cl in enumerate(clients)]
+            assert [f.result(timeout=10)["action"].tolist() for f in futures] == [
+                [4.0 * (round_ + k)] * 2 for k in range(2)]
+    assert t._tw.slots_in_use == 0
