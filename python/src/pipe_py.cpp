@@ -1,6 +1,10 @@
 // Bindings for TensorDictPipe, PipeListener and TensorDictServer, conversions only: blocking
 // calls are the C++ ones (they check for Ctrl-C), with the GIL released; the asyncio glue
 // (tensorwire/pipe.py) uses the poll_* forms and the wake-up fds.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -57,14 +61,26 @@ TensorDict* into_of(nb::handle td) {
 struct PyPipe {
   TensorDictPipe pipe;
   nb::object cached;  // PyTensorDict of the current schema (consolidated mode)
+  // The targets given to receives not completed yet (timed out, interrupted, an abandoned
+  // poll loop): the receive in flight writes into one of them (the one given when its
+  // message arrived), so they stay alive, and the call that completes it returns that one.
+  std::vector<nb::object> targets;
+  // What start_send() sends: UCX reads it until the send completes, even when the poll loop
+  // that started it is abandoned (a cancelled asend) and the caller drops it.
+  nb::object sent;
 
   // Runs `get(into)` (a receive) with the GIL released; what it received, or None.
   template <class Get>
   nb::object receive(nb::handle into_obj, Get&& get) {
     TensorDict* into = into_of(into_obj);
+    if (into && std::none_of(targets.begin(), targets.end(),
+                             [&](const nb::object& t) { return t.is(into_obj); }))
+      targets.push_back(nb::borrow(into_obj));
     TensorDict* got = (NoGil(), get(into));
     if (!got) return nb::none();
-    if (into && got == into) return nb::borrow(into_obj);
+    const std::vector<nb::object> given = std::exchange(targets, {});
+    for (const nb::object& t : given)
+      if (&nb::cast<PyTensorDict&>(t).td() == got) return t;
     const bool consolidated = pipe.options().consolidated;
     if (consolidated && !pipe.last_recv_was_new_schema() && cached.is_valid()) return cached;
     // A structural copy: it shares the received storage, so later in-place receives are
@@ -122,8 +138,8 @@ void bind_pipe(nb::module_& m) {
           "send",
           [](PyPipe& self, const PyTensorDict& td, Seconds timeout) {
             Timeout t = Timeout::seconds(timeout);
-            NoGil nogil;
-            self.pipe.send(td.td(), t);
+            (NoGil(), self.pipe.send(td.td(), t));
+            self.sent.reset();  // completed first
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(
@@ -134,12 +150,22 @@ void bind_pipe(nb::module_& m) {
           },
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
       .def("start_send",
-           [](PyPipe& self, const PyTensorDict& td) { self.pipe.start_send(td.td()); })
+           [](PyPipe& self, nb::handle td) {
+             self.pipe.start_send(nb::cast<const PyTensorDict&>(td).td());
+             self.sent = nb::borrow(td);
+           })
+      .def("sending",
+           [](PyPipe& self, const PyTensorDict& td) { return self.pipe.sending(td.td()); })
       // The asyncio forms spin up to spin_us (a reply may be microseconds away) before the
       // caller arms the wake-up fd (a trip through epoll costs tens of microseconds).
       .def(
-          "poll_send", [](PyPipe& self, int64_t spin) { return self.pipe.poll_send(us(spin)); },
-          nb::arg("spin_us") = 0, nb::call_guard<NoGil>())
+          "poll_send",
+          [](PyPipe& self, int64_t spin) {
+            const bool done = (NoGil(), self.pipe.poll_send(us(spin)));
+            if (done) self.sent.reset();
+            return done;
+          },
+          nb::arg("spin_us") = 0)
       .def(
           "poll_recv",
           [](PyPipe& self, nb::handle into, int64_t spin) {

@@ -129,11 +129,13 @@ class TensorDictPipe:
         self._waiter = _FdWaiter([impl.fd, impl.peer_fd])
         self._send_spin = _Spin()
         self._recv_spin = _Spin()
-        self._sending: Optional[TensorDict] = None  # the TensorDict of an asend in flight
-        self._recv_targets: list = []               # targets of receives in flight
-        self._receiving = False                     # an arecv is running
-        self._recv_owes_yield = False               # an arecv returned since the last yield
-        self._stalls = 0                            # waits in a row UCX would not arm for
+        # (what was passed, what is sent) for a send that may be in flight: one that timed
+        # out, was interrupted or cancelled. It is read until it completes, and a retry with
+        # the same object finishes it instead of sending it again.
+        self._unfinished: Optional[tuple] = None
+        self._receiving = False  # an arecv is running
+        self._recv_owes_yield = False  # an arecv returned since the last yield
+        self._stalls = 0  # waits in a row UCX would not arm for
 
     # -- connecting ---------------------------------------------------------------
     @classmethod
@@ -191,10 +193,9 @@ class TensorDictPipe:
         finish it (it arrives once); a different TensorDict is sent after it."""
         _check_sync("send")
         self._check_open("send")
-        td = _as_tensorwire(td)
-        # A send that times out keeps what it still reads itself (the C++ pipe holds a copy).
-        self._impl.send(td, timeout)
-        self._sending = None  # an abandoned asend, completed first by this send
+        self._unfinished = (td, self._to_send(td))
+        self._impl.send(self._unfinished[1], timeout)  # resumes it if it is the one in flight
+        self._unfinished = None  # it, and any send in flight before it, completed
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
         """The next TensorDict from the peer.
@@ -207,33 +208,41 @@ class TensorDictPipe:
         _check_sync("recv")
         self._check_open("recv")
         _check_device(device)
-        self._keep_recv_target(td)
-        got = self._impl.recv(td, timeout)
-        self._recv_targets.clear()
-        return got
+        return self._impl.recv(td, timeout)
 
     async def asend(self, td: TensorDict) -> None:
         self._check_open("send")
-        td = _as_tensorwire(td)
-        if not self._impl.poll_send(0):  # an abandoned asend or a timed-out send: it
-            await self._send_done(self._impl.events)  # completes first
-        self._sending = td  # read until the send completes, even if this call is cancelled
-        self._impl.start_send(td)
+        wire_td = self._to_send(td)
+        resumed = self._impl.sending(wire_td)
+        if not self._impl.poll_send(0):  # this one or another that was abandoned or timed
+            await self._send_done(self._impl.events)  # out: it completes first
+        self._unfinished = None
+        if resumed:
+            return  # delivered once
+        self._impl.start_send(wire_td)
+        self._unfinished = (td, wire_td)  # a retry after a cancellation finishes it
         budget = self._send_spin.budget()
         seen = self._impl.events
         done = self._impl.poll_send(budget)
         self._send_spin.outcome(budget > 0, done)
         if not done:
             await self._send_done(seen)
-        self._sending = None
+        self._unfinished = None
 
     async def _send_done(self, seen: int) -> None:
         while True:
             await self._wait(seen)
             seen = self._impl.events
             if self._impl.poll_send(0):
-                self._sending = None
+                self._unfinished = None
                 return
+
+    def _to_send(self, td) -> TensorDict:
+        """``td`` as a tensorwire.TensorDict: the conversion made for it before when its send
+        is the one in flight (a retry continues that send)."""
+        if self._unfinished is not None and self._unfinished[0] is td:
+            return self._unfinished[1]
+        return _as_tensorwire(td)
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:
         self._check_open("recv")
@@ -252,7 +261,6 @@ class TensorDictPipe:
                 # so a cancellation here loses no message.
                 self._recv_owes_yield = False
                 await asyncio.sleep(0)
-            self._keep_recv_target(td)
             budget = self._recv_spin.budget()
             seen = self._impl.events
             got = self._impl.poll_recv(td, budget)
@@ -264,15 +272,7 @@ class TensorDictPipe:
             self._recv_owes_yield = True
         finally:
             self._receiving = False
-        self._recv_targets.clear()
         return got
-
-    def _keep_recv_target(self, td) -> None:
-        # A receive abandoned (timeout, cancellation) still writes into its target when a
-        # later call completes it, and that call returns it: keep every target alive until
-        # a receive completes.
-        if td is not None:
-            self._recv_targets.append(td)
 
     async def _wait(self, seen: int) -> None:
         """Sleeps until the pipe may progress. ``seen``: the pipe's event count before this

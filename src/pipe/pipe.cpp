@@ -228,6 +228,10 @@ void TensorDictPipe::start_send(const TensorDict& td) {
 bool TensorDictPipe::poll_send(std::chrono::microseconds spin) {
   return impl_->poll_send(spin);
 }
+
+bool TensorDictPipe::sending(const TensorDict& td) {
+  return impl_->sending(td);
+}
 TensorDict* TensorDictPipe::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
   return impl_->poll_recv(into, spin);
 }

@@ -428,16 +428,17 @@ std::optional<TensorDict> PipeImpl::taken_in_flight() {
   return std::exchange(in_flight_, std::nullopt);
 }
 
+bool PipeImpl::sending(const TensorDict& td) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sending_ && sending_td_ == &td && (!in_flight_ || same_leaves(td, *in_flight_));
+}
+
 void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   check_process();
   std::optional<TensorDict> done;  // destroyed last, with no lock held (see in_flight_)
   std::lock_guard<std::mutex> one_sender(send_mu_);
   const Deadline deadline = Deadline::after(timeout);
-  bool resumed = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    resumed = sending_ && sending_td_ == &td && (!in_flight_ || same_leaves(td, *in_flight_));
-  }
+  const bool resumed = sending(td);
   // Another TensorDict's send still in flight (an earlier call timed out): it completes
   // first, so messages arrive in the order they were sent, each once.
   wait_until([&] { return !sending_ || step_send(); }, deadline, "send");

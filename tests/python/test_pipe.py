@@ -497,15 +497,16 @@ def test_an_abandoned_arecv_keeps_its_target_alive_until_a_receive_completes(tls
         first = await asyncio.wait_for(pipe.arecv(), 30)        # the schema message
         assert first["v"].tolist() == [0, 0]
         target = tw.TensorDict({"v": np.zeros(2, np.int64)}, batch_size=[2])
+        refs = sys.getrefcount(target)
         with pytest.raises(asyncio.TimeoutError):                # the echo peer waits for us
             await asyncio.wait_for(pipe.arecv(target), 0.05)
-        assert pipe._recv_targets == [target]                    # kept: it may still be written
-        del target
         gc.collect()
+        assert sys.getrefcount(target) == refs + 1               # kept: it may still be written
         await pipe.asend(tw.TensorDict({"v": np.full(2, 1)}, batch_size=[2]))
         got = await asyncio.wait_for(pipe.arecv(), 30)          # completes the abandoned one
         assert got["v"].tolist() == [1, 1]
-        assert pipe._recv_targets == []                          # released once complete
+        del got
+        assert sys.getrefcount(target) == refs                   # released once complete
         await pipe.aclose()
         assert finish(peer)[0] == 0
         listener.close()

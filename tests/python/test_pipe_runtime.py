@@ -262,6 +262,81 @@ def test_an_asend_after_a_timed_out_send_completes_the_send_in_flight_first(pair
     assert got == [float((1 << 20) - 1), [3.0, 3.0]]
 
 
+def _big_of(kind):
+    if kind == "tensorwire":
+        return big()
+    import tensordict
+    import torch
+    return tensordict.TensorDict({"x": torch.arange(1 << 20, dtype=torch.float64)})
+
+
+def _receive_big_then_small(accepted, got):
+    got.append(float(accepted.recv(timeout=30)["x"][-1]))
+    got.append(accepted.recv(timeout=30)["v"].tolist())
+
+
+@pytest.mark.parametrize("kind", ["tensorwire", "tensordict"])
+def test_a_send_retried_after_a_timeout_or_a_cancellation_arrives_once(pair, kind):
+    # A tensordict.TensorDict is converted for sending: the retry must continue the send of
+    # that conversion, not convert it again and send it a second time.
+    accepted, connected = pair
+    for retry in ("send", "asend"):
+        td = _big_of(kind)
+        if retry == "send":
+            with pytest.raises(TimeoutError):
+                connected.send(td, timeout=0.05)  # nobody receives yet
+        else:
+            with pytest.raises(asyncio.TimeoutError):
+                asyncio.run(asyncio.wait_for(connected.asend(td), 0.05))
+        got = []
+        t = threading.Thread(target=_receive_big_then_small, args=(accepted, got))
+        t.start()
+        if retry == "send":
+            connected.send(td, timeout=30)  # the same dict: continues the send in flight
+        else:
+            asyncio.run(asyncio.wait_for(connected.asend(td), 30))
+        connected.send(small(7.0), timeout=30)
+        t.join(30)
+        assert got == [float((1 << 20) - 1), [7.0, 7.0]], retry  # not the big one twice
+
+
+@pytest.fixture
+def tcp_pair(monkeypatch):
+    # Over TCP a rendezvous payload moves only while the sender progresses its worker.
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    with tw.PipeListener(0) as listener:
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("pipe", listener.accept(timeout=30)))
+        t.start()
+        connected = tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=30)
+        t.join(30)
+        accepted = got["pipe"]
+    yield accepted, connected
+    accepted.close()
+    connected.close()
+
+
+def test_a_receive_into_a_target_completed_by_a_later_call_returns_that_target(tcp_pair):
+    accepted, connected = tcp_pair
+    t = threading.Thread(target=lambda: connected.send(
+        tw.TensorDict({"x": np.full(1 << 20, 1.0)}), timeout=30))
+    t.start()
+    first = accepted.recv(timeout=30)  # the structure
+    t.join(30)
+    second = tw.TensorDict({"x": np.full(1 << 20, 2.0)})
+    with pytest.raises(TimeoutError):
+        connected.send(second, timeout=0.05)  # its frame is there, its payload waits for us
+    target = tw.TensorDict({"x": np.zeros(1 << 20)}).consolidate()
+    with pytest.raises(TimeoutError):
+        accepted.recv(target, timeout=0.2)  # it takes the frame: the payload goes to `target`
+    t = threading.Thread(target=lambda: connected.send(second, timeout=30))
+    t.start()
+    got = accepted.recv(timeout=30)  # completes the receive into `target`
+    t.join(30)
+    assert got is target and float(target["x"][0]) == 2.0
+    assert float(first["x"][0]) == 1.0  # the previous message is not what comes back
+
+
 def test_a_small_send_returns_before_the_peer_receives_so_send_then_recv_works_both_ways(pair):
     accepted, connected = pair
     for kib in (8, 60):

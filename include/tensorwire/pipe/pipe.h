@@ -92,6 +92,10 @@ class TensorDictPipe {
   // `spin`: keep polling this long before giving up (an event loop that would otherwise
   // pay tens of microseconds per wake-up; a reply on one host is about 1 us away).
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // Whether the send in flight is `td`'s (the same object with the same leaves; one that
+  // timed out, was interrupted or whose poll loop was abandoned): an event loop retrying
+  // that send finishes it with poll_send() instead of starting it again (twice delivered).
+  bool sending(const TensorDict& td);
   TensorDict* poll_recv(TensorDict* into = nullptr,
                         std::chrono::microseconds spin = std::chrono::microseconds(0));
   // A fd that becomes readable when progress may be possible. Call arm() first: when it

@@ -97,12 +97,18 @@ int in_forked_child(Child&& child) {
 TEST(PipeRuntime, ASendThatTimedOutResumesWithTheSameDictAndArrivesOnce) {
   Pair p;
   TensorDict td = big();
+  EXPECT_FALSE(p.connected->sending(td));
   EXPECT_THROW(p.connected->send(td, 50ms), TimeoutError);
+  EXPECT_TRUE(p.connected->sending(td));  // what an event loop asks before a retry
+  TensorDict same_leaves_elsewhere = td;
+  EXPECT_FALSE(p.connected->sending(same_leaves_elsewhere));  // identity, not contents
+  EXPECT_FALSE(p.connected->sending(big()));
   std::thread receiver([&] {
     EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").data<double>()[(1 << 20) - 1], (1 << 20) - 1);
   });
   p.connected->send(td, 20s);
   receiver.join();
+  EXPECT_FALSE(p.connected->sending(td));
   EXPECT_THROW(p.accepted->recv(nullptr, 300ms), TimeoutError);  // no second copy
 }
 
