@@ -242,22 +242,39 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   Task t{send_pass, pass_index++, kNoWorker, std::nullopt};
   if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
   pending.emplace(task, std::move(t));
+  const auto count_it = [&] {
+    if (opt.strict)
+      ++outstanding[send_pass];
+    else
+      ++counts[send_pass].sent;
+    pass_had_items = true;
+  };
   try {
     dispatch(task, td);
+  } catch (const Interrupted&) {
+    // Ctrl-C while it waited for a worker's queue (or while dispatch() sent a dead worker's
+    // tasks again after it was sent): the dataflow gave it up, so it is sent with the next
+    // call (fill() sends what waits for reissue first). Nothing is lost.
+    if (Task& entry = pending.at(task); entry.worker == kNoWorker) {
+      entry.input = td;
+      reissue.push_back(task);
+    }
+    count_it();
+    throw;
   } catch (...) {
     // Not sent (a bad datapoint, a failed map): it is not in flight. Sent, it stays.
-    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kNoWorker)
+    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kNoWorker) {
       pending.erase(it);
+      throw;
+    }
+    count_it();
     throw;
   }
-  if (opt.strict)
-    ++outstanding[send_pass];
-  else
-    ++counts[send_pass].sent;
-  pass_had_items = true;
+  count_it();
 }
 
 void MultiProcessMapDataZMQ::Impl::fill() {
+  if (!reissue.empty()) flush_reissue();  // what an interrupted call left unsent goes first
   while (pending.size() < buffer_size) {
     if (opt.strict && send_pass > yield_pass + 1) return;  // prefetch one pass ahead at most
     std::optional<TensorDict> dp = ds->next();
@@ -338,7 +355,15 @@ void MultiProcessMapDataZMQ::Impl::flush_reissue() {
     if (it == pending.end() || !it->second.input) continue;  // came back meanwhile
     const TensorDict input = *it->second.input;
     it->second.worker = kNoWorker;  // in no worker's count while it is sent
-    dispatch(task, input);
+    try {
+      dispatch(task, input);
+    } catch (...) {
+      // Not sent (interrupted): first in line again, for the next fill() to send.
+      if (auto again = pending.find(task);
+          again != pending.end() && again->second.worker == kNoWorker)
+        reissue.push_front(task);
+      throw;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <fstream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "flows.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/runner.h"
+#include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow {
@@ -375,6 +377,57 @@ TEST_F(Healing, AMapWorkerThatNeverConnectsIsKilledAndReplaced) {
   for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
   ASSERT_EQ(m.restarts(), 2u);
   EXPECT_THAT(messages[1], HasSubstr("had not connected 10 s after it was needed"));
+  m.close();
+  ::unlink(marker.c_str());
+}
+
+// Ctrl-C while the map sends a dead worker's tasks to its replacement, which connects late:
+// the interrupted call throws, and the epoch goes on exact (no task left unsent, which a
+// strict epoch would wait for for ever).
+std::atomic<bool> g_interrupt_next{false};
+void interrupt_once() {
+  if (g_interrupt_next.exchange(false)) throw Interrupted("interrupted by the test");
+}
+
+TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
+  MapOptions o{.num_proc = 1, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
+  const std::string marker = marker_path();
+  o.fork_hooks.child = [marker] {  // the replacement connects a second late
+    if (::unlink(marker.c_str()) == 0) std::this_thread::sleep_for(1s);
+  };
+  o.policy.on_restart = [](const WorkerRestart&) { g_interrupt_next = true; };
+  MultiProcessMapDataZMQ m(
+      counting(40), [](TensorDict td) -> std::optional<TensorDict> { return td; }, o);
+  m.reset_state();
+  set_interrupt_check(interrupt_once);
+  std::map<int64_t, int> seen;
+  int interrupted = 0;
+  bool killed = false;
+  Epoch epoch = m.epoch();
+  while (true) {
+    std::optional<TensorDict> dp;
+    try {
+      dp = epoch.next(Timeout(30s));
+    } catch (const Interrupted&) {
+      ++interrupted;
+      continue;
+    }
+    if (!dp) {
+      EXPECT_TRUE(epoch.done()) << "no datapoint for 30 s: a task was lost";
+      break;
+    }
+    ++seen[index_of(*dp)];
+    if (seen.size() == 5 && !killed) {
+      ::close(::open(marker.c_str(), O_CREAT | O_WRONLY, 0600));  // for the replacement
+      ASSERT_EQ(::kill(m.pids()[0], SIGKILL), 0);
+      killed = true;
+    }
+  }
+  set_interrupt_check(nullptr);
+  EXPECT_EQ(interrupted, 1);
+  EXPECT_EQ(seen.size(), 40u);
+  for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
+  EXPECT_EQ(m.restarts(), 1u);
   m.close();
   ::unlink(marker.c_str());
 }
