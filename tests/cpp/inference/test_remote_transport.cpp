@@ -200,6 +200,11 @@ TEST(RemoteTransport, AClientThatStopsInTheMiddleOfAnOversizedFrameHoldsNothing)
     InferenceServer server(double_policy, t);
     server.start();
     ucx::wait_wired_up(worker, ep, Deadline::after(5s), "test");
+    // The server's hello: its side of the connection is wired up too. A client that stops
+    // before that leaves the server waiting for its wire-up, which ends at handshake_timeout
+    // as a client gone, not as the refusal this test is about.
+    ucx::recv_control(worker, ep, remote::tag(remote::Kind::Control), {}, Deadline::after(5s),
+                      "test");
     std::vector<std::byte> frame(1 << 20);
     // Posting it sends the rendezvous' announcement; from here on the client does nothing.
     ucx::Request sent = ep.send(remote::tag(remote::Kind::Control), frame);
