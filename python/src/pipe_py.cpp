@@ -62,25 +62,53 @@ struct PyPipe {
   TensorDictPipe pipe;
   nb::object cached;  // PyTensorDict of the current schema (consolidated mode)
   // The targets given to receives not completed yet (timed out, interrupted, an abandoned
-  // poll loop): the receive in flight writes into one of them (the one given when its
-  // message arrived), so they stay alive, and the call that completes it returns that one.
-  std::vector<nb::object> targets;
+  // poll loop, or a call still waiting on another thread): the receive in flight writes into
+  // one of them (the one given when its message arrived), so they stay alive, and the call
+  // that completes it returns that one. A target leaves once no call has it and no receive
+  // in flight writes into it (it may be another thread's call's, which completed it or not).
+  struct Target {
+    nb::object obj;
+    int calls = 0;  // calls of receive() running with it
+    TensorDict& td() const { return nb::cast<PyTensorDict&>(obj).td(); }
+  };
+  std::vector<Target> targets;
   // What start_send() sends: UCX reads it until the send completes, even when the poll loop
   // that started it is abandoned (a cancelled asend) and the caller drops it.
   nb::object sent;
+
+  Target* target_of(nb::handle obj) {
+    for (Target& t : targets)
+      if (t.obj.is(obj)) return &t;
+    return nullptr;
+  }
 
   // Runs `get(into)` (a receive) with the GIL released; what it received, or None.
   template <class Get>
   nb::object receive(nb::handle into_obj, Get&& get) {
     TensorDict* into = into_of(into_obj);
-    if (into && std::none_of(targets.begin(), targets.end(),
-                             [&](const nb::object& t) { return t.is(into_obj); }))
-      targets.push_back(nb::borrow(into_obj));
-    TensorDict* got = (NoGil(), get(into));
+    if (into) {
+      if (!target_of(into_obj)) targets.push_back({nb::borrow(into_obj)});
+      ++target_of(into_obj)->calls;
+    }
+    // Under the GIL again, whatever the call did (the vector may have grown meanwhile).
+    auto returned = [&] {
+      if (into) --target_of(into_obj)->calls;
+    };
+    TensorDict* got = nullptr;
+    try {
+      got = (NoGil(), get(into));
+    } catch (...) {
+      returned();
+      throw;
+    }
+    returned();
     if (!got) return nb::none();
-    const std::vector<nb::object> given = std::exchange(targets, {});
-    for (const nb::object& t : given)
-      if (&nb::cast<PyTensorDict&>(t).td() == got) return t;
+    nb::object given;
+    for (const Target& t : targets)
+      if (&t.td() == got) given = t.obj;
+    std::erase_if(targets,
+                  [&](const Target& t) { return t.calls == 0 && !pipe.receiving_into(t.td()); });
+    if (given.is_valid()) return given;
     const bool consolidated = pipe.options().consolidated;
     if (consolidated && !pipe.last_recv_was_new_schema() && cached.is_valid()) return cached;
     // A structural copy: it shares the received storage, so later in-place receives are

@@ -229,6 +229,10 @@ bool TensorDictPipe::poll_send(std::chrono::microseconds spin) {
   return impl_->poll_send(spin);
 }
 
+bool TensorDictPipe::receiving_into(const TensorDict& td) {
+  return impl_->receiving_into(td);
+}
+
 bool TensorDictPipe::sending(const TensorDict& td) {
   return impl_->sending(td);
 }

@@ -428,6 +428,11 @@ std::optional<TensorDict> PipeImpl::taken_in_flight() {
   return std::exchange(in_flight_, std::nullopt);
 }
 
+bool PipeImpl::receiving_into(const TensorDict& td) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ != RecvState::Idle && into_ == &td;
+}
+
 bool PipeImpl::sending(const TensorDict& td) {
   std::lock_guard<std::mutex> lock(mu_);
   return sending_ && sending_td_ == &td && (!in_flight_ || same_leaves(td, *in_flight_));

@@ -63,6 +63,7 @@ class PipeImpl : public runtime::Beating {
   void start_send(const TensorDict& td);
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
   bool sending(const TensorDict& td);
+  bool receiving_into(const TensorDict& td);
   TensorDict* poll_recv(TensorDict* into,
                         std::chrono::microseconds spin = std::chrono::microseconds(0));
   bool last_new_schema() const { return last_new_schema_; }

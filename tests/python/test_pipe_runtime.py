@@ -337,6 +337,52 @@ def test_a_receive_into_a_target_completed_by_a_later_call_returns_that_target(t
     assert float(first["x"][0]) == 1.0  # the previous message is not what comes back
 
 
+def test_a_receive_waiting_behind_another_threads_keeps_its_target_alive(tcp_pair):
+    # Thread A receives into `mine`; thread B's receive into `theirs` waits behind it. A's
+    # message completes A; B then takes the next message's frame into `theirs` and times out
+    # with its payload still to come. `theirs` must stay the pipe's until a receive completes
+    # it (A's completion dropped every target: UCX then wrote into a freed TensorDict).
+    accepted, connected = tcp_pair
+
+    def big(value):
+        return tw.TensorDict({"x": np.full(1 << 20, value)})
+
+    def target():
+        return tw.TensorDict({"x": np.zeros(1 << 20)}).consolidate()
+
+    t = threading.Thread(target=lambda: connected.send(big(1.0), timeout=30))
+    t.start()
+    accepted.recv(timeout=30)  # the structure
+    t.join(30)
+    mine, theirs, got = target(), target(), {}
+
+    def receive(name, into, timeout):
+        try:
+            got[name] = accepted.recv(into, timeout=timeout)
+        except TimeoutError as e:
+            got[name] = e
+
+    a = threading.Thread(target=receive, args=("a", mine, 30))
+    a.start()
+    time.sleep(0.2)
+    b = threading.Thread(target=receive, args=("b", theirs, 1.0))
+    b.start()
+    time.sleep(0.2)  # B waits behind A
+    connected.send(big(2.0), timeout=30)  # A's
+    third = big(3.0)
+    with pytest.raises(TimeoutError):
+        connected.send(third, timeout=0)  # B's frame is there, its payload waits for us
+    a.join(30)
+    b.join(30)
+    assert got["a"] is mine and float(mine["x"][0]) == 2.0
+    assert isinstance(got["b"], TimeoutError), got["b"]
+    t = threading.Thread(target=lambda: connected.send(third, timeout=30))
+    t.start()
+    last = accepted.recv(timeout=30)  # completes B's receive
+    t.join(30)
+    assert last is theirs and float(theirs["x"][-1]) == 3.0
+
+
 def test_a_small_send_returns_before_the_peer_receives_so_send_then_recv_works_both_ways(pair):
     accepted, connected = pair
     for kib in (8, 60):

@@ -96,6 +96,10 @@ class TensorDictPipe {
   // timed out, was interrupted or whose poll loop was abandoned): an event loop retrying
   // that send finishes it with poll_send() instead of starting it again (twice delivered).
   bool sending(const TensorDict& td);
+  // Whether a receive in flight (one that timed out, was interrupted or whose poll loop was
+  // abandoned after its message began) writes into `td`: `td` must stay alive until a later
+  // receive completes it.
+  bool receiving_into(const TensorDict& td);
   TensorDict* poll_recv(TensorDict* into = nullptr,
                         std::chrono::microseconds spin = std::chrono::microseconds(0));
   // A fd that becomes readable when progress may be possible. Call arm() first: when it

@@ -112,6 +112,32 @@ TEST(PipeRuntime, ASendThatTimedOutResumesWithTheSameDictAndArrivesOnce) {
   EXPECT_THROW(p.accepted->recv(nullptr, 300ms), TimeoutError);  // no second copy
 }
 
+// A receive that timed out in the middle of a message still writes into the dict it was
+// given: receiving_into() says so (the binding keeps that dict alive), and the receive that
+// completes it returns that dict.
+TEST(PipeRuntime, AReceiveThatTimedOutMidMessageStillWritesIntoItsTarget) {
+  ::setenv("UCX_TLS", "tcp", 1);  // over TCP a payload moves only while the sender progresses
+  Pair p;
+  TensorDict first = big();
+  std::thread sender([&] { p.connected->send(first, 20s); });
+  p.accepted->recv(nullptr, 20s);  // the structure
+  sender.join();
+  TensorDict into = consolidate(big());  // of the received layout: the payload lands in it
+  TensorDict second = big();
+  second.get("x").data<double>()[0] = 7.0;
+  EXPECT_FALSE(p.accepted->receiving_into(into));
+  EXPECT_THROW(p.connected->send(second, 0ms), TimeoutError);  // its payload waits for us
+  EXPECT_THROW(p.accepted->recv(&into, 200ms), TimeoutError);  // takes the frame: into `into`
+  EXPECT_TRUE(p.accepted->receiving_into(into));
+  EXPECT_FALSE(p.accepted->receiving_into(first));
+  sender = std::thread([&] { p.connected->send(second, 20s); });
+  TensorDict& got = p.accepted->recv(nullptr, 20s);
+  sender.join();
+  EXPECT_EQ(&got, &into);
+  EXPECT_EQ(into.get("x").data<double>()[0], 7.0);
+  EXPECT_FALSE(p.accepted->receiving_into(into));
+}
+
 TEST(PipeRuntime, AfterATimedOutSendAnotherDictFollowsIt) {
   Pair p;
   TensorDict first = big();
