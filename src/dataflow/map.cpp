@@ -339,9 +339,14 @@ void MultiProcessMapDataZMQ::Impl::after_replacing(int index, uint16_t sender) {
   // The new worker maps the task arenas in order, before any task names them.
   for (uint32_t k = 0; k < task_sender->num_segments(); ++k)
     detail::send_segment(link.parent_ends[sender], k, task_sender->segment(k));
+  // Queued, a task is in no worker: if worker `index` is replaced again before the queue is
+  // sent (an interrupted flush, a replacement that never connects), it is not queued twice.
   std::vector<uint64_t> lost;
   for (auto& [task, t] : pending)
-    if (t.worker == i) lost.push_back(task);
+    if (t.worker == i) {
+      lost.push_back(task);
+      t.worker = kNoWorker;
+    }
   std::sort(lost.begin(), lost.end());
   reissue.insert(reissue.end(), lost.begin(), lost.end());
   if (!dispatching) flush_reissue();
