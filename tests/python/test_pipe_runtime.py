@@ -30,8 +30,7 @@ def big():
     return tw.TensorDict({"x": np.arange(1 << 20, dtype=np.float64)})
 
 
-@pytest.fixture
-def pair():
+def both_ends():
     """(accepted, connected): both ends of one pipe, in this process."""
     with tw.PipeListener(0) as listener:
         got = {}
@@ -43,6 +42,11 @@ def pair():
     yield accepted, connected
     accepted.close()
     connected.close()
+
+
+@pytest.fixture
+def pair():
+    yield from both_ends()
 
 
 def script(tmp_path, name, body):
@@ -304,16 +308,7 @@ def test_a_send_retried_after_a_timeout_or_a_cancellation_arrives_once(pair, kin
 def tcp_pair(monkeypatch):
     # Over TCP a rendezvous payload moves only while the sender progresses its worker.
     monkeypatch.setenv("UCX_TLS", "tcp")
-    with tw.PipeListener(0) as listener:
-        got = {}
-        t = threading.Thread(target=lambda: got.setdefault("pipe", listener.accept(timeout=30)))
-        t.start()
-        connected = tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=30)
-        t.join(30)
-        accepted = got["pipe"]
-    yield accepted, connected
-    accepted.close()
-    connected.close()
+    yield from both_ends()
 
 
 def test_a_receive_into_a_target_completed_by_a_later_call_returns_that_target(tcp_pair):

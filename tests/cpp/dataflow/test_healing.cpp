@@ -389,19 +389,14 @@ void interrupt_once() {
   if (g_interrupt_next.exchange(false)) throw Interrupted("interrupted by the test");
 }
 
-TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
-  MapOptions o{.num_proc = 1, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
-  const std::string marker = marker_path();
-  o.fork_hooks.child = [marker] {  // the replacement connects a second late
-    if (::unlink(marker.c_str()) == 0) std::this_thread::sleep_for(1s);
-  };
-  o.policy.on_restart = [](const WorkerRestart&) { g_interrupt_next = true; };
-  MultiProcessMapDataZMQ m(
-      counting(40), [](TensorDict td) -> std::optional<TensorDict> { return td; }, o);
-  m.reset_state();
+// Reads an epoch of `m` with interrupt_once installed; after 5 datapoints it makes `marker`
+// (for the replacement's fork hook) and kills worker 0. `on_interrupt` runs for each
+// Interrupted. How many times each datapoint came.
+template <class OnInterrupt>
+std::map<int64_t, int> epoch_killing_worker_0(MultiProcessMapDataZMQ& m, const std::string& marker,
+                                              OnInterrupt&& on_interrupt) {
   set_interrupt_check(interrupt_once);
   std::map<int64_t, int> seen;
-  int interrupted = 0;
   bool killed = false;
   Epoch epoch = m.epoch();
   while (true) {
@@ -409,7 +404,7 @@ TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
     try {
       dp = epoch.next(Timeout(30s));
     } catch (const Interrupted&) {
-      ++interrupted;
+      on_interrupt();
       continue;
     }
     if (!dp) {
@@ -424,6 +419,21 @@ TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
     }
   }
   set_interrupt_check(nullptr);
+  return seen;
+}
+
+TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
+  MapOptions o{.num_proc = 1, .buffer_size = 8, .strict = true, .seed = kSeed, .policy = restart()};
+  const std::string marker = marker_path();
+  o.fork_hooks.child = [marker] {  // the replacement connects a second late
+    if (::unlink(marker.c_str()) == 0) std::this_thread::sleep_for(1s);
+  };
+  o.policy.on_restart = [](const WorkerRestart&) { g_interrupt_next = true; };
+  MultiProcessMapDataZMQ m(
+      counting(40), [](TensorDict td) -> std::optional<TensorDict> { return td; }, o);
+  m.reset_state();
+  int interrupted = 0;
+  const std::map<int64_t, int> seen = epoch_killing_worker_0(m, marker, [&] { ++interrupted; });
   EXPECT_EQ(interrupted, 1);
   EXPECT_EQ(seen.size(), 40u);
   for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
@@ -456,29 +466,9 @@ TEST_F(Healing, AMapWhoseReplacementDiesBeforeItsTasksAreSentAgainSendsEachOnce)
       },
       o);
   m.reset_state();
-  set_interrupt_check(interrupt_once);
-  std::map<int64_t, int> seen;
-  bool killed = false;
-  Epoch epoch = m.epoch();
-  while (true) {
-    std::optional<TensorDict> dp;
-    try {
-      dp = epoch.next(Timeout(30s));
-    } catch (const Interrupted&) {
-      ::kill(m.pids()[0], SIGKILL);  // the replacement, still asleep before it connects
-      continue;
-    }
-    if (!dp) {
-      EXPECT_TRUE(epoch.done()) << "no datapoint for 30 s: a task was lost";
-      break;
-    }
-    ++seen[index_of(*dp)];
-    if (seen.size() == 5 && !killed) {
-      ::close(::open(marker.c_str(), O_CREAT | O_WRONLY, 0600));  // for the replacement
-      killed = ::kill(m.pids()[0], SIGKILL) == 0;
-    }
-  }
-  set_interrupt_check(nullptr);
+  const std::map<int64_t, int> seen = epoch_killing_worker_0(m, marker, [&] {
+    ::kill(m.pids()[0], SIGKILL);  // the replacement, still asleep before it connects
+  });
   m.close();
   EXPECT_EQ(seen.size(), 40u);
   for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
