@@ -441,8 +441,8 @@ bool PipeImpl::sending(const TensorDict& td) {
 void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   check_process();
   std::optional<TensorDict> done;  // destroyed last, with no lock held (see in_flight_)
-  std::lock_guard<std::mutex> one_sender(send_mu_);
   const Deadline deadline = Deadline::after(timeout);
+  const auto one_sender = turn(send_mu_, deadline, "send");
   const bool resumed = sending(td);
   // Another TensorDict's send still in flight (an earlier call timed out): it completes
   // first, so messages arrive in the order they were sent, each once.
@@ -565,10 +565,20 @@ TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin
 
 TensorDict& PipeImpl::recv(TensorDict* into, Timeout timeout) {
   check_process();
-  std::lock_guard<std::mutex> one_receiver(recv_mu_);
+  const Deadline deadline = Deadline::after(timeout);
+  const auto one_receiver = turn(recv_mu_, deadline, "recv");
   TensorDict* got = nullptr;
-  wait_until([&] { return (got = step_recv(into)) != nullptr; }, Deadline::after(timeout), "recv");
+  wait_until([&] { return (got = step_recv(into)) != nullptr; }, deadline, "recv");
   return *got;
+}
+
+std::unique_lock<runtime::TimedLock> PipeImpl::turn(runtime::TimedLock& one_at_a_time,
+                                                    Deadline deadline, const char* what) {
+  std::unique_lock<runtime::TimedLock> lock(one_at_a_time, std::defer_lock);
+  if (!runtime::wait_until(deadline,
+                           [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
+    throw TimeoutError(std::string(what) + " timed out waiting for another thread's " + what);
+  return lock;
 }
 
 bool PipeImpl::failed() {

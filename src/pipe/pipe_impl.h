@@ -20,6 +20,7 @@
 #include "os/process.h"
 #include "os/unix_socket.h"
 #include "runtime/heartbeat.h"
+#include "runtime/timed_lock.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/runtime/timeout.h"
 #include "tensorwire/wire/decoder.h"
@@ -106,6 +107,11 @@ class PipeImpl : public runtime::Beating {
   // ("<what> timed out after ...") once `deadline` passes.
   template <class Ready>
   void wait_until(Ready&& ready, Deadline deadline, const char* what);
+  // The caller's turn on `one_at_a_time` (send_mu_ or recv_mu_), waited for until
+  // `deadline` and interruptibly; TimeoutError naming `what` when another thread's call
+  // holds it until then.
+  std::unique_lock<runtime::TimedLock> turn(runtime::TimedLock& one_at_a_time, Deadline deadline,
+                                            const char* what);
   // Sleeps until progress may be possible or `slice` passes; `seen` is worker_->events()
   // from before the caller's last poll (returns at once if anything progressed since).
   void wait_event(Deadline slice, uint64_t seen);
@@ -136,9 +142,11 @@ class PipeImpl : public runtime::Beating {
   std::optional<os::ProcessWatch> peer_watch_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   uint32_t liveness_calls_ = 0;
-  std::mutex mu_;       // every UCX call and all state below
-  std::mutex send_mu_;  // one sender at a time
-  std::mutex recv_mu_;  // one receiver at a time
+  std::mutex mu_;  // every UCX call and all state below
+  // One sender and one receiver at a time; a second caller waits for its turn until its
+  // own deadline, interruptibly (turn()).
+  runtime::TimedLock send_mu_;
+  runtime::TimedLock recv_mu_;
   std::atomic<bool> closed_{false};
   bool connected_ = false;  // the handshake completed
   bool wired_up_ = false;   // ep_'s UCX wire-up is over (a graceful close is safe)

@@ -138,6 +138,37 @@ TEST(PipeRuntime, AReceiveThatTimedOutMidMessageStillWritesIntoItsTarget) {
   EXPECT_FALSE(p.accepted->receiving_into(into));
 }
 
+// Two threads' receives (or sends) on one pipe take turns; one waiting for its turn still
+// ends at its own timeout (it waited for the other call, however long that one's was).
+TEST(PipeRuntime, ACallWaitingForAnotherThreadsTurnEndsAtItsOwnTimeout) {
+  ::setenv("UCX_TLS", "tcp", 1);  // a rendezvous that waits for the receiver: a held send
+  Pair p;
+  std::thread first_receiver(
+      [&] { EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 1.f); });
+  std::this_thread::sleep_for(100ms);  // the first receive holds the receiving side
+  auto start = Clock::now();
+  try {
+    p.accepted->recv(nullptr, 300ms);
+    ADD_FAILURE() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("another thread's recv"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 5s);
+  p.connected->send(small(1.f), 20s);
+  first_receiver.join();
+
+  Pair q;
+  TensorDict held = big();
+  std::thread first_sender([&] { q.connected->send(held, 20s); });
+  std::this_thread::sleep_for(100ms);
+  start = Clock::now();
+  EXPECT_THROW(q.connected->send(small(2.f), 300ms), TimeoutError);
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(q.accepted->recv(nullptr, 20s).get("x").numel(), 1 << 20);
+  first_sender.join();
+  EXPECT_THROW(q.accepted->recv(nullptr, 300ms), TimeoutError);  // the second was never sent
+}
+
 TEST(PipeRuntime, AfterATimedOutSendAnotherDictFollowsIt) {
   Pair p;
   TensorDict first = big();
