@@ -334,7 +334,8 @@ class RemoteTransport(_FixedLayout):
     host = property(lambda self: self._impl.host, doc="The address it listens on.")
     connected = property(lambda self: self._impl.connected, doc="Clients connected now.")
     refused = property(lambda self: self._impl.refused,
-                       doc="Connections refused or dropped for breaking the protocol.")
+                       doc="Connections refused or dropped for breaking the protocol, "
+                           "or for stalling in their handshake.")
     last_refusal = property(lambda self: self._impl.last_refusal)
 
 

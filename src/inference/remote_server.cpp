@@ -203,7 +203,7 @@ void RemoteConnection::start() {
 
 void RemoteConnection::stop(const std::string& reason) {
   stop_reason_ = reason;
-  stop_.store(true);
+  stop_.request_stop();
   wake();
 }
 
@@ -223,6 +223,7 @@ void RemoteConnection::run() noexcept {
   std::unique_lock<std::mutex> io(io_mu_);  // released only while the thread waits (serve())
   std::string refusal;                      // a handshake or protocol failure, counted as a refusal
   std::optional<Json> tell;                 // what the client is told before the connection goes
+  bool connected = false;
   try {
     {
       std::lock_guard<std::mutex> lock(wake_mu_);
@@ -230,6 +231,7 @@ void RemoteConnection::run() noexcept {
     }
     ep_ = std::make_unique<ucx::Endpoint>(*worker_, request_);
     handshake();
+    connected = true;
     serve(io);
     std::lock_guard<std::mutex> lock(s_.mu);
     tell = Json{{"closed", stop_reason_}};
@@ -238,8 +240,11 @@ void RemoteConnection::run() noexcept {
   } catch (const ProtocolError& e) {
     refusal = peer_ + " disconnected: " + e.what();
     tell = Json{{"error", e.what()}};
-  } catch (const Error&) {
-    // The client went away (closed, died, or its host or link is gone): nobody to tell.
+  } catch (const Error& e) {
+    // A client that stalls or vanishes in its handshake is refused, as the pipe's listener
+    // counts it; one that goes away later (closed, died, its host or link gone) is not, and
+    // there is nobody to tell. Neither is a handshake the server's closing ended.
+    if (!connected && !stop_.stop_requested()) refusal = peer_ + " refused: " + e.what();
   }
   if (!io.owns_lock()) io.lock();  // thrown from serve()'s wait, where it lets go of it
   if (!refusal.empty()) {
@@ -264,11 +269,11 @@ void RemoteConnection::handshake() {
   const Deadline deadline = Deadline::after(s_.options.handshake_timeout);
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
-  ucx::wait_wired_up(*worker_, *ep_, deadline, "remote inference handshake");
-  auto send = [&](const Json& j) { ucx::send_control(*worker_, *ep_, ctl, j, deadline); };
-  auto recv = [&] {
-    return ucx::recv_control(*worker_, *ep_, ctl, limits, deadline, "remote inference handshake");
-  };
+  const char* what = "remote inference handshake";
+  const std::stop_token stop = stop_.get_token();
+  ucx::wait_wired_up(*worker_, *ep_, deadline, what, stop);
+  auto send = [&](const Json& j) { ucx::send_control(*worker_, *ep_, ctl, j, deadline, stop); };
+  auto recv = [&] { return ucx::recv_control(*worker_, *ep_, ctl, limits, deadline, what, stop); };
   wire::PeerIdentity peer;
   try {
     peer = wire::handshake_as_server(
@@ -283,6 +288,7 @@ void RemoteConnection::handshake() {
     std::vector<std::byte> bytes = encode_spec(*spec);
     ucx::Request req = ep_->send(remote::tag(remote::Kind::Spec), bytes);
     while (!req.done()) {
+      if (stop.stop_requested()) throw ClosedError("remote inference handshake abandoned: closing");
       if (deadline.passed()) throw TimeoutError("remote inference handshake: sending the specs");
       worker_->wait(std::chrono::milliseconds(10));
     }
@@ -298,7 +304,7 @@ void RemoteConnection::handshake() {
 void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
-  while (!stop_.load(std::memory_order_acquire)) {
+  while (!stop_.stop_requested()) {
     if (stolen_failure_) std::rethrow_exception(std::exchange(stolen_failure_, nullptr));
     turn_ns_.store(now_ns(), std::memory_order_relaxed);
     const uint32_t rung = bell_.seq.load(std::memory_order_seq_cst);  // before the outbox check
@@ -468,7 +474,7 @@ void RemoteConnection::send_answers() {
 
 bool RemoteConnection::send_now(Outgoing& o) {
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io || !ep_ || stop_.load(std::memory_order_relaxed)) return false;
+  if (!io || !ep_ || stop_.stop_requested()) return false;
   try {
     if (post(o)) {  // sent at once (small answers over TCP): the slot is free again
       sends_.pop_back();
@@ -502,7 +508,7 @@ void RemoteConnection::looked(int64_t now, bool found) noexcept {
 
 bool RemoteConnection::receive_now() {
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io || !ep_ || stolen_failure_ || stop_.load(std::memory_order_relaxed)) return false;
+  if (!io || !ep_ || stolen_failure_ || stop_.stop_requested()) return false;
   const size_t before = receives_.size();
   uint64_t made_ready = 0;
   bool moved = false;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -216,7 +217,8 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   os::AdaptiveSpin answer_spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
   os::AdaptiveSpin request_spin_ = os::AdaptiveSpin::lasting(kLongestSpin);
   std::thread thread_;
-  std::atomic<bool> stop_{false};
+  // stop(): ends the serve loop, and a handshake's waits within one slice.
+  std::stop_source stop_;
   std::atomic<bool> finished_{false};
   std::string stop_reason_;            // under server.mu
   std::exception_ptr stolen_failure_;  // receive_now()'s failure, rethrown by serve(); under io_mu_

@@ -12,13 +12,16 @@ namespace tensorwire::ucx {
 namespace {
 
 // Progresses `worker` until `done()`, sleeping on its fd in slices; ClosedError once the
-// endpoint failed, TimeoutError at the deadline.
+// endpoint failed or `abandon` is requested, TimeoutError at the deadline.
 template <class Done>
-void wait_for(Worker& worker, Endpoint& ep, Deadline deadline, const char* what, Done&& done) {
+void wait_for(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
+              const std::stop_token& abandon, Done&& done) {
   const bool ok = runtime::wait_until(deadline, [&](Deadline slice) {
     while (worker.progress()) {
     }
     if (done()) return true;
+    if (abandon.stop_requested())
+      throw ClosedError(std::string(what) + " with " + ep.peer() + " abandoned: closing");
     if (ep.error() != UCS_OK)
       throw ClosedError(std::string(what) + ": connection to " + ep.peer() +
                         " lost: " + ucs_status_string(ep.error()));
@@ -81,16 +84,17 @@ std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, siz
                                    limits, what);
 }
 
-void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline) {
+void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline,
+                  std::stop_token abandon) {
   std::vector<std::byte> frame = wire::control_frame(body);
   Request req = ep.send(tag, frame);
-  wait_for(worker, ep, deadline, "handshake", [&] { return req.done(); });
+  wait_for(worker, ep, deadline, "handshake", abandon, [&] { return req.done(); });
 }
 
 Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits& limits,
-                  Deadline deadline, const char* what) {
+                  Deadline deadline, const char* what, std::stop_token abandon) {
   Json body;
-  wait_for(worker, ep, deadline, what, [&] {
+  wait_for(worker, ep, deadline, what, abandon, [&] {
     std::optional<Json> got =
         take_control(worker, ep, tag, kMaxControlFrame, limits, what, deadline);
     if (got) body = std::move(*got);
@@ -99,9 +103,10 @@ Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits
   return body;
 }
 
-void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* what) {
+void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
+                   std::stop_token abandon) {
   Request flushed = ep.flush();
-  wait_for(worker, ep, deadline, what, [&] { return flushed.done(); });
+  wait_for(worker, ep, deadline, what, abandon, [&] { return flushed.done(); });
 }
 
 }  // namespace tensorwire::ucx

@@ -2,11 +2,14 @@
 // connection (the pipe, the remote inference transport): the handshake, errors, heartbeats.
 //
 // The blocking forms are for a connection whose worker one thread alone progresses while
-// they run (a handshake); they wait interruptibly (runtime/wait.h) on the worker's fd.
+// they run (a handshake); they wait interruptibly (runtime/wait.h) on the worker's fd, and
+// end with ClosedError within one wait slice once `abandon` is requested (a server closing
+// while a client stalls in its handshake must not wait for the handshake's deadline).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stop_token>
 
 #include "tensorwire/core/json.h"
 #include "tensorwire/runtime/timeout.h"
@@ -37,13 +40,15 @@ std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, siz
                                  const wire::Limits& limits, const char* what, Deadline finish);
 
 // Sends `body` on `tag` and waits until the send completed, until `deadline` (TimeoutError).
-void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline);
+void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline,
+                  std::stop_token abandon = {});
 // Waits for a control frame on `tag` until `deadline` (TimeoutError "<what> timed out"),
 // ClosedError when the endpoint fails meanwhile.
 Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits& limits,
-                  Deadline deadline, const char* what);
+                  Deadline deadline, const char* what, std::stop_token abandon = {});
 // Waits until UCX's wire-up of `ep` is over (a flush completes only then): UCX 1.13 crashes
 // when a send pending across the move from its first lanes is replayed.
-void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* what);
+void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
+                   std::stop_token abandon = {});
 
 }  // namespace tensorwire::ucx

@@ -83,7 +83,9 @@ class RemoteTransport : public Transport {
   std::vector<Key> request_keys() const;
   std::vector<Key> response_keys() const;
   // Clients connected now (handshake done), slots not free, and connections refused (bad
-  // handshake, wrong key, bad frames) with why the last one was.
+  // handshake, wrong key, bad frames, a client that stalls or vanishes in its handshake for
+  // longer than handshake_timeout) with why the last one was. Closing the transport ends
+  // handshakes in progress at once, uncounted.
   size_t connected() const;
   uint32_t slots_in_use() const;
   uint64_t refused() const noexcept;

@@ -221,6 +221,42 @@ TEST(RemoteTransport, AClientThatStopsInTheMiddleOfAnOversizedFrameHoldsNothing)
   watchdog.join();
 }
 
+// A client that connects, takes the server's hello and then says nothing (a SIGSTOP, a
+// hostile client): its connection's thread waits in the handshake.
+struct StalledClient {
+  ucx::Worker worker;
+  ucx::Endpoint ep;
+  explicit StalledClient(uint16_t port) : ep(worker, "127.0.0.1", port) {
+    ucx::wait_wired_up(worker, ep, Deadline::after(5s), "test");
+    ucx::recv_control(worker, ep, remote::tag(remote::Kind::Control), {}, Deadline::after(5s),
+                      "test");
+  }
+};
+
+// Counted as a refusal, as the pipe's listener counts a client that stalls in its handshake.
+TEST(RemoteTransport, AClientStalledInItsHandshakeIsRefusedAtTheHandshakeTimeout) {
+  auto t =
+      RemoteTransport::create(request_spec(), response_spec(),
+                              {.num_slots = 2, .host = "127.0.0.1", .handshake_timeout = 300ms});
+  InferenceServer server(double_policy, t);
+  server.start();
+  StalledClient stalled(t->port());
+  EXPECT_TRUE(eventually([&] { return t->refused() == 1; }));
+  EXPECT_NE(t->last_refusal().find("timed out"), std::string::npos) << t->last_refusal();
+  EXPECT_EQ(action0(connect_to(*t)(observation(2), 5s)), 4);
+}
+
+// Closing the transport ends a handshake in progress at once, not at its timeout.
+TEST(RemoteTransport, ClosingDuringAStalledHandshakeIsPrompt) {
+  auto t = RemoteTransport::create(request_spec(), response_spec(),
+                                   {.num_slots = 2, .host = "127.0.0.1", .handshake_timeout = 60s});
+  StalledClient stalled(t->port());
+  std::this_thread::sleep_for(100ms);  // its connection's thread waits for the client's hello
+  const auto start = std::chrono::steady_clock::now();
+  t.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
 TEST(RemoteTransport, AClientGoneMidRequestGivesItsSlotsBack) {
   auto t = make_remote(2);
   std::atomic<bool> hold{true};
