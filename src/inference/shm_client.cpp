@@ -149,10 +149,14 @@ ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
     : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
 std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw ClosedError("the inference client was closed");
-  if (conn_ && !conn_->stale()) return conn_;
-  conn_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw ClosedError("the inference client was closed");
+    if (conn_ && !conn_->stale()) return conn_;
+  }
+  // Attaching waits (for the name to be served, for the welcome) without holding mu_: a
+  // process forked meanwhile by another thread would get mu_ locked for good, and its first
+  // call on this client would hang past its timeout and Ctrl-C.
   std::shared_ptr<ShmConnection> c;
   if (local_ && local_generation_ == os::fork_generation()) {
     c = std::make_shared<ShmConnection>();
@@ -165,6 +169,9 @@ std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
   } else {
     c = attach_by_name(name_, Deadline::after(kConnectTimeout).min(limit));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw ClosedError("the inference client was closed");
+  if (conn_ && !conn_->stale()) return conn_;  // another thread attached meanwhile
   hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
   conn_ = c;
   return c;

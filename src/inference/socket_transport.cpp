@@ -487,9 +487,20 @@ class SocketClient final : public detail::ClientImpl {
 
  private:
   std::shared_ptr<SockConn> connection(Deadline limit = Deadline::never()) {
+    auto current = [&]() -> std::shared_ptr<SockConn> {
+      if (closed_) throw ClosedError("the inference client was closed");
+      return conn_ && conn_->generation == os::fork_generation() ? conn_ : nullptr;
+    };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto c = current()) return c;
+    }
+    // Connecting waits without holding mu_ (as ShmClient::connection: a process forked by
+    // another thread meanwhile would get mu_ locked for good).
+    std::shared_ptr<SockConn> c = connect_socket(name_, limit);
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) throw ClosedError("the inference client was closed");
-    if (!conn_ || conn_->generation != os::fork_generation()) conn_ = connect_socket(name_, limit);
+    if (auto other = current()) return other;  // another thread connected meanwhile
+    conn_ = std::move(c);
     return conn_;
   }
   std::string not_taken(const char* why, bool partly) const {

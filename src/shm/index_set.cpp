@@ -8,7 +8,13 @@ namespace tensorwire::shm {
 IndexSet::IndexSet(void* memory, uint32_t capacity) noexcept
     : words_(static_cast<std::atomic<uint64_t>*>(memory)),
       capacity_(capacity),
-      nwords_((capacity + 63) / 64) {}
+      nwords_((capacity + 63) / 64),
+      last_word_mask_(capacity % 64 ? (uint64_t{1} << (capacity % 64)) - 1 : ~uint64_t{0}) {}
+
+uint64_t IndexSet::load_word(uint32_t w, std::memory_order order) const noexcept {
+  const uint64_t bits = words_[w].load(order);
+  return w + 1 == nwords_ ? bits & last_word_mask_ : bits;
+}
 
 void IndexSet::format() noexcept {
   for (uint32_t w = 0; w < nwords_; ++w) new (&words_[w]) std::atomic<uint64_t>(0);
@@ -29,7 +35,7 @@ bool IndexSet::contains(uint32_t i) const noexcept {
 
 bool IndexSet::empty() const noexcept {
   for (uint32_t w = 0; w < nwords_; ++w)
-    if (words_[w].load(std::memory_order_acquire) != 0) return false;
+    if (load_word(w, std::memory_order_acquire) != 0) return false;
   return true;
 }
 
@@ -48,7 +54,7 @@ size_t IndexSet::take(size_t max, uint32_t* out, uint32_t& cursor) noexcept {
       window = first_bit ? ~((uint64_t{1} << first_bit) - 1) : ~uint64_t{0};
     else if (step == nwords_)
       window = first_bit ? (uint64_t{1} << first_bit) - 1 : 0;
-    uint64_t present = words_[w].load(std::memory_order_relaxed) & window;
+    uint64_t present = load_word(w, std::memory_order_relaxed) & window;
     if (!present) continue;
     // Keep the lowest bits up to the number still wanted.
     uint64_t want = 0;

@@ -13,6 +13,10 @@
 // price is that order is by index, not FIFO; callers that need fairness rotate the
 // cursor (take() does).
 //
+// The words may be written by processes that are not trusted to keep to insert() (an
+// inference client maps the ready set): bits at or past the capacity are ignored, so
+// take() only ever returns indices below it.
+//
 // Thread-safety: every method may be called concurrently from any thread of any process
 // that maps the memory, except format(), which must happen before the set is shared.
 #pragma once
@@ -54,6 +58,8 @@ class IndexSet {
   std::atomic<uint64_t>* words_ = nullptr;
   uint32_t capacity_ = 0;
   uint32_t nwords_ = 0;
+  uint64_t last_word_mask_ = 0;  // the bits of the last word that are indices
+  uint64_t load_word(uint32_t w, std::memory_order order) const noexcept;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,

@@ -11,6 +11,10 @@
 
 namespace tensorwire::shm {
 
+namespace {
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+}  // namespace
+
 Segment::Impl::~Impl() {
   if (data) ::munmap(data, size);
   if (fd >= 0) ::close(fd);
@@ -18,12 +22,20 @@ Segment::Impl::~Impl() {
 
 Segment Segment::create(const std::string& name, size_t size) {
   if (size == 0) throw ValueError("shared-memory segment '" + name + "' of size 0");
-  int fd = ::memfd_create(("tensorwire:" + name).c_str(), MFD_CLOEXEC);
+  int fd = ::memfd_create(("tensorwire:" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) throw SystemError("memfd_create", errno);
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int err = errno;
     ::close(fd);
     throw SystemError("ftruncate of a " + std::to_string(size) + "-byte segment", err);
+  }
+  // Its size is fixed for good: every process it is handed to (a client of another trust
+  // domain among them) maps it whole, and one that shrank it would make the others'
+  // accesses past the new end SIGBUS.
+  if (::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError("sealing a shared-memory segment", err);
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
@@ -42,6 +54,11 @@ Segment Segment::create(const std::string& name, size_t size) {
 Segment Segment::map(int fd, size_t expected_size) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw SystemError("fstat of a received segment", errno);
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals)
+    throw ProtocolError(
+        "received segment is not sealed against resizing (not a tensorwire segment, or its "
+        "sender could shrink it under this process)");
   size_t size = static_cast<size_t>(st.st_size);
   if (size == 0 || (expected_size && size != expected_size))
     throw ProtocolError("received segment has " + std::to_string(size) + " bytes, expected " +

@@ -21,10 +21,12 @@ class Segment {
  public:
   Segment() = default;
 
-  // A new zero-filled segment of `size` bytes; `name` only labels it in /proc/PID/fd.
+  // A new zero-filled segment of `size` bytes, sealed against resizing; `name` only labels
+  // it in /proc/PID/fd.
   static Segment create(const std::string& name, size_t size);
-  // Maps a segment received from another process. The size is read from the fd and
-  // must equal `expected_size` when given (ProtocolError otherwise). Takes a dup of fd.
+  // Maps a segment received from another process. It must be sealed against resizing, and
+  // its size (read from the fd) must equal `expected_size` when given: ProtocolError
+  // otherwise. Takes a dup of fd.
   static Segment map(int fd, size_t expected_size = 0);
 
   std::byte* data() const noexcept { return impl_ ? impl_->data : nullptr; }

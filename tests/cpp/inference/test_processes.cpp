@@ -209,6 +209,32 @@ TEST_F(ForkedChildTest, SocketClientsInForkedChildren) {
   for (pid_t p : kids) EXPECT_EQ(wait_child(p), 0);
 }
 
+// A client made by name before its server exists, forked while another thread of the
+// parent waits for that server in the client's first call: the child's own call ends by its
+// timeout (it hung for ever: the child inherited the client's lock, held by a thread it does
+// not have), for both transports that attach by name.
+TEST_F(ForkedChildTest, AForkWhileAnotherThreadAttachesLeavesTheChildsClientUsable) {
+  for (const std::string kind : {"shm", "socket"}) {
+    const std::string name = "tw-test-fork-attach-" + kind + "-" + std::to_string(::getpid());
+    Client c =
+        kind == "shm" ? SharedMemoryTransport::client_for(name) : SocketTransport::client_for(name);
+    std::thread attaching([&] { EXPECT_THROW(c(observation(1), 2s), Error); });
+    std::this_thread::sleep_for(200ms);  // that thread waits for the name to be served
+    pid_t kid = fork_child([&] {
+      ::alarm(20);  // a hang ends as SIGALRM
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c(observation(1), 1s);
+        return 2;  // nothing serves the name
+      } catch (const Error&) {
+      }
+      return std::chrono::steady_clock::now() - t0 < 5s ? 0 : 3;
+    });
+    EXPECT_EQ(wait_child(kid), 0) << kind;
+    attaching.join();
+  }
+}
+
 TEST_F(ProcessTest, FileDescriptorsAreNotLeaked) {
   const int before = open_fds();
   {

@@ -1,5 +1,6 @@
 // The shared-memory primitives added for the inference transport: IndexSet,
-// fork_generation(), WaitWord's notify_one() and WaitBits.
+// fork_generation(), WaitWord's notify_one() and WaitBits; and the segments every shared
+// region lives in.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -17,6 +18,8 @@
 #include "os/fork.h"
 #include "os/futex.h"
 #include "shm/index_set.h"
+#include "shm/segment.h"
+#include "tensorwire/core/error.h"
 
 namespace {
 
@@ -65,6 +68,23 @@ TEST(IndexSet, EraseReportsWhetherTheIndexWasPresent) {
   EXPECT_TRUE(b.set.erase(4));
   EXPECT_FALSE(b.set.erase(4));
   EXPECT_TRUE(b.set.empty());
+}
+
+// The memory is shared with other processes (the ready set of the inference transport, which
+// its clients write): a bit at or past the capacity, which no insert() makes, is never
+// taken as an index (the server used it as a slot number, out of bounds) and does not
+// make the set look non-empty (the server spun on it).
+TEST(IndexSet, BitsPastTheCapacityWrittenByAnotherProcessAreNeverTaken) {
+  Bits b(8);
+  b.memory[0] |= uint64_t{1} << 40;  // as a client writing the shared word would
+  EXPECT_TRUE(b.set.empty());
+  uint32_t cursor = 0;
+  EXPECT_TRUE(take_all(b.set, cursor).empty());
+  b.set.insert(7);
+  EXPECT_EQ(take_all(b.set, cursor), (std::vector<uint32_t>{7}));
+  cursor = 5;
+  b.set.insert(2);
+  EXPECT_EQ(take_all(b.set, cursor), (std::vector<uint32_t>{2}));
 }
 
 TEST(IndexSet, ConcurrentProducersAndAConsumerSeeEveryIndexExactlyOnce) {
@@ -261,4 +281,28 @@ TEST(WaitBits, NotifyWakesTheSleepersOfItsBitsOnly) {
   sleepers[2].join();
   for (const auto& r : returns) EXPECT_EQ(r.load(), 1);
   EXPECT_EQ(word.sleepers.load(), 0u);
+}
+
+// A segment is handed to other processes (the inference transport's clients, a runner's
+// workers): none of them can resize it, so none can make the others' accesses SIGBUS.
+TEST(Segment, CannotBeResizedByAnyoneItIsHandedTo) {
+  auto seg = tensorwire::shm::Segment::create("test", 4096);
+  EXPECT_NE(::ftruncate(seg.fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(seg.fd(), 8192), 0);
+  auto mapped = tensorwire::shm::Segment::map(seg.fd(), 4096);
+  EXPECT_EQ(mapped.size(), 4096u);
+}
+
+TEST(Segment, AReceivedSegmentThatCouldBeResizedIsRefused) {
+  const int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0);
+  try {
+    tensorwire::shm::Segment::map(fd, 4096);
+    ADD_FAILURE() << "an unsealed segment was mapped";
+  } catch (const tensorwire::ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("not sealed"), std::string::npos) << e.what();
+  }
+  ::close(fd);
 }
