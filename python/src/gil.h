@@ -61,6 +61,24 @@ class NoGil {
   PyThreadState* state_;
 };
 
+// An object of the library handed to Python, whose destructor joins threads of its own that
+// may be waiting for the GIL (to log through Python's logging, log_py.cpp): the last
+// reference, when Python drops it with the GIL held, is released with the GIL released, or
+// the join would wait for ever (a RemoteTransport deleted while a connection it refused was
+// being logged).
+template <class T>
+std::shared_ptr<T> released_without_gil(std::shared_ptr<T> p) {
+  T* raw = p.get();
+  return std::shared_ptr<T>(raw, [keep = std::move(p)](T*) mutable {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      NoGil nogil;
+      keep.reset();
+    } else {
+      keep.reset();
+    }
+  });
+}
+
 // A Python callable, or None (no callback), as a C++ callback: it is called with the GIL,
 // with what `convert` makes of the argument. Shared, as std::function copies it where the
 // GIL is not held.

@@ -50,11 +50,20 @@ struct PyClient {
   std::optional<std::vector<Key>> keys;
   bool keys_known = false;
 
+  // Called with the GIL, which serialises the threads sharing this client: the keys are
+  // fetched without it (the first call connects: a handshake) into a local, and stored once
+  // the GIL is back (threads that wrote them together, with another reading, crashed).
   const std::optional<std::vector<Key>>& request_keys() {
     if (!keys_known) {
-      NoGil nogil;  // may connect (a handshake with the owner)
-      keys = client.request_keys();
-      keys_known = true;
+      std::optional<std::vector<Key>> fetched;
+      {
+        NoGil nogil;
+        fetched = client.request_keys();
+      }
+      if (!keys_known) {
+        keys = std::move(fetched);
+        keys_known = true;
+      }
     }
     return keys;
   }
@@ -190,7 +199,7 @@ void bind_inference(nb::module_& m) {
            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
            NoGil nogil;
-           return Shm::create(request, response, o);
+           return released_without_gil(Shm::create(request, response, o));
          },
          nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
          nb::arg("copy_result") = true, nb::arg("name").none() = nb::none(),
@@ -201,7 +210,7 @@ void bind_inference(nb::module_& m) {
             const std::string n = *str_arg(name, "name", false);
             const Timeout t = Timeout::seconds(timeout);
             NoGil nogil;
-            return Shm::attach(n, t);
+            return released_without_gil(Shm::attach(n, t));
           },
           nb::arg("name").none(), nb::arg("timeout").none() = 5.0)
       .def_prop_ro("name", &Shm::name)
@@ -229,7 +238,7 @@ void bind_inference(nb::module_& m) {
             TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
             TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
             NoGil nogil;
-            return Remote::create(request, response, o);
+            return released_without_gil(Remote::create(request, response, o));
           },
           nb::arg("request_spec"), nb::arg("response_spec"), nb::arg("num_slots").none(),
           nb::arg("host").none(), nb::arg("port").none(), nb::arg("auth_key").none(),
@@ -254,8 +263,9 @@ void bind_inference(nb::module_& m) {
       nb::arg("address").none(), nb::arg("port").none(), nb::arg("auth_key").none(),
       nb::arg("liveness_timeout").none(), nb::arg("connect_now"));
 
-  nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport")
-      .def_static("create", &inf::ThreadTransport::create);
+  nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport").def_static("create", [] {
+    return released_without_gil(inf::ThreadTransport::create());
+  });
 
   nb::class_<inf::SocketTransport, inf::Transport>(m, "_SocketTransport")
       .def_static(
@@ -264,7 +274,7 @@ void bind_inference(nb::module_& m) {
             inf::SocketOptions o{.name = str_arg(name, "name", true).value_or(""),
                                  .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
             NoGil nogil;
-            return inf::SocketTransport::create(std::move(o));
+            return released_without_gil(inf::SocketTransport::create(std::move(o)));
           },
           nb::arg("name").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
       .def_prop_ro("name", &inf::SocketTransport::name)

@@ -125,10 +125,13 @@ void RemoteLink::check() const {
   throw ClosedError(failure);
 }
 
+std::string RemoteLink::inherited_error() const {
+  return "this remote inference client (to " + address +
+         ") was connected before a fork: its UCX state belongs to the parent";
+}
+
 void RemoteLink::step() {
-  if (ucx::inherited(generation))
-    throw ClosedError("this remote inference client (to " + address +
-                      ") was connected before a fork: its UCX state belongs to the parent");
+  if (inherited()) throw ClosedError(inherited_error());
   check();
   try {
     while (waiting_.progress(*worker)) {
@@ -219,10 +222,16 @@ class RemotePending final : public Pending {
   RemotePending(std::shared_ptr<RemoteLink> link, std::unique_ptr<RemoteLink::Orphan> r)
       : link_(std::move(link)), r_(std::move(r)) {}
 
+  // A request of the parent, in a forked child: never touches the link's mutex, which a
+  // thread of the parent may have held at the fork (the child hung on it for ever).
   ~RemotePending() override {
     if (done_ || !r_) return;
+    if (link_->inherited()) {
+      (void)r_.release();  // its UCX requests are the parent's
+      return;
+    }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (!link_->failure.empty() && !ucx::inherited(link_->generation)) {
+    if (!link_->failure.empty()) {
       r_->recv.cancel(link_->worker->handle());
       return;
     }
@@ -230,11 +239,13 @@ class RemotePending final : public Pending {
   }
 
   bool ready() override {
+    if (inherited()) return true;
     std::lock_guard<std::mutex> lock(link_->mu);
     return poll();
   }
 
   bool wait(Deadline slice) override {
+    if (inherited()) return true;
     while (true) {
       uint64_t seen;
       {
@@ -262,6 +273,13 @@ class RemotePending final : public Pending {
   }
 
  private:
+  // Done (take() then raises why) when the link is a forked child's copy.
+  bool inherited() {
+    if (!link_->inherited()) return false;
+    if (!done_) closed_ = link_->inherited_error();
+    done_ = true;
+    return true;
+  }
   // Under link mu.
   bool poll() {
     if (done_) return true;
@@ -308,18 +326,26 @@ std::string RemoteClient::address() const {
 }
 
 std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
+  auto current = [&]() -> std::shared_ptr<RemoteLink> {
+    if (closed_) throw ClosedError("this remote inference client (to " + address() + ") is closed");
+    if (link_ && link_->inherited()) {
+      // Made by the parent of this forked child: not ours to use nor to tear down.
+      (void)new std::shared_ptr<RemoteLink>(std::move(link_));
+    }
+    return link_;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto l = current()) return l;
+  }
+  // Connecting (a handshake, up to connect_timeout) without holding mu_: a process forked
+  // meanwhile by another thread would get mu_ locked for good (as ShmClient::connection).
+  auto l = std::make_shared<RemoteLink>(host_, port_, options_,
+                                        limit.min(Deadline::after(options_.connect_timeout)));
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw ClosedError("this remote inference client (to " + address() + ") is closed");
-  if (link_ && ucx::inherited(link_->generation)) {
-    // Made by the parent of this forked child: not ours to use nor to tear down.
-    (void)new std::shared_ptr<RemoteLink>(std::move(link_));
-  }
-  if (!link_) {
-    auto l = std::make_shared<RemoteLink>(host_, port_, options_,
-                                          limit.min(Deadline::after(options_.connect_timeout)));
-    if (l->heartbeat_period.count() > 0) runtime::keep_alive(l, l->heartbeat_period);
-    link_ = std::move(l);
-  }
+  if (auto other = current()) return other;  // another thread connected meanwhile
+  if (l->heartbeat_period.count() > 0) runtime::keep_alive(l, l->heartbeat_period);
+  link_ = std::move(l);
   return link_;
 }
 

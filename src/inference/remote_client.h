@@ -33,6 +33,10 @@ class RemoteLink : public runtime::Beating {
   void wait(Deadline slice, uint64_t seen);
   void fail(const std::string& why, bool protocol);  // under mu
   void check() const;                                // under mu: throws the failure
+  // A forked child's copy, made by its parent (no lock: mu may be held for good by a
+  // thread of the parent), and what using it is.
+  bool inherited() const noexcept { return ucx::inherited(generation); }
+  std::string inherited_error() const;
   // How long the rest of a message that began to arrive may take (ucx::frame_deadline).
   Deadline frame_deadline() const { return ucx::frame_deadline(options_.liveness_timeout); }
   void beat() noexcept override;

@@ -103,6 +103,79 @@ def test_a_wrong_key_is_refused_on_both_sides():
         assert good({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
 
 
+# The transport's connection thread logs a refusal through Python's logging (it takes the
+# GIL); the main thread holds the GIL (a switch interval of 60 s) until the refusal is
+# counted, then deletes the transport, whose destructor joins that thread. It hung for
+# ever: the join waited with the GIL held.
+_DELETE_WHILE_LOGGING = """
+import subprocess, sys, time
+import numpy as np
+from tensorwire import inference as inf
+t = inf.RemoteTransport({"observation": np.zeros(4, np.float32)},
+                        {"action": np.zeros(4, np.float32)},
+                        num_slots=2, host="127.0.0.1", auth_key="right")
+client = subprocess.Popen([sys.executable, "-c",
+    "from tensorwire import inference as inf\\n"
+    "try:\\n    inf.connect('127.0.0.1', %d, auth_key='wrong')\\nexcept Exception:\\n    pass"
+    % t.port])
+sys.setswitchinterval(60)
+end = time.monotonic() + 30
+while t.refused < 1 and time.monotonic() < end:
+    pass
+refused = t.refused
+del t
+sys.setswitchinterval(0.005)
+client.wait()
+print("deleted after", refused, "refusal")
+"""
+
+
+def test_deleting_a_transport_while_it_logs_a_refusal_does_not_hang():
+    out = subprocess.run([sys.executable, "-c", _DELETE_WHILE_LOGGING], capture_output=True,
+                         text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert "deleted after 1 refusal" in out.stdout, out.stderr
+
+
+# Threads making their first call on one fresh client at once: the first call connects (the
+# GIL released) and stores the request keys, which another thread may read meanwhile. The
+# process crashed (a segfault in reading freed keys) in most runs.
+_FIRST_CALLS_TOGETHER = """
+import threading
+import numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+spec = {f"k{i:04d}_" + "x" * 40: np.zeros(1, np.float32) for i in range(300)}
+first = next(iter(spec))
+t = inf.RemoteTransport(spec, {"action": np.zeros(1, np.float32)}, num_slots=64,
+                        host="127.0.0.1")
+server = inf.InferenceServer(
+    lambda b: tw.TensorDict({"action": b[first]}, batch_size=b.batch_size), t).start()
+request = {k: np.full(1, 3, np.float32) for k in spec}
+answers = []
+for _ in range(100):
+    c = t.client()
+    barrier = threading.Barrier(6)
+    def call():
+        barrier.wait()
+        answers.append(float(c(request, timeout=10)["action"][0]))
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    [th.start() for th in threads]
+    [th.join() for th in threads]
+    c.close()
+server.shutdown()
+t.close()
+print("answers", len(answers), set(answers))
+"""
+
+
+def test_threads_making_their_first_calls_on_one_client_together():
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALLS_TOGETHER], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "answers 600 {3.0}" in out.stdout, out.stdout + out.stderr
+
+
 def test_local_and_remote_transports_share_one_server():
     shm = inf.SharedMemoryTransport(*SPECS, num_slots=8)
     remote = inf.RemoteTransport(*SPECS, num_slots=8, host="127.0.0.1")

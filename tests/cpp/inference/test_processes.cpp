@@ -235,6 +235,45 @@ TEST_F(ForkedChildTest, AForkWhileAnotherThreadAttachesLeavesTheChildsClientUsab
   }
 }
 
+// Remote requests of the parent, in a forked child, while another thread of the parent
+// keeps using the same client (it holds the connection's lock often): the child's result(),
+// done() and the future's destruction end at once with ClosedError ("connected before a
+// fork"), never on the lock the parent's thread held at the fork (the child hung for ever
+// in some forks).
+TEST_F(ForkedChildTest, RemoteFuturesInheritedByAForkedChildEndAtOnce) {
+  auto t = RemoteTransport::create(request_spec(), response_spec(),
+                                   {.num_slots = 8, .host = "127.0.0.1"});
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client c = RemoteTransport::connect("127.0.0.1", t->port());
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int b = 0; b < 2; ++b)
+    busy.emplace_back([&] {
+      while (!stop.load()) c(observation(1), 5s);
+    });
+  for (int k = 0; k < 200; ++k) {
+    Future f = c.submit(observation(2));
+    Future dropped = c.submit(observation(3));
+    pid_t kid = fork_child([&] {
+      ::alarm(10);  // a hang ends as SIGALRM
+      { Future gone = std::move(dropped); }
+      (void)f.done();
+      try {
+        f.result(1s);
+        return 2;
+      } catch (const ClosedError& e) {
+        return std::string(e.what()).find("before a fork") != std::string::npos ? 0 : 3;
+      }
+    });
+    ASSERT_EQ(wait_child(kid), 0) << "fork " << k;
+    EXPECT_EQ(action0(f.result(5s)), 4);
+    EXPECT_EQ(action0(dropped.result(5s)), 6);
+  }
+  stop = true;
+  for (auto& b : busy) b.join();
+}
+
 TEST_F(ProcessTest, FileDescriptorsAreNotLeaked) {
   const int before = open_fds();
   {

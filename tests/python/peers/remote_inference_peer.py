@@ -6,7 +6,8 @@
         SharedMemoryTransport served by the same server, and N local actor processes
         (spawned) calling it from when the first remote actor connects until stdin closes
         (at least 200 times each).
-        Prints "port N", then serves until stdin closes;
+        Prints "port N", then serves until stdin closes and its remote clients are gone (up
+        to 10 s);
         prints {"batches": [[n_local, n_remote], ...], "refused", "last_refusal",
         "connected", "slots_in_use", "local_checked": [[calls, checked], ...]}.
     remote_inference_peer.py actor HOST PORT COUNT [--key K] [--liveness S] [--tag T]
@@ -100,6 +101,11 @@ def server(a):
     local_checked = [q.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(30)
+    # The remote actors have exited; on a loaded machine their connections' ends may not be
+    # seen yet: wait (bounded) until they are, so the report says what the server settles on.
+    settle = time.monotonic() + 10
+    while (remote.connected or remote.slots_in_use) and time.monotonic() < settle:
+        time.sleep(0.01)
     info = {"refused": remote.refused, "last_refusal": remote.last_refusal,
             "connected": remote.connected, "slots_in_use": remote.slots_in_use}
     srv.shutdown()
