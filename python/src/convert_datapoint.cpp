@@ -219,8 +219,10 @@ wire::DatapointStructureCache& structures() {                // used under the G
 }  // namespace
 
 nb::object raw_to_py(const dataflow::RawDatapoint& raw, bool allow_pickle) {
-  const DatapointNode* n = structures().get(raw.layout->metadata_ptr(), raw.layout->total_bytes(),
-                                            raw.layout.get(), allow_pickle);
+  // Held while it is walked: the walk runs Python code, which may let another thread decode
+  // other schemas and empty the cache.
+  const std::shared_ptr<const DatapointNode> n = structures().get(
+      raw.layout->metadata_ptr(), raw.layout->total_bytes(), raw.layout.get(), allow_pickle);
   if (!n) return nb::cast(PyTensorDict(raw.to_tensordict()));
   return node_to_py(raw.storage, *n);
 }
@@ -229,7 +231,8 @@ nb::object datapoint_to_py(const TensorDict& td, bool allow_pickle) {
   if (!td.contains(std::string(wire::kDatapointTag))) return nb::cast(PyTensorDict(td));
   const TensorDict c = is_consolidated_root(td) ? td : consolidate(td);
   const Consolidated& k = *c.consolidated();
-  const DatapointNode* n = structures().get(k.metadata, k.storage.nbytes(), nullptr, allow_pickle);
+  const std::shared_ptr<const DatapointNode> n =
+      structures().get(k.metadata, k.storage.nbytes(), nullptr, allow_pickle);
   return node_to_py(k.storage, *n);
 }
 

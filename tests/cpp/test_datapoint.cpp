@@ -209,7 +209,7 @@ TEST(DatapointStructureCache, MakesAStructureOncePerMetadataAndPickleRule) {
   const auto& meta = c.consolidated()->metadata;
   const uint64_t bytes = c.consolidated()->storage.nbytes();
   DatapointStructureCache cache;
-  const DatapointNode* n = cache.get(meta, bytes, nullptr, true);
+  std::shared_ptr<const DatapointNode> n = cache.get(meta, bytes, nullptr, true);
   ASSERT_NE(n, nullptr);
   EXPECT_EQ(n->elements.size(), 7u);
   EXPECT_EQ(cache.get(meta, bytes, nullptr, true), n);  // the same structure, not a new one
@@ -219,6 +219,23 @@ TEST(DatapointStructureCache, MakesAStructureOncePerMetadataAndPickleRule) {
   EXPECT_NE(cache.get(l.metadata_ptr(), bytes, &l, true), nullptr);
   TensorDict plain = consolidate(TensorDict());  // no tag: not a datapoint
   EXPECT_EQ(cache.get(plain.consolidated()->metadata, 0, nullptr, true), nullptr);
+}
+
+// A structure the caller holds stays valid when the cache empties itself (64 schemas
+// later): the Python binding walks one while other threads decode other schemas.
+TEST(DatapointStructureCache, AStructureHeldOutlivesTheCacheEmptyingItself) {
+  TensorDict c = consolidate(sample());
+  DatapointStructureCache cache;
+  std::shared_ptr<const DatapointNode> held =
+      cache.get(c.consolidated()->metadata, c.consolidated()->storage.nbytes(), nullptr, true);
+  std::vector<TensorDict> others;
+  for (int i = 0; i < 70; ++i) {
+    others.push_back(consolidate(sample()));  // a metadata object of its own: a new entry
+    cache.get(others.back().consolidated()->metadata,
+              others.back().consolidated()->storage.nbytes(), nullptr, true);
+  }
+  EXPECT_EQ(held.use_count(), 1);  // the cache let go of it; it is still ours
+  EXPECT_EQ(held->elements.size(), 7u);
 }
 
 TEST(DatapointDecoder, RejectsStringsThatAreNotUtf8) {

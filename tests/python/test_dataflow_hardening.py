@@ -357,3 +357,85 @@ obj.close()
     assert p.stdout.readline().strip() in ("again 0", "again None")
     _, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
+
+
+# Two threads iterate two runners: one of a single schema whose datapoints unpickle an
+# object (Python code runs mid-conversion, and Python may give the GIL to the other
+# thread there), one of a new schema every datapoint (which empties the process's cache of
+# datapoint structures every 64). The first thread's structure was freed under it: wrong
+# arrays or "view of shape [139796189214571] ... does not fit" after one datapoint.
+_TWO_THREADS_TWO_SCHEMAS = """
+import threading, time
+import numpy as np
+from tensorwire import dataflow as twdf
+
+def make(i):
+    time.sleep(0)  # unpickling that lets another thread run
+    return Tag(i)
+
+class Tag:
+    def __init__(self, i):
+        self.i = i
+    def __reduce__(self):
+        return (make, (self.i,))
+
+class Stable:
+    def reset_state(self):
+        pass
+    def __iter__(self):
+        i = 0
+        while True:
+            yield [Tag(i)] + [np.full(8, k, np.int64) for k in range(12)]
+            i += 1
+
+class Varying:
+    def reset_state(self):
+        pass
+    def __iter__(self):
+        i = 0
+        while True:
+            yield [np.zeros(1 + i % 500, np.uint8), {"a": 1.0, "b": [1, 2]}]
+            i += 1
+
+errors, read = [], {}
+stop = threading.Event()
+
+def consume(flow, check):
+    with twdf.MultiProcessRunnerZMQ(flow, 1) as r:
+        r.reset_state()
+        n = 0
+        try:
+            for dp in r:
+                check(dp)
+                n += 1
+                if stop.is_set():
+                    break
+        except Exception as e:
+            errors.append(f"after {n}: {type(e).__name__}: {e}")
+        read[type(flow).__name__] = n
+
+def stable(dp):
+    assert type(dp[0]) is Tag, type(dp[0])
+    for k in range(12):
+        assert dp[k + 1].shape == (8,) and (dp[k + 1] == k).all(), (k, dp[k + 1])
+
+threads = [threading.Thread(target=consume, args=(Stable(), stable)),
+           threading.Thread(target=consume, args=(Varying(), lambda dp: None))]
+for t in threads:
+    t.start()
+time.sleep(3)
+stop.set()
+for t in threads:
+    t.join()
+print("errors", errors, "read", read)
+"""
+
+
+def test_two_threads_iterating_runners_of_many_schemas_read_every_datapoint_right():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _TWO_THREADS_TWO_SCHEMAS], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "errors []" in out.stdout, out.stdout
+    assert "'Varying'" in out.stdout and "'Stable'" in out.stdout, out.stdout
