@@ -240,7 +240,10 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
 void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   const uint64_t task = seq++;
   Task t{send_pass, pass_index++, kNoWorker, std::nullopt};
-  if (policy.on_death == OnWorkerDeath::Restart) t.input = td;
+  // Kept to be sent again if its worker dies: a copy, as the task is yielded now. `td` may
+  // view the caller's memory (a numpy buffer the dataflow refills for every datapoint),
+  // which holds another datapoint by the time a resend reads it.
+  if (policy.on_death == OnWorkerDeath::Restart) t.input = td.clone();
   pending.emplace(task, std::move(t));
   const auto count_it = [&] {
     if (opt.strict)
@@ -256,7 +259,7 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
     // tasks again after it was sent): the dataflow gave it up, so it is sent with the next
     // call (fill() sends what waits for reissue first). Nothing is lost.
     if (Task& entry = pending.at(task); entry.worker == kNoWorker) {
-      entry.input = td;
+      if (!entry.input) entry.input = td.clone();
       reissue.push_back(task);
     }
     count_it();

@@ -163,6 +163,42 @@ def test_a_strict_map_reissues_what_a_dead_worker_held_in_order():
         assert m.restarts == 1
 
 
+class Reusing:
+    """Fills one buffer and yields it for every datapoint (fine with tensorpack, which
+    serializes a datapoint when it is yielded)."""
+
+    def reset_state(self):
+        pass
+
+    def __len__(self):
+        return 30
+
+    def __iter__(self):
+        buf = np.zeros(16, np.uint8)
+        for i in range(30):
+            buf[:] = i
+            yield [buf, i]
+
+
+def copy_and_kill_at_11(dp):
+    if dp[1] == 11 and first_generation(1):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [dp[0].copy(), dp[1]]
+
+
+def test_what_a_dead_worker_held_is_sent_again_as_it_was_yielded():
+    # The tasks sent again were read from the user's buffer at resend time: datapoints 11
+    # to 15 came back holding 16.
+    m = twdf.MultiProcessMapDataZMQ(Reusing(), 1, copy_and_kill_at_11, buffer_size=6,
+                                    strict=True, seed=SEED, on_worker_death="restart")
+    with m:
+        m.reset_state()
+        with pytest.warns(twdf.WorkerRestartedWarning):
+            got = [(i, a.tolist()) for a, i in m]
+        assert got == [(i, [i] * 16) for i in range(30)]
+        assert m.restarts == 1
+
+
 def slow_identity(dp):
     time.sleep(0.002)
     return dp
