@@ -181,7 +181,11 @@ void bind_inference(nb::module_& m) {
             return out;
           },
           nb::arg("num_clients").none())
-      .def("close", &inf::Transport::close)
+      .def("close",
+           [](inf::Transport& t) {
+             NoGil nogil;  // a remote transport joins threads that may log (take the GIL)
+             t.close();
+           })
       .def_prop_ro("closed", &inf::Transport::closed);
 
   auto shm = nb::class_<Shm, inf::Transport>(m, "_SharedMemoryTransport");

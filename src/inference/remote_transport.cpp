@@ -93,18 +93,24 @@ void RemoteTransport::open_server() {
 }
 
 void RemoteTransport::close_server(const std::string& reason, bool fail_pending) {
-  std::lock_guard<std::mutex> lock(s_->mu);
-  s_->serving = false;
-  s_->stopped = true;
-  s_->stop_reason = reason;
-  ++s_->wakeups;
-  s_->work.notify_all();
-  if (!fail_pending) return;
-  while (!s_->ready.empty()) {
-    const uint32_t i = s_->ready.front();
-    s_->ready.pop_front();
-    s_->answer(i, wire::remote::failure_json({"RuntimeError", reason, true}));
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->serving = false;
+    s_->stopped = true;
+    s_->stop_reason = reason;
+    ++s_->wakeups;
+    s_->work.notify_all();
+    if (fail_pending) {
+      while (!s_->ready.empty()) {
+        const uint32_t i = s_->ready.front();
+        s_->ready.pop_front();
+        s_->answer(i, wire::remote::failure_json({"RuntimeError", reason, true}));
+      }
+    }
   }
+  // A closed transport stops listening and ends its connections now, not when the last
+  // reference goes: its port is free again and its clients are told at once.
+  if (closed()) s_->stop(reason);
 }
 
 void RemoteTransport::wait_for_work(Deadline deadline) {

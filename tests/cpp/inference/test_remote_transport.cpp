@@ -324,6 +324,24 @@ TEST(RemoteTransport, ClientsRaiseClosedErrorPromptlyWhenTheServerGoes) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
 }
 
+// close() ends the transport's connections and frees its port at once, not when its last
+// reference goes (it kept listening, accepting clients, until then).
+TEST(RemoteTransport, CloseFreesThePortAndTellsTheClientsAtOnce) {
+  auto t = make_remote(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client c = connect_to(*t);
+  EXPECT_EQ(action0(c(observation(1), 5s)), 2);
+  t->close();
+  EXPECT_EQ(t->connected(), 0u);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c(observation(1), 10s), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  auto again = RemoteTransport::create(request_spec(), response_spec(),
+                                       {.num_slots = 2, .host = "127.0.0.1", .port = t->port()});
+  EXPECT_EQ(again->port(), t->port());
+}
+
 TEST(RemoteTransport, NothingListeningIsAClosedError) {
   uint16_t port;
   {
