@@ -96,8 +96,10 @@ void MultiTransport::open_server() {
       parts_[opened]->open_server();
     }
   } catch (...) {
+    // As the serving thread's last call would: each part's claim is given up (with false,
+    // a socket or thread transport stayed claimed for good).
     for (size_t i = 0; i < opened; ++i)
-      parts_[i]->close_server("InferenceServer failed to start", false);
+      parts_[i]->close_server("InferenceServer failed to start", true);
     throw;
   }
   // The server sleeps on the parts that cannot tell it of their work (or on the first, when

@@ -95,12 +95,14 @@ void RemoteTransport::open_server() {
 void RemoteTransport::close_server(const std::string& reason, bool fail_pending) {
   {
     std::lock_guard<std::mutex> lock(s_->mu);
-    s_->serving = false;
     s_->stopped = true;
     s_->stop_reason = reason;
     ++s_->wakeups;
     s_->work.notify_all();
     if (fail_pending) {
+      // The serving thread's last call (a shutdown that timed out returns before it): only
+      // now may another server claim the transport.
+      s_->serving = false;
       while (!s_->ready.empty()) {
         const uint32_t i = s_->ready.front();
         s_->ready.pop_front();

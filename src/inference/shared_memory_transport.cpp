@@ -104,10 +104,9 @@ void SharedMemoryTransport::open_server() {
         "this SharedMemoryTransport was attached by name: only the process that created "
         "it (pid " +
         std::to_string(region_->header->owner_pid) + ") can serve it");
-  uint32_t s = region_->header->server_state.load();
-  do {
-    if (s == kServing) throw Error("another InferenceServer already serves this transport");
-  } while (!region_->header->server_state.compare_exchange_weak(s, kServing));
+  if (owner_->claimed.exchange(true))
+    throw Error("another InferenceServer already serves this transport");
+  region_->header->server_state.store(kServing, std::memory_order_seq_cst);
   if (!owner_->batch.staging.defined())
     owner_->batch.staging = Storage::allocate(region_->request.bank_bytes(), 64);
 }
@@ -118,6 +117,7 @@ void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pe
   r.header->server_state.store(kStopped, std::memory_order_seq_cst);
   r.header->freed.notify_all();  // clients waiting for a slot re-check the state
   if (!fail_pending) return;
+  owner_->claimed.store(false);  // the serving thread's last call: another may start
   // Requests made ready after this sweep are taken back by their clients, who see the
   // state (seq_cst on both sides: either we see their bit or they see kStopped).
   std::vector<uint32_t> taken(r.num_slots);

@@ -33,6 +33,11 @@ class ShmOwner {
   uint64_t refused() const noexcept { return refused_.load(std::memory_order_relaxed); }
   std::string last_refusal() const;
 
+  // An InferenceServer claimed the transport (open_server) and its serving thread has not
+  // ended yet (close_server with fail_pending): the shared server state says kStopped from
+  // the start of a shutdown, while that thread may still run (a shutdown that timed out).
+  std::atomic<bool> claimed{false};
+
   // Serving-thread scratch, allocated once.
   uint32_t cursor = 0;
   std::vector<uint32_t> taken;

@@ -78,8 +78,9 @@ class Transport {
   // this process cannot serve it (an attached SharedMemoryTransport).
   virtual void open_server() = 0;
   // Marks the server gone: new submits fail with ClosedError. With `fail_pending`,
-  // also fails every request not yet drained with ClosedError(reason) (the serving
-  // thread does this once it has stopped).
+  // also fails every request not yet drained with ClosedError(reason) and gives up the
+  // server's claim (the serving thread does this once it has stopped; until then
+  // open_server() refuses another server, also after a shutdown that timed out).
   virtual void close_server(const std::string& reason, bool fail_pending) = 0;
   // Returns when a drain may find work, at `deadline`, or after interrupt().
   virtual void wait_for_work(Deadline deadline) = 0;

@@ -366,6 +366,38 @@ TEST_P(TransportTest, StartTwiceIsAnErrorAndASecondServerIsRefused) {
   EXPECT_EQ(action0(transport->client()(observation(1), 5s)), 2);
 }
 
+// A shutdown that timed out (the policy is still in its call) leaves the transport claimed
+// until its serving thread ends: a second server is refused meanwhile (it started, and the
+// old thread's end then failed all its requests with "shutting down"), and starts after.
+TEST_P(TransportTest, AServerAfterAShutdownThatTimedOutStartsOnceTheOldOneEnded) {
+  Gate gate;
+  InferenceServer old(gated(gate), transport);
+  old.start();
+  Future held = transport->client().submit(observation(1));
+  ASSERT_TRUE(gate.arrived(1));
+  EXPECT_FALSE(old.shutdown(Timeout(100ms)));
+  InferenceServer next(double_policy, transport);
+  EXPECT_THROW(next.start(), Error);
+  gate.open();
+  EXPECT_TRUE(old.shutdown(Timeout(5s)));
+  EXPECT_EQ(action0(held.result(5s)), 2);
+  next.start();
+  EXPECT_EQ(action0(transport->client()(observation(3), 5s)), 6);
+}
+
+// A server of several transports that fails to start (one of them is served already)
+// gives up its claim on the others: each can be served again.
+TEST_P(TransportTest, AFailedStartOfSeveralTransportsLeavesEachFreeToServe) {
+  auto taken = ThreadTransport::create();
+  InferenceServer other(double_policy, taken);
+  other.start();
+  InferenceServer both(double_policy, std::vector<std::shared_ptr<Transport>>{transport, taken});
+  EXPECT_THROW(both.start(), Error);
+  InferenceServer alone(double_policy, transport);
+  alone.start();
+  EXPECT_EQ(action0(transport->client()(observation(2), 5s)), 4);
+}
+
 // The server side by hand, as a server of several transports uses it: has_work() says
 // whether a drain would find a request, and notify_work() calls its hook for each one
 // (shared memory cannot: other processes make its requests ready).
