@@ -16,6 +16,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 
 namespace tensorwire::py {
@@ -70,12 +71,9 @@ template <class T>
 std::shared_ptr<T> released_without_gil(std::shared_ptr<T> p) {
   T* raw = p.get();
   return std::shared_ptr<T>(raw, [keep = std::move(p)](T*) mutable {
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      NoGil nogil;
-      keep.reset();
-    } else {
-      keep.reset();
-    }
+    std::optional<NoGil> nogil;
+    if (Py_IsInitialized() && PyGILState_Check()) nogil.emplace();
+    keep.reset();
   });
 }
 

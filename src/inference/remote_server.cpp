@@ -287,11 +287,8 @@ void RemoteConnection::handshake() {
   for (const TensorDict* spec : {&s_.request.spec(), &s_.response.spec()}) {
     std::vector<std::byte> bytes = encode_spec(*spec);
     ucx::Request req = ep_->send(remote::tag(remote::Kind::Spec), bytes);
-    while (!req.done()) {
-      if (stop.stop_requested()) throw ClosedError("remote inference handshake abandoned: closing");
-      if (deadline.passed()) throw TimeoutError("remote inference handshake: sending the specs");
-      worker_->wait(std::chrono::milliseconds(10));
-    }
+    ucx::wait_sent(*worker_, *ep_, req, deadline, "remote inference handshake: sending the specs",
+                   stop);
   }
   period_ = heartbeats_.start(peer.heartbeat_ms, s_.options.liveness_timeout)
                 .value_or(std::chrono::milliseconds(100));

@@ -84,11 +84,16 @@ std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, siz
                                    limits, what);
 }
 
+void wait_sent(Worker& worker, Endpoint& ep, Request& req, Deadline deadline, const char* what,
+               std::stop_token abandon) {
+  wait_for(worker, ep, deadline, what, abandon, [&] { return req.done(); });
+}
+
 void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline,
                   std::stop_token abandon) {
   std::vector<std::byte> frame = wire::control_frame(body);
   Request req = ep.send(tag, frame);
-  wait_for(worker, ep, deadline, "handshake", abandon, [&] { return req.done(); });
+  wait_sent(worker, ep, req, deadline, "handshake", abandon);
 }
 
 Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits& limits,

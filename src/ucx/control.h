@@ -39,6 +39,10 @@ std::vector<std::byte> receive_probed(Worker& worker, Endpoint& ep, ucp_tag_mess
 std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, size_t max_bytes,
                                  const wire::Limits& limits, const char* what, Deadline finish);
 
+// Waits until `req` (a send of this endpoint's) completed, until `deadline` (TimeoutError
+// naming `what`).
+void wait_sent(Worker& worker, Endpoint& ep, Request& req, Deadline deadline, const char* what,
+               std::stop_token abandon = {});
 // Sends `body` on `tag` and waits until the send completed, until `deadline` (TimeoutError).
 void send_control(Worker& worker, Endpoint& ep, uint64_t tag, const Json& body, Deadline deadline,
                   std::stop_token abandon = {});
