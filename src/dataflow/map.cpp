@@ -48,10 +48,14 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   struct Task {
     uint32_t pass = 0;
     uint64_t in_pass = 0;  // its index in its pass (named when it is stuck)
-    size_t worker = 0;     // kNoWorker until sent
+    size_t worker = 0;     // the worker it was sent to, or one of the two states below
     std::optional<TensorDict> input;
   };
-  static constexpr size_t kNoWorker = ~size_t{0};
+  // A task is in exactly one place: a worker (its index), on its way to one (kUnsent: the
+  // dispatch() under way owns it) or in `reissue` (kQueued). A task is queued only from
+  // kUnsent or a worker, so it is never queued, and never mapped, twice.
+  static constexpr size_t kUnsent = ~size_t{0};
+  static constexpr size_t kQueued = ~size_t{0} - 1;
   std::unordered_map<uint64_t, Task> pending;
   std::deque<uint64_t> reissue;  // seqs to send again, oldest first
   // Inside dispatch(): a restart found there (a nested death) queues its reissues for the
@@ -239,7 +243,7 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
 
 void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   const uint64_t task = seq++;
-  Task t{send_pass, pass_index++, kNoWorker, std::nullopt};
+  Task t{send_pass, pass_index++, kUnsent, std::nullopt};
   // Kept to be sent again if its worker dies: a copy, as the task is yielded now. `td` may
   // view the caller's memory (a numpy buffer the dataflow refills for every datapoint),
   // which holds another datapoint by the time a resend reads it.
@@ -257,16 +261,19 @@ void MultiProcessMapDataZMQ::Impl::send_task(const TensorDict& td) {
   } catch (const Interrupted&) {
     // Ctrl-C while it waited for a worker's queue (or while dispatch() sent a dead worker's
     // tasks again after it was sent): the dataflow gave it up, so it is sent with the next
-    // call (fill() sends what waits for reissue first). Nothing is lost.
-    if (Task& entry = pending.at(task); entry.worker == kNoWorker) {
+    // call (fill() sends what waits for reissue first). Nothing is lost. Sent and then
+    // lost to a death found before the interrupt, it is queued already (kQueued).
+    if (Task& entry = pending.at(task); entry.worker == kUnsent) {
       if (!entry.input) entry.input = td.clone();
+      entry.worker = kQueued;
       reissue.push_back(task);
     }
     count_it();
     throw;
   } catch (...) {
-    // Not sent (a bad datapoint, a failed map): it is not in flight. Sent, it stays.
-    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kNoWorker) {
+    // Not sent (a bad datapoint, a failed map): it is not in flight. Sent (or queued after
+    // its worker died), it stays.
+    if (auto it = pending.find(task); it != pending.end() && it->second.worker == kUnsent) {
       pending.erase(it);
       throw;
     }
@@ -348,7 +355,7 @@ void MultiProcessMapDataZMQ::Impl::after_replacing(int index, uint16_t sender) {
   for (auto& [task, t] : pending)
     if (t.worker == i) {
       lost.push_back(task);
-      t.worker = kNoWorker;
+      t.worker = kQueued;
     }
   std::sort(lost.begin(), lost.end());
   reissue.insert(reissue.end(), lost.begin(), lost.end());
@@ -362,14 +369,16 @@ void MultiProcessMapDataZMQ::Impl::flush_reissue() {
     auto it = pending.find(task);
     if (it == pending.end() || !it->second.input) continue;  // came back meanwhile
     const TensorDict input = *it->second.input;
-    it->second.worker = kNoWorker;  // in no worker's count while it is sent
+    it->second.worker = kUnsent;  // in no worker's count while it is sent
     try {
       dispatch(task, input);
     } catch (...) {
       // Not sent (interrupted): first in line again, for the next fill() to send.
       if (auto again = pending.find(task);
-          again != pending.end() && again->second.worker == kNoWorker)
+          again != pending.end() && again->second.worker == kUnsent) {
+        again->second.worker = kQueued;
         reissue.push_front(task);
+      }
       throw;
     }
   }
