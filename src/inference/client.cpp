@@ -1,5 +1,8 @@
 #include "tensorwire/inference/client.h"
 
+#include <atomic>
+#include <string_view>
+
 #include "client_impl.h"
 #include "runtime/timed_lock.h"
 #include "runtime/wait.h"
@@ -27,45 +30,66 @@ std::string detail::leaf_str(DType dtype, const Shape& shape) {
   return s + shape_str(shape);
 }
 
+// pending_ is read and reset only under `lock`. done() and state() never wait for it (a
+// result() may hold it for as long as its timeout): when it is held they read `outcome`,
+// which result() sets before it lets go of pending_, and which state() itself raises to
+// Arrived when it saw the response, so that done() never goes back to false.
+struct detail::FutureSync {
+  enum Outcome : uint8_t { Pending, Arrived, Done, Failed };
+  runtime::TimedLock lock;
+  std::atomic<Outcome> outcome{Pending};
+};
+
 Future::Future() noexcept = default;
 Future::Future(std::unique_ptr<detail::Pending> pending)
-    : pending_(std::move(pending)), mu_(std::make_unique<runtime::TimedLock>()) {}
+    : pending_(std::move(pending)), sync_(std::make_unique<detail::FutureSync>()) {}
 Future::Future(Future&&) noexcept = default;
 Future& Future::operator=(Future&&) noexcept = default;
 Future::~Future() = default;
 
 bool Future::done() {
-  if (!pending_) return valid();
-  return pending_->ready();
+  return std::string_view(state()) != "pending" && valid();
 }
 
 const char* Future::state() {
+  if (!sync_) return "empty";
+  if (!sync_->lock.try_lock()) {  // another thread is in result()
+    switch (sync_->outcome.load()) {
+      case detail::FutureSync::Pending:
+        return "pending";
+      case detail::FutureSync::Failed:
+        return "failed";
+      default:
+        return "done";
+    }
+  }
+  std::lock_guard<runtime::TimedLock> held(sync_->lock, std::adopt_lock);
   if (value_) return "done";
   if (error_) return "failed";
-  if (!pending_) return "empty";
-  return pending_->ready() ? "done" : "pending";
+  if (!pending_->ready()) return "pending";
+  sync_->outcome = detail::FutureSync::Arrived;
+  return "done";
 }
 
 TensorDict Future::result(Timeout timeout) {
   const Deadline deadline = Deadline::after(timeout);
+  if (!sync_) throw Error("result() of an empty Future");
   // A second thread waits for the first one's result as interruptibly as for a response.
-  std::unique_lock<runtime::TimedLock> lock;
-  if (mu_) {
-    lock = std::unique_lock<runtime::TimedLock>(*mu_, std::defer_lock);
-    if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
-      throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
-  }
+  std::unique_lock<runtime::TimedLock> lock(sync_->lock, std::defer_lock);
+  if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
+    throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
   if (value_) return *value_;
   if (error_) std::rethrow_exception(error_);
-  if (!pending_) throw Error("result() of an empty Future");
   // An interrupt (or the timeout) leaves pending_ in place: the request stays in flight.
   if (!wait_for(*pending_, deadline))
     throw TimeoutError("no response within " + timeout.str() +
                        "; the request is still in flight: call result() again");
   try {
     value_ = pending_->take();
+    sync_->outcome = detail::FutureSync::Done;
   } catch (...) {
     error_ = std::current_exception();
+    sync_->outcome = detail::FutureSync::Failed;
     pending_.reset();
     throw;
   }

@@ -30,15 +30,12 @@
 #include "tensorwire/runtime/remote_error.h"
 #include "tensorwire/runtime/timeout.h"
 
-namespace tensorwire::runtime {
-class TimedLock;  // src/runtime/timed_lock.h
-}  // namespace tensorwire::runtime
-
 namespace tensorwire::inference {
 
 namespace detail {
 class Pending;
 class ClientImpl;
+struct FutureSync;  // client.cpp
 }  // namespace detail
 
 class Future {
@@ -51,21 +48,24 @@ class Future {
   Future& operator=(const Future&) = delete;
   ~Future();  // a request dropped unread gives back its slot
 
-  bool valid() const noexcept { return pending_ || value_ || error_; }
-  // True when result() would not block.
+  // Every Future made from a request has sync_ (only default and moved-from ones lack it).
+  bool valid() const noexcept { return sync_ != nullptr; }
+  // True when result() would not block. Safe while another thread is in result(): then it
+  // says whether that thread has read the outcome yet.
   bool done();
   // The response. Waits at most `timeout`; on TimeoutError or Interrupted the request
   // stays in flight and result() may be called again. Reading the outcome releases what
   // the request held (its shared-memory slot); later calls return the same response (or
   // throw the same error) again.
   TensorDict result(Timeout timeout = Timeout::forever());
-  // "pending", "done", "failed" or "empty" (for reprs and logs).
+  // "pending", "done", "failed" or "empty" (for reprs and logs); as safe as done().
   const char* state();
 
  private:
   std::unique_ptr<detail::Pending> pending_;
-  // Held by the thread in result(); on the heap so that a Future stays movable.
-  std::unique_ptr<runtime::TimedLock> mu_;
+  // The lock held by the thread in result() and the outcome it published; on the heap so
+  // that a Future stays movable.
+  std::unique_ptr<detail::FutureSync> sync_;
   std::optional<TensorDict> value_;
   std::exception_ptr error_;
 };

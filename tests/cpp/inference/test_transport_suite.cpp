@@ -295,6 +295,27 @@ TEST_P(TransportTest, AFutureSharedByThreadsGivesEachTheResponse) {
   EXPECT_EQ(got[1], 10);
 }
 
+// Polling done() (a progress bar, an event loop) while another thread waits in result():
+// done() used to read the request the waiting thread frees as it takes the response.
+TEST_P(TransportTest, DoneCanBePolledWhileAnotherThreadWaitsForTheResult) {
+  InferenceServer server(double_policy, transport);
+  server.start();
+  Client c = transport->client();
+  for (int i = 0; i < 200; ++i) {
+    Future f = c.submit(observation(static_cast<float>(i)));
+    float got = -1;
+    std::thread waiter([&] { got = action0(f.result(5s)); });
+    while (std::string_view(f.state()) == "pending") {
+    }
+    EXPECT_TRUE(f.done());  // never back to false
+    waiter.join();
+    EXPECT_EQ(got, 2.0f * static_cast<float>(i));
+    EXPECT_STREQ(f.state(), "done");
+  }
+  EXPECT_FALSE(Future().done());
+  EXPECT_STREQ(Future().state(), "empty");
+}
+
 // An interrupt check that fires once armed: what Ctrl-C does through the Python binding.
 std::atomic<bool> g_interrupt{false};
 void interrupt_when_armed() {
