@@ -120,10 +120,14 @@ void RemoteServer::reap(bool all) {
 void RemoteServer::free_slot(uint32_t i) {
   slots[i] = RemoteSlot{};
   free_slots.push_back(i);
-  if (!starved.empty()) {
+  // One starved connection is woken per slot; one gone meanwhile does not use up the wake.
+  while (!starved.empty()) {
     const uint32_t id = starved.back();
     starved.pop_back();
-    if (auto it = conns.find(id); it != conns.end()) it->second->wake();
+    if (auto it = conns.find(id); it != conns.end()) {
+      it->second->wake();
+      return;
+    }
   }
 }
 
@@ -585,6 +589,7 @@ void RemoteConnection::release_slots() noexcept {
   }
   std::lock_guard<std::mutex> lock(s_.mu);
   if (s_.conns.erase(id_)) --s_.connected;
+  std::erase(s_.starved, id_);  // first: each slot freed below wakes a connection that is left
   outbox.clear();
   for (uint32_t i = 0; i < s_.slots.size(); ++i) {
     RemoteSlot& rs = s_.slots[i];
@@ -593,7 +598,6 @@ void RemoteConnection::release_slots() noexcept {
       s_.ready.erase(std::find(s_.ready.begin(), s_.ready.end(), i));
     s_.free_slot(i);
   }
-  std::erase(s_.starved, id_);
 }
 
 }  // namespace tensorwire::inference::detail
