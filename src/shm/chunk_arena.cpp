@@ -40,20 +40,37 @@ ChunkHeader* header_at(std::byte* base, size_t pos) {
   return reinterpret_cast<ChunkHeader*>(base + pos);
 }
 
+// The size of the chunk at `pos`, read once and checked: every process that maps the
+// segment can write its headers, and a size of 0 or past the end would make the owner's
+// walk spin for ever or step outside the segment.
+size_t checked_size(ChunkHeader* h, size_t pos, size_t end) {
+  const size_t size = std::atomic_ref<uint64_t>(h->size).load(std::memory_order_relaxed);
+  if (size < kChunkHeaderBytes || size % kChunkAlignment != 0 || size > end - pos)
+    throw ProtocolError("chunk arena corrupted: a chunk of " + std::to_string(size) +
+                        " bytes at offset " + std::to_string(pos) + " of a " + std::to_string(end) +
+                        "-byte segment");
+  return size;
+}
+
+struct CheckedChunk {
+  ChunkHeader* header;
+  size_t size;  // as it was checked: not read again from memory others write
+};
+
 // Validates that `payload_offset` names a chunk header of `segment`; returns it.
-ChunkHeader* checked_header(const Segment& segment, size_t payload_offset, const char* what) {
+CheckedChunk checked_header(const Segment& segment, size_t payload_offset, const char* what) {
   const size_t size = segment.size();
   if (!segment.valid() || payload_offset % kChunkAlignment != 0 ||
       payload_offset < kArenaHeaderBytes + kChunkHeaderBytes || payload_offset > size)
     throw ProtocolError(std::string(what) + ": offset " + std::to_string(payload_offset) +
                         " is not a chunk of a " + std::to_string(size) + "-byte arena");
   auto* arena = reinterpret_cast<const ArenaHeader*>(segment.data());
-  ChunkHeader* h = header_at(segment.data(), payload_offset - kChunkHeaderBytes);
-  if (arena->magic != kArenaMagic || h->magic != kChunkMagic || h->size < kChunkHeaderBytes ||
-      h->size > size - (payload_offset - kChunkHeaderBytes))
+  const size_t pos = payload_offset - kChunkHeaderBytes;
+  ChunkHeader* h = header_at(segment.data(), pos);
+  if (arena->magic != kArenaMagic || h->magic != kChunkMagic)
     throw ProtocolError(std::string(what) + ": no chunk header at offset " +
                         std::to_string(payload_offset));
-  return h;
+  return {h, checked_size(h, pos, size)};
 }
 
 }  // namespace
@@ -98,21 +115,19 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
     }
     if (wrapped && pos >= start) return std::nullopt;
     ChunkHeader* h = header_at(base, pos);
-    if (h->size < kChunkHeaderBytes || h->size > end - pos)
-      throw ProtocolError("chunk arena corrupted: a chunk of " + std::to_string(h->size) +
-                          " bytes at offset " + std::to_string(pos));
+    const size_t size = checked_size(h, pos, end);
     // Acquire: a Released chunk's payload reads (in the releasing process) happen before
     // the owner writes the chunk again.
     if (h->state.load(std::memory_order_acquire) == kUsed) {
-      pos += h->size;
+      pos += size;
       continue;
     }
     // Merge the run of Free/Released chunks that starts here.
-    size_t run = h->size;
+    size_t run = size;
     while (pos + run < end) {
       ChunkHeader* next = header_at(base, pos + run);
       if (next->state.load(std::memory_order_acquire) == kUsed) break;
-      const size_t next_size = next->size;
+      const size_t next_size = checked_size(next, pos + run, end);
       next->magic = 0;  // no longer a header: a stale descriptor naming it is rejected
       run += next_size;
     }
@@ -120,15 +135,16 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
     h->size = run;
     h->state.store(kFree, std::memory_order_relaxed);
     if (run >= need) {
+      size_t taken = run;
       if (run - need >= kChunkHeaderBytes + kChunkAlignment) {
         ChunkHeader* rest = new (base + pos + need) ChunkHeader{};
         rest->magic = kChunkMagic;
         rest->size = run - need;
         rest->state.store(kFree, std::memory_order_relaxed);
-        h->size = need;
+        h->size = taken = need;
       }
       h->state.store(kUsed, std::memory_order_release);
-      rover_ = pos + h->size < end ? pos + h->size : kArenaHeaderBytes;
+      rover_ = pos + taken < end ? pos + taken : kArenaHeaderBytes;
       return pos + kChunkHeaderBytes;
     }
     pos += run;
@@ -136,7 +152,7 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
 }
 
 void ChunkArena::free(size_t payload_offset) {
-  ChunkHeader* h = checked_header(segment_, payload_offset, "ChunkArena::free");
+  ChunkHeader* h = checked_header(segment_, payload_offset, "ChunkArena::free").header;
   h->state.store(kFree, std::memory_order_release);
 }
 
@@ -145,14 +161,15 @@ size_t ChunkArena::bytes_in_use() const {
   size_t used = 0;
   for (size_t pos = kArenaHeaderBytes; pos < segment_.size();) {
     ChunkHeader* h = header_at(segment_.data(), pos);
-    if (h->state.load(std::memory_order_acquire) == kUsed) used += h->size;
-    pos += h->size;
+    const size_t size = checked_size(h, pos, segment_.size());
+    if (h->state.load(std::memory_order_acquire) == kUsed) used += size;
+    pos += size;
   }
   return used;
 }
 
 void release_chunk(const Segment& segment, size_t payload_offset) {
-  ChunkHeader* h = checked_header(segment, payload_offset, "release_chunk");
+  ChunkHeader* h = checked_header(segment, payload_offset, "release_chunk").header;
   uint32_t expected = kUsed;
   // Release: every read of the payload in this process happens before the owner reuses it.
   if (!h->state.compare_exchange_strong(expected, kReleased, std::memory_order_release,
@@ -162,17 +179,17 @@ void release_chunk(const Segment& segment, size_t payload_offset) {
 }
 
 size_t chunk_capacity(const Segment& segment, size_t payload_offset) {
-  ChunkHeader* h = checked_header(segment, payload_offset, "chunk_capacity");
+  const auto [h, size] = checked_header(segment, payload_offset, "chunk_capacity");
   if (h->state.load(std::memory_order_acquire) != kUsed)
     throw ProtocolError("the chunk at offset " + std::to_string(payload_offset) + " is not in use");
-  return h->size - kChunkHeaderBytes;
+  return size - kChunkHeaderBytes;
 }
 
 Storage chunk_storage(const Segment& segment, size_t payload_offset, size_t nbytes) {
-  const ChunkHeader* h = checked_header(segment, payload_offset, "chunk_storage");
+  const auto [h, size] = checked_header(segment, payload_offset, "chunk_storage");
   if (h->state.load(std::memory_order_acquire) != kUsed)
     throw ProtocolError("the chunk at offset " + std::to_string(payload_offset) + " is not in use");
-  if (nbytes > h->size - kChunkHeaderBytes)
+  if (nbytes > size - kChunkHeaderBytes)
     throw ProtocolError("a " + std::to_string(nbytes) +
                         "-byte payload does not fit the chunk at offset " +
                         std::to_string(payload_offset));

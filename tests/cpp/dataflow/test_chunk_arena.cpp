@@ -107,6 +107,33 @@ TEST(ChunkArena, RejectsABadOrDoubleRelease) {
   }
 }
 
+// Every process that maps the segment can write its headers. A size of 0 made the owner's
+// merge loop spin for ever, a huge one walked it out of the segment; both are refused.
+TEST(ChunkArena, AChunkSizeWrittenByAnotherProcessIsCheckedBeforeItIsFollowed) {
+  for (const uint64_t bad : {uint64_t{0}, uint64_t{1} << 40, uint64_t{kChunkHeaderBytes + 1}}) {
+    ChunkArena a = ChunkArena::create("test", kArenaHeaderBytes + 4 * (kChunkHeaderBytes + kLarge));
+    const size_t x = *a.allocate(kLarge);
+    const size_t y = *a.allocate(kLarge);
+    auto size_of = [&](size_t payload) {  // the header's size field (after state and magic)
+      return reinterpret_cast<uint64_t*>(a.segment().data() + payload - kChunkHeaderBytes + 8);
+    };
+    release_chunk(a.segment(), x);
+    release_chunk(a.segment(), y);
+    *size_of(y) = bad;  // y is merged into x's run by the next large allocation
+    try {
+      (void)a.allocate(2 * kLarge);
+      FAIL() << "a corrupted size must throw: " << bad;
+    } catch (const ProtocolError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("chunk arena corrupted"));
+    }
+    EXPECT_THROW((void)a.bytes_in_use(), ProtocolError);
+  }
+  ChunkArena a = ChunkArena::create("test", 1 << 20);
+  const size_t x = *a.allocate(kLarge);
+  *reinterpret_cast<uint64_t*>(a.segment().data() + x - kChunkHeaderBytes + 8) = 8;
+  EXPECT_THROW((void)chunk_storage(a.segment(), x, kLarge), ProtocolError);  // no underflow
+  EXPECT_THROW((void)chunk_capacity(a.segment(), x), ProtocolError);
+}
 TEST(ChunkArena, StorageReleasesTheChunkWhenTheLastViewGoes) {
   ChunkArena a = ChunkArena::create("test", 1 << 16);
   auto x = *a.allocate(256);
