@@ -148,6 +148,17 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
   std::string why = std::move(stuck_[index]);
   stuck_[index].clear();
   if (policy.on_death == OnWorkerDeath::Raise) throw link.workers.died(d, why);
+  // A datapoint that workers die on (or get stuck on) again and again ends the run, however
+  // far apart the deaths are: killed after datapoint_timeout, each death may fall outside
+  // restart_window of the last, and the count below would never stop the loop.
+  if (const WorkerProgress* p = progress(d.index);
+      p && p->since_ns.load(std::memory_order_acquire) != 0) {
+    const std::string item = describe_item(p->item.load(std::memory_order_relaxed));
+    if (++deaths_on_[item] > policy.max_restarts)
+      throw link.workers.died(d, why + "; " + std::to_string(deaths_on_[item]) +
+                                     " workers died on " + item + ", more than max_restarts (" +
+                                     std::to_string(policy.max_restarts) + "), so the run ends");
+  }
   auto& times = deaths_[index];
   const auto now = Clock::now();
   times.push_back(now);

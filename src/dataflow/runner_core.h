@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -96,7 +97,8 @@ struct RunnerCore {
   WorkerMain worker_main_;
   shm::Segment progress_;
   std::vector<std::deque<std::chrono::steady_clock::time_point>> deaths_;  // per index
-  std::vector<std::string> stuck_;  // per index: why the watchdog killed it
+  std::vector<std::string> stuck_;        // per index: why the watchdog killed it
+  std::map<std::string, int> deaths_on_;  // per datapoint (as named): workers that died on it
 };
 
 }  // namespace tensorwire::dataflow::detail

@@ -108,7 +108,8 @@ struct WorkerRestart {
 // ends the run with WorkerDiedError instead of being restarted for ever. A worker busy on
 // one datapoint (its dataflow's next(), or the map function) for longer than
 // `datapoint_timeout` is killed and then treated as dead, the datapoint named in the
-// message. Checked in the constructor: ValueError naming the field.
+// message; a datapoint that more than `max_restarts` workers died on (busy with it) ends
+// the run whatever the window. Checked in the constructor: ValueError naming the field.
 struct WorkerPolicy {
   OnWorkerDeath on_death = OnWorkerDeath::Raise;
   int max_restarts = 3;

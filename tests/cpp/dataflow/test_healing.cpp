@@ -520,6 +520,57 @@ TEST_F(Healing, AStuckMapWorkerIsReplacedAndTheEpochStaysExact) {
   ::unlink(marker.c_str());
 }
 
+// A datapoint every worker gets stuck on: killed after datapoint_timeout, the deaths are
+// further apart than restart_window / max_restarts, so the window alone never stopped the
+// loop (replaced for ever). The datapoint's own count ends the run.
+TEST_F(Healing, ADatapointEveryWorkerIsStuckOnEndsTheRunWhateverTheWindow) {
+  MapOptions o{
+      .num_proc = 1, .buffer_size = 4, .strict = true, .seed = kSeed, .policy = restart(1)};
+  o.policy.restart_window = 100ms;  // shorter than the gap between two kills
+  o.policy.datapoint_timeout = 300ms;
+  MultiProcessMapDataZMQ m(
+      counting(10),
+      [](TensorDict td) -> std::optional<TensorDict> {
+        if (index_of(td) == 5) std::this_thread::sleep_for(1h);
+        return td;
+      },
+      o);
+  m.reset_state();
+  try {
+    for (TensorDict& dp : m.epoch()) EXPECT_LT(index_of(dp), 5);
+    FAIL() << "no error";
+  } catch (const WorkerDiedError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("stuck on datapoint 5 of pass 0"));
+    EXPECT_THAT(e.what(), HasSubstr("2 workers died on datapoint 5 of pass 0, more than "
+                                    "max_restarts (1), so the run ends"));
+  }
+  EXPECT_EQ(m.restarts(), 1u);
+}
+
+TEST_F(Healing, APositionEveryRunnerWorkerIsStuckAtEndsTheRunWhateverTheWindow) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart(2)};
+  o.policy.restart_window = 100ms;
+  o.policy.datapoint_timeout = 300ms;
+  MultiProcessRunnerZMQ r(std::make_shared<FunctionFlow>(
+                              [](uint64_t i) {
+                                if (i == 3)
+                                  std::this_thread::sleep_for(1h);  // each worker's 4th datapoint
+                                return testing::make_datapoint(i);
+                              },
+                              std::nullopt),
+                          o);
+  r.reset_state();
+  try {
+    for (auto end = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < end;)
+      r.next(10s);
+    FAIL() << "no error";
+  } catch (const WorkerDiedError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("3 workers died on datapoint 3 of its pass, more than "
+                                    "max_restarts (2), so the run ends"));
+  }
+  EXPECT_EQ(r.restarts(), 2u);
+}
+
 TEST(HealingArguments, BadPoliciesAreValueErrorsNamingTheArgument) {
   auto msg = [](auto make) -> std::string {
     try {
