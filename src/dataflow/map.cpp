@@ -63,6 +63,15 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   bool dispatching = false;
   uint64_t pass_index = 0;  // index in send_pass of the next task
   std::vector<size_t> worker_in_flight;
+  // Per worker, the task chunks sent to it that it may not have released yet. A worker
+  // releases a task's chunk when its last view goes, which may be after it sent the result
+  // (the map function returned its input) or never (it keeps it): when it dies, those it
+  // never released are freed, or each death would leak some for good.
+  struct HeldChunks {
+    std::vector<shm::ChunkPool::Chunk> chunks;
+    size_t prune_at = 0;  // the size at which those released are next forgotten
+  };
+  std::vector<HeldChunks> worker_chunks;
   std::vector<uint64_t> worker_schema;
   std::unique_ptr<detail::ShmSender> task_sender;
 
@@ -95,6 +104,7 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void bind_tasks(int index, uint16_t sender);
   void flush_reissue();
   void send_new_segment(uint32_t index, const shm::Segment& segment);
+  void held_by(size_t w, const shm::ChunkPool::Chunk& chunk);  // records a sent task chunk
   void after_replacing(int index, uint16_t sender) override;
   std::string describe_item(uint64_t seq) const override;
   void fill();
@@ -193,8 +203,9 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
       if (worker_in_flight[i] < worker_in_flight[w]) w = i;
     const uint32_t generation = link.generation[w];
     scratch.clear();
-    task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = entry.pass},
-                        scratch, worker_schema[w]);
+    const auto chunk =
+        task_sender->encode(td, {.sender = detail::kMainSender, .seq = task, .pass = entry.pass},
+                            scratch, worker_schema[w]);
     zmq::message_t m(scratch.data(), scratch.size());
     // The queues hold the whole buffer, so this does not wait; if it does, a worker is
     // stuck or gone, which the liveness check reports (or replaces the worker).
@@ -223,6 +234,7 @@ void MultiProcessMapDataZMQ::Impl::dispatch(uint64_t task, const TensorDict& td)
     if (sent) {
       ++worker_in_flight[w];
       entry.worker = w;
+      if (chunk) held_by(w, *chunk);
       if (outermost && !reissue.empty()) {
         dispatching = false;
         flush_reissue();
@@ -349,6 +361,8 @@ void MultiProcessMapDataZMQ::Impl::after_replacing(int index, uint16_t sender) {
   // The new worker maps the task arenas in order, before any task names them.
   for (uint32_t k = 0; k < task_sender->num_segments(); ++k)
     detail::send_segment(link.parent_ends[sender], k, task_sender->segment(k));
+  task_sender->reclaim(worker_chunks[i].chunks);  // the dead worker can release nothing now
+  worker_chunks[i].chunks.clear();
   // Queued, a task is in no worker: if worker `index` is replaced again before the queue is
   // sent (an interrupted flush, a replacement that never connects), it is not queued twice.
   std::vector<uint64_t> lost;
@@ -382,6 +396,17 @@ void MultiProcessMapDataZMQ::Impl::flush_reissue() {
       throw;
     }
   }
+}
+
+void MultiProcessMapDataZMQ::Impl::held_by(size_t w, const shm::ChunkPool::Chunk& chunk) {
+  HeldChunks& held = worker_chunks[w];
+  // Those released are forgotten when the list has doubled since the last time (O(1) per
+  // task, amortized), however many the worker keeps.
+  if (held.chunks.size() >= held.prune_at) {
+    std::erase_if(held.chunks, [&](const auto& c) { return !task_sender->in_use(c); });
+    held.prune_at = 2 * (held.chunks.size() + buffer_size) + 16;
+  }
+  held.chunks.push_back(chunk);
 }
 
 void MultiProcessMapDataZMQ::Impl::send_new_segment(uint32_t index, const shm::Segment& segment) {
@@ -460,6 +485,7 @@ void MultiProcessMapDataZMQ::reset_state() {
   for (int i = 0; i < n; ++i) m.bind_tasks(i, static_cast<uint16_t>(i));
   m.worker_in_flight.assign(static_cast<size_t>(n), 0);
   m.worker_schema.assign(static_cast<size_t>(n), 0);
+  m.worker_chunks.assign(static_cast<size_t>(n), {});
   m.task_sender = std::make_unique<detail::ShmSender>(
       "dataflow-map-tasks", m.buffer_size + 4,
       [&m](uint32_t index, const shm::Segment& s) { m.send_new_segment(index, s); });

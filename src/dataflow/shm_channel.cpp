@@ -65,8 +65,8 @@ void signature(const TensorDict& td, std::string& s) {
 ShmSender::ShmSender(std::string name, size_t min_chunks, shm::ChunkPool::NewSegment on_new_segment)
     : pool_(std::move(name), min_chunks, 1 << 20, std::move(on_new_segment)) {}
 
-void ShmSender::encode(const TensorDict& td, DescriptorHeader h, std::string& out,
-                       uint64_t& peer_schema) {
+std::optional<shm::ChunkPool::Chunk> ShmSender::encode(const TensorDict& td, DescriptorHeader h,
+                                                       std::string& out, uint64_t& peer_schema) {
   scratch_.clear();
   signature(td, scratch_);
   if (schema_id_ == 0 || scratch_ != signature_) {
@@ -76,16 +76,17 @@ void ShmSender::encode(const TensorDict& td, DescriptorHeader h, std::string& ou
     ++schema_id_;
   }
   const bool with_schema = peer_schema != schema_id_;
+  std::optional<shm::ChunkPool::Chunk> chunk;
   if (plan_.total_bytes > 0) {
-    shm::ChunkPool::Chunk chunk = pool_.allocate(plan_.total_bytes);
+    chunk = pool_.allocate(plan_.total_bytes);
     try {
-      pack(td, plan_, chunk.data);
+      pack(td, plan_, chunk->data);
     } catch (...) {
-      pool_.free(chunk);
+      pool_.free(*chunk);
       throw;
     }
-    h.segment = chunk.segment;
-    h.offset = chunk.offset;
+    h.segment = chunk->segment;
+    h.offset = chunk->offset;
   } else {
     h.segment = kNoSegment;
     h.offset = 0;
@@ -115,6 +116,7 @@ void ShmSender::encode(const TensorDict& td, DescriptorHeader h, std::string& ou
     out.append(reinterpret_cast<const char*>(storage_header_.data()), storage_header_.size());
   }
   peer_schema = schema_id_;
+  return chunk;
 }
 
 void ShmSender::abandon(std::span<const std::byte> descriptor, uint64_t& peer_schema) {

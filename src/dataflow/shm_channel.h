@@ -40,10 +40,16 @@ class ShmSender {
   // offset filled in) to `out`. `peer_schema` is the schema id the destination received
   // last (0: none); the schema goes along when it differs, and it is then updated. A
   // sender with several destinations keeps one such id per destination.
-  void encode(const TensorDict& td, DescriptorHeader h, std::string& out, uint64_t& peer_schema);
+  // Returns the chunk (none for a datapoint without bytes).
+  std::optional<shm::ChunkPool::Chunk> encode(const TensorDict& td, DescriptorHeader h,
+                                              std::string& out, uint64_t& peer_schema);
   // Frees the chunk named by a descriptor that was encoded but could not be sent (and
   // forgets that the destination got its schema).
   void abandon(std::span<const std::byte> descriptor, uint64_t& peer_schema);
+  // Chunks sent to a receiver that died: those it never released are freed
+  // (ChunkArena::reclaim). in_use(): whether one sent is not released yet.
+  size_t reclaim(std::span<const shm::ChunkPool::Chunk> chunks) { return pool_.reclaim(chunks); }
+  bool in_use(const shm::ChunkPool::Chunk& chunk) const { return pool_.in_use(chunk); }
 
   // The segments made so far, in order (for a receiver that joins late).
   size_t num_segments() const noexcept { return pool_.num_segments(); }

@@ -27,7 +27,8 @@ static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 struct ChunkHeader {
   std::atomic<uint32_t> state;
   uint32_t magic;
-  uint64_t size;  // whole chunk, header included; a multiple of kChunkAlignment
+  uint64_t size;    // whole chunk, header included; a multiple of kChunkAlignment
+  uint64_t serial;  // the owner's count of allocations when this one was made (reclaim())
 };
 static_assert(sizeof(ChunkHeader) <= kChunkHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -143,6 +144,7 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
         rest->state.store(kFree, std::memory_order_relaxed);
         h->size = taken = need;
       }
+      h->serial = ++serial_;
       h->state.store(kUsed, std::memory_order_release);
       rover_ = pos + taken < end ? pos + taken : kArenaHeaderBytes;
       return pos + kChunkHeaderBytes;
@@ -154,6 +156,42 @@ std::optional<size_t> ChunkArena::allocate(size_t nbytes) {
 void ChunkArena::free(size_t payload_offset) {
   ChunkHeader* h = checked_header(segment_, payload_offset, "ChunkArena::free").header;
   h->state.store(kFree, std::memory_order_release);
+}
+
+uint64_t ChunkArena::serial_of(size_t payload_offset) const {
+  return checked_header(segment_, payload_offset, "ChunkArena::serial_of").header->serial;
+}
+
+bool ChunkArena::in_use(size_t payload_offset, uint64_t serial) const {
+  if (!segment_.valid() || payload_offset % kChunkAlignment != 0 ||
+      payload_offset < kArenaHeaderBytes + kChunkHeaderBytes || payload_offset >= segment_.size())
+    return false;
+  const ChunkHeader* h = header_at(segment_.data(), payload_offset - kChunkHeaderBytes);
+  return h->magic == kChunkMagic && h->serial == serial &&
+         h->state.load(std::memory_order_acquire) == kUsed;
+}
+
+size_t ChunkArena::reclaim(std::vector<std::pair<size_t, uint64_t>> chunks) {
+  // Released by its reader, a chunk may since have been merged into another or allocated
+  // again: its offset may now lie inside another chunk's payload, whose bytes could look
+  // like a header. So the offsets are matched against the arena's own chain of headers.
+  std::sort(chunks.begin(), chunks.end());
+  std::byte* base = segment_.data();
+  const size_t end = segment_.size();
+  size_t freed = 0;
+  auto want = chunks.begin();
+  for (size_t pos = kArenaHeaderBytes; pos < end && want != chunks.end();) {
+    ChunkHeader* h = header_at(base, pos);
+    const size_t size = checked_size(h, pos, end);
+    for (; want != chunks.end() && want->first <= pos + kChunkHeaderBytes; ++want) {
+      uint32_t expected = kUsed;
+      if (want->first == pos + kChunkHeaderBytes && h->serial == want->second &&
+          h->state.compare_exchange_strong(expected, kFree, std::memory_order_acq_rel))
+        ++freed;
+    }
+    pos += size;
+  }
+  return freed;
 }
 
 size_t ChunkArena::bytes_in_use() const {
@@ -216,7 +254,7 @@ ChunkPool::Chunk ChunkPool::allocate(size_t nbytes) {
   auto from = [&](uint32_t i) -> std::optional<Chunk> {
     if (auto off = arenas_[i].allocate(nbytes)) {
       last_ = i;
-      return Chunk{i, *off, arenas_[i].segment().data() + *off};
+      return Chunk{i, *off, arenas_[i].segment().data() + *off, arenas_[i].serial_of(*off)};
     }
     return std::nullopt;
   };
@@ -250,6 +288,21 @@ ChunkPool::Chunk ChunkPool::allocate(size_t nbytes) {
 
 void ChunkPool::free(const Chunk& chunk) {
   arenas_.at(chunk.segment).free(chunk.offset);
+}
+
+bool ChunkPool::in_use(const Chunk& chunk) const {
+  return chunk.segment < arenas_.size() &&
+         arenas_[chunk.segment].in_use(chunk.offset, chunk.serial);
+}
+
+size_t ChunkPool::reclaim(std::span<const Chunk> chunks) {
+  std::vector<std::vector<std::pair<size_t, uint64_t>>> by_arena(arenas_.size());
+  for (const Chunk& c : chunks)
+    if (c.segment < arenas_.size()) by_arena[c.segment].emplace_back(c.offset, c.serial);
+  size_t freed = 0;
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (!by_arena[i].empty()) freed += arenas_[i].reclaim(std::move(by_arena[i]));
+  return freed;
 }
 
 size_t ChunkPool::bytes_in_use() const {

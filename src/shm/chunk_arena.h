@@ -30,7 +30,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shm/segment.h"
@@ -55,6 +57,15 @@ class ChunkArena {
   std::optional<size_t> allocate(size_t nbytes);
   // Gives a chunk back without anyone else having seen it (e.g. a send that failed).
   void free(size_t payload_offset);
+  // Each allocation's serial (the arena's count of allocations when it was made).
+  uint64_t serial_of(size_t payload_offset) const;
+  // Whether the chunk allocated as `serial` at `payload_offset` is still Used (a quick
+  // look: never throws, and may say true for bytes that only look like its header).
+  bool in_use(size_t payload_offset, uint64_t serial) const;
+  // Frees each chunk (payload offset, serial) that is still Used: their reader died before
+  // it released them. One it released (and the owner perhaps merged or allocated again) is
+  // left alone. One walk of the arena; returns how many were freed.
+  size_t reclaim(std::vector<std::pair<size_t, uint64_t>> chunks);
 
   const Segment& segment() const noexcept { return segment_; }
   // Payload bytes the largest possible chunk could hold (an empty arena).
@@ -65,6 +76,7 @@ class ChunkArena {
  private:
   Segment segment_;
   size_t rover_ = kArenaHeaderBytes;  // where the last allocation ended (next-fit)
+  uint64_t serial_ = 0;               // allocations so far
 };
 
 // Releases the chunk whose payload starts at `payload_offset` in `segment` (any process).
@@ -94,6 +106,7 @@ class ChunkPool {
     uint32_t segment = 0;  // index into the pool's arenas, in order of creation
     size_t offset = 0;     // payload offset in that segment
     std::byte* data = nullptr;
+    uint64_t serial = 0;  // ChunkArena::serial_of
   };
   using NewSegment = std::function<void(uint32_t index, const Segment& segment)>;
 
@@ -102,6 +115,8 @@ class ChunkPool {
 
   Chunk allocate(size_t nbytes);
   void free(const Chunk& chunk);
+  bool in_use(const Chunk& chunk) const;          // ChunkArena::in_use
+  size_t reclaim(std::span<const Chunk> chunks);  // ChunkArena::reclaim
 
   size_t num_segments() const noexcept { return arenas_.size(); }
   const Segment& segment(uint32_t index) const { return arenas_.at(index).segment(); }

@@ -134,6 +134,31 @@ TEST(ChunkArena, AChunkSizeWrittenByAnotherProcessIsCheckedBeforeItIsFollowed) {
   EXPECT_THROW((void)chunk_storage(a.segment(), x, kLarge), ProtocolError);  // no underflow
   EXPECT_THROW((void)chunk_capacity(a.segment(), x), ProtocolError);
 }
+// The owner gives back what a dead reader never released: only chunks still Used under the
+// serial they were sent with, and only at offsets that are headers of the arena's chain.
+TEST(ChunkArena, ReclaimFreesOnlyWhatTheDeadReaderStillHeld) {
+  ChunkArena a = ChunkArena::create("test", kArenaHeaderBytes + 4 * (kChunkHeaderBytes + kLarge));
+  const size_t x = *a.allocate(kLarge), y = *a.allocate(kLarge), z = *a.allocate(kLarge);
+  const uint64_t sx = a.serial_of(x), sy = a.serial_of(y), sz = a.serial_of(z);
+  EXPECT_TRUE(a.in_use(x, sx));
+  release_chunk(a.segment(), y);  // the reader released y before it died
+  EXPECT_FALSE(a.in_use(y, sy));
+  EXPECT_EQ(a.reclaim({{x, sx}, {y, sy}, {z, sz}}), 2u);
+  EXPECT_FALSE(a.in_use(x, sx));
+  EXPECT_EQ(a.bytes_in_use(), 0u);
+
+  // x and y merged, allocated again as one chunk: the stale y (inside its payload, where
+  // the bytes now say "a Used header with y's serial") and x's old serial are left alone.
+  const size_t big = *a.allocate(kLarge + kLarge / 2);
+  ASSERT_EQ(big, x);
+  std::memcpy(a.segment().data() + y - kChunkHeaderBytes,
+              a.segment().data() + x - kChunkHeaderBytes, kChunkHeaderBytes);
+  std::memcpy(a.segment().data() + y - kChunkHeaderBytes + 16, &sy, sizeof sy);
+  EXPECT_EQ(a.reclaim({{x, sx}, {y, sy}}), 0u);
+  EXPECT_TRUE(a.in_use(big, a.serial_of(big)));
+  EXPECT_EQ(a.reclaim({{big, a.serial_of(big)}}), 1u);
+}
+
 TEST(ChunkArena, StorageReleasesTheChunkWhenTheLastViewGoes) {
   ChunkArena a = ChunkArena::create("test", 1 << 16);
   auto x = *a.allocate(256);

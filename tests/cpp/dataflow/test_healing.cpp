@@ -571,6 +571,45 @@ TEST_F(Healing, APositionEveryRunnerWorkerIsStuckAtEndsTheRunWhateverTheWindow) 
   EXPECT_EQ(r.restarts(), 2u);
 }
 
+// Task arenas mapped by this process (the map's pool grows a segment when none has room).
+size_t task_segments() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> names;
+  for (std::string line; std::getline(maps, line);)
+    if (auto at = line.find("tensorwire:dataflow-map-tasks-"); at != std::string::npos)
+      names.insert(line.substr(at));
+  return names.size();
+}
+
+// Each death left the task chunks the dead worker never released allocated for good: with
+// a deep buffer of large datapoints, a few deaths made the pool grow segment after segment.
+TEST_F(Healing, TheTaskChunksADeadMapWorkerHeldAreGivenBack) {
+  MapOptions o{.num_proc = 1, .buffer_size = 32, .seed = kSeed, .policy = restart(100)};
+  MultiProcessMapDataZMQ m(
+      counting(std::nullopt, 64 << 10),
+      [](TensorDict td) -> std::optional<TensorDict> {
+        std::this_thread::sleep_for(2ms);  // so that the queue stays full of tasks
+        return td;
+      },
+      o);
+  m.reset_state();
+  size_t n = 0;
+  uint64_t kills = 0;
+  for (TensorDict& dp : m.epoch()) {  // endless: the loop ends it
+    ASSERT_TRUE(testing::datapoint_ok(dp));
+    if (++n == 100) {
+      ASSERT_EQ(task_segments(), 1u);
+    }
+    if (n % 100 == 0 && m.restarts() == kills) {  // the last kill was healed: kill again
+      if (kills == 8) break;
+      ::kill(m.pids()[0], SIGKILL);
+      ++kills;
+    }
+  }
+  EXPECT_EQ(m.restarts(), 8u);
+  EXPECT_EQ(task_segments(), 1u);
+}
+
 TEST(HealingArguments, BadPoliciesAreValueErrorsNamingTheArgument) {
   auto msg = [](auto make) -> std::string {
     try {
