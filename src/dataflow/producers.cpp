@@ -63,10 +63,18 @@ void ProducerTable::pause(Clock::duration gap) {
 std::optional<ProducerTable::Silent> ProducerTable::silent(Clock::time_point now,
                                                            std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) return std::nullopt;
+  // Fair queueing serves each connection with a datapoint queued at least once a round.
+  const auto open = static_cast<uint64_t>(std::count_if(
+      entries_.begin(), entries_.end(), [](const Entry& e) { return e.info.connected; }));
+  const uint64_t rounds = 4 * open + 8;
   for (Entry& e : entries_) {
-    if (e.info.datapoints == 0 || e.reported || now - e.heard <= timeout) continue;
+    if (e.info.datapoints == 0 || e.reported) continue;
+    const auto since = now - *e.info.last_datapoint;
+    const bool by_time = now - e.heard > timeout;
+    const bool by_reads = since > timeout && read_ - e.read_at_heard > rounds;
+    if (!by_time && !by_reads) continue;
     e.reported = true;
-    return Silent{e.info, now - e.heard};
+    return Silent{e.info, by_time ? now - e.heard : since};
   }
   return std::nullopt;
 }

@@ -1,0 +1,78 @@
+// ProducerTable: how RemoteDataZMQ tells a silent producer from one waiting for a slow
+// consumer. Times are given, not read from a clock.
+#include <gtest/gtest.h>
+
+#include "dataflow/producers.h"
+
+namespace tensorwire::dataflow {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = ProducerTable::Clock;
+
+constexpr auto kBound = std::chrono::milliseconds(1000);
+
+struct Table {
+  ProducerTable t;
+  Clock::time_point now = Clock::time_point{} + 1h;
+  Table() {
+    t.connected(0, 10, "tcp://a");
+    t.connected(0, 11, "tcp://b");
+  }
+  void from(int fd) {
+    t.datapoint(0, fd, now, [] { return std::string("?"); });
+  }
+  // The consumer comes back after `gap` away, reads one datapoint (from `fd`) and checks;
+  // a gap over a quarter of the bound is a pause, as RemoteDataZMQ's next() counts them.
+  std::optional<ProducerTable::Silent> read_after(Clock::duration gap, int fd) {
+    now += gap;
+    if (gap > kBound / 4) t.pause(gap);
+    from(fd);
+    return t.silent(now, kBound);
+  }
+};
+
+TEST(ProducerTable, AProducerWaitingForAConsumerThatPausesBeforeEveryReadIsNotSilent) {
+  Table s;
+  s.from(10);
+  s.from(11);
+  // 300 ms away before each read (over a quarter of the bound), the two served in turn.
+  for (int i = 0; i < 200; ++i) EXPECT_FALSE(s.read_after(300ms, 10 + i % 2)) << i;
+}
+
+// A producer whose host vanished, read by a consumer that pauses before every read: each
+// pause excused its silence, so it was never reported.
+TEST(ProducerTable, AVanishedProducerIsReportedThoughTheConsumerPausesBeforeEveryRead) {
+  Table s;
+  s.from(10);
+  s.from(11);
+  std::optional<ProducerTable::Silent> silent;
+  int reads = 0;
+  while (!silent && reads < 200) {
+    silent = s.read_after(300ms, 11);  // only b is heard from now on
+    ++reads;
+  }
+  ASSERT_TRUE(silent);
+  EXPECT_EQ(silent->info.address, "tcp://a");
+  EXPECT_GT(silent->silence, kBound);
+  EXPECT_LE(reads, 4 * 2 + 8 + 1);  // a few rounds of the fair queue
+  EXPECT_FALSE(s.t.silent(s.now, kBound));  // reported once
+}
+
+TEST(ProducerTable, ByTimeAConsumerReadingPromptlyReportsWithinTheBound) {
+  Table s;
+  s.from(10);
+  s.from(11);
+  std::optional<ProducerTable::Silent> silent;
+  int reads = 0;
+  while (!silent && reads < 1000) {
+    silent = s.read_after(10ms, 11);
+    ++reads;
+  }
+  ASSERT_TRUE(silent);
+  EXPECT_EQ(silent->info.address, "tcp://a");
+  EXPECT_LE(reads, 101);
+}
+
+}  // namespace
+}  // namespace tensorwire::dataflow
