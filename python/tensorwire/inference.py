@@ -318,6 +318,12 @@ class RemoteTransport(_FixedLayout):
             return InferenceClient(self._impl.client())  # raises ClosedError
         return _remote_client(self.address, self._auth_key, self._liveness)
 
+    def clients(self, num_clients: int) -> list:
+        """``num_clients`` new clients (at least 1), each picklable as ``client()``'s."""
+        # The transport's own clients check the count (and that it is open); they connect on
+        # first use, so making and dropping them costs nothing.
+        return [self.client() for _ in super().clients(num_clients)]
+
     @staticmethod
     def client_for(address: str, *, auth_key: str | None = None,
                    liveness_timeout: float | None = None) -> InferenceClient:

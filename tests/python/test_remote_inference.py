@@ -70,6 +70,15 @@ def test_port_zero_picks_a_port_and_clients_round_trip(served):
     assert c.kind == "remote" and c.address == f"127.0.0.1:{served.port}"
 
 
+def test_clients_made_together_pickle_as_well(served):
+    cs = served.clients(2)
+    for c in cs:
+        again = pickle.loads(pickle.dumps(c))
+        assert again({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+    with pytest.raises(ValueError, match="num_clients must be at least 1, got 0"):
+        served.clients(0)
+
+
 def test_a_client_pickles_to_its_address_and_connects_again(served):
     c = served.client()
     again = pickle.loads(pickle.dumps(c))
