@@ -8,6 +8,7 @@
 
 #include "dataflow/producers.h"
 #include "dataflow/raw_datapoint.h"
+#include "os/listeners.h"
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/wire/datapoint.h"
@@ -80,6 +81,9 @@ uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOpti
 struct RemoteDataZMQ::Impl {
   std::string addr[2];
   std::string bound[2];
+  // A bound TCP endpoint's port, released by runner workers forked meanwhile (a worker's
+  // copy of the listening socket would keep the port taken after close()).
+  os::ListenerMark marks[2];
   RemoteOptions opt;
   bool reset_done = false;
   bool closed = false;
@@ -215,6 +219,11 @@ void RemoteDataZMQ::reset_state() {
     else
       m.socks[i]->connect(m.addr[i]);
     m.bound[i] = m.socks[i]->last_endpoint();
+    if (m.opt.bind && m.bound[i].rfind("tcp://", 0) == 0) {
+      const auto colon = m.bound[i].rfind(':');
+      m.marks[i] =
+          os::ListenerMark::tcp(static_cast<uint16_t>(std::stoul(m.bound[i].substr(colon + 1))));
+    }
   }
 }
 
@@ -310,6 +319,8 @@ void RemoteDataZMQ::close() {
   impl_->socks[0].reset();
   impl_->socks[1].reset();
   impl_->ctx.reset();
+  impl_->marks[0] = {};
+  impl_->marks[1] = {};
 }
 
 bool RemoteDataZMQ::closed() const noexcept {

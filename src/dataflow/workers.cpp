@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "os/listeners.h"
 #include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/runtime/log.h"
 
@@ -54,6 +55,9 @@ int fork_process(const ForkHooks& hooks, const WorkerInfo* info, const std::stri
   g_parent_pid = parent;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);  // the parent went before the prctl took hold
+  // Its copies of the parent's listening sockets would keep their ports taken after their
+  // owners closed them, for as long as this worker lives.
+  os::release_inherited_listeners();
   int code = 1;
   try {
     // Inside the try: nothing may unwind into the forking code's copy (a fork server's loop,

@@ -287,6 +287,7 @@ UnixListener::UnixListener(const std::string& name) : name_(name) {
   if (::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0)
     throw SystemError("bind to abstract address '" + name + "'", errno);
   if (::listen(fd_.get(), 128) != 0) throw SystemError("listen", errno);
+  mark_ = ListenerMark::socket(fd_.get());
 }
 
 std::optional<UnixSocket> UnixListener::accept(Millis timeout) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "os/listeners.h"
 #include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::os {
@@ -110,11 +111,15 @@ class UnixListener {
   std::optional<UnixSocket> accept(Millis timeout = kForever);
   int fd() const noexcept { return fd_.get(); }
   const std::string& name() const noexcept { return name_; }
-  void close() noexcept { fd_.reset(); }
+  void close() noexcept {
+    mark_ = {};
+    fd_.reset();
+  }
 
  private:
   Fd fd_;
   std::string name_;
+  ListenerMark mark_;  // released by runner workers forked meanwhile (listeners.h)
 };
 
 // A name unique to this process and call, for abstract addresses: "tensorwire-<pid>-<n>-<tag>".

@@ -397,6 +397,7 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
     throw_status("ucp_listener_query", st);
   }
   port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  mark_ = os::ListenerMark::tcp(port_);
 }
 
 Listener::~Listener() {

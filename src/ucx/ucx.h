@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "os/listeners.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire::ucx {
@@ -162,6 +163,7 @@ class Listener {
   uint64_t generation_;
   ucp_listener_h listener_ = nullptr;
   uint16_t port_ = 0;
+  os::ListenerMark mark_;  // released by runner workers forked meanwhile (os/listeners.h)
   std::deque<ConnRequest> pending_;
 };
 

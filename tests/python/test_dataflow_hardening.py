@@ -439,3 +439,37 @@ def test_two_threads_iterating_runners_of_many_schemas_read_every_datapoint_righ
     assert out.returncode == 0, out.stderr
     assert "errors []" in out.stdout, out.stdout
     assert "'Varying'" in out.stdout and "'Stable'" in out.stdout, out.stdout
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("listener", ["remote_dataflow", "tensordict_server", "remote_transport"])
+def test_a_port_closed_while_a_runner_worker_lives_can_be_bound_again(listener):
+    # The runner's worker, forked while the listener was open, held a copy of the listening
+    # socket: the port stayed taken ("Address already in use") as long as the worker lived.
+    from tensorwire import inference as inf
+    port = _free_port()
+
+    def listen():
+        if listener == "remote_dataflow":
+            r = twdf.RemoteDataZMQ(f"tcp://127.0.0.1:{port}")
+            r.reset_state()
+            return r
+        if listener == "tensordict_server":
+            return tensorwire.TensorDictServer(port)
+        spec = {"observation": np.zeros(4, np.float32)}
+        return inf.RemoteTransport(spec, spec, num_slots=2, host="127.0.0.1", port=port)
+
+    first = listen()
+    with twdf.MultiProcessRunnerZMQ(Counting(10), num_proc=1) as runner:
+        runner.reset_state()
+        check(next(iter(runner)))  # its worker runs, forked while `first` listens
+        first.close()
+        again = listen()  # raised OSError (EADDRINUSE) before
+        again.close()
+        assert runner.pids and all(os.path.exists(f"/proc/{p}") for p in runner.pids)
