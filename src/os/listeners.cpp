@@ -63,7 +63,8 @@ ListenerMark ListenerMark::socket(int fd) {
   sockaddr_storage s{};
   socklen_t len = sizeof s;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return {};
-  return ListenerMark(add({.port = port_of(s), .raw = std::string(reinterpret_cast<char*>(&s), len)}));
+  return ListenerMark(
+      add({.port = port_of(s), .raw = std::string(reinterpret_cast<char*>(&s), len)}));
 }
 
 ListenerMark& ListenerMark::operator=(ListenerMark&& o) noexcept {

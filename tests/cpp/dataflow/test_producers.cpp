@@ -2,6 +2,9 @@
 // consumer. Times are given, not read from a clock.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <utility>
+
 #include "dataflow/producers.h"
 
 namespace tensorwire::dataflow {
@@ -30,6 +33,17 @@ struct Table {
     from(fd);
     return t.silent(now, kBound);
   }
+  // Reads from `fd` only, every `gap`, until a producer is reported (at most `limit` reads).
+  std::pair<std::optional<ProducerTable::Silent>, int> read_until_silent(Clock::duration gap,
+                                                                         int fd, int limit) {
+    std::optional<ProducerTable::Silent> silent;
+    int reads = 0;
+    while (!silent && reads < limit) {
+      silent = read_after(gap, fd);
+      ++reads;
+    }
+    return {silent, reads};
+  }
 };
 
 TEST(ProducerTable, AProducerWaitingForAConsumerThatPausesBeforeEveryReadIsNotSilent) {
@@ -46,12 +60,7 @@ TEST(ProducerTable, AVanishedProducerIsReportedThoughTheConsumerPausesBeforeEver
   Table s;
   s.from(10);
   s.from(11);
-  std::optional<ProducerTable::Silent> silent;
-  int reads = 0;
-  while (!silent && reads < 200) {
-    silent = s.read_after(300ms, 11);  // only b is heard from now on
-    ++reads;
-  }
+  const auto [silent, reads] = s.read_until_silent(300ms, 11, 200);  // only b is heard now
   ASSERT_TRUE(silent);
   EXPECT_EQ(silent->info.address, "tcp://a");
   EXPECT_GT(silent->silence, kBound);
@@ -63,12 +72,7 @@ TEST(ProducerTable, ByTimeAConsumerReadingPromptlyReportsWithinTheBound) {
   Table s;
   s.from(10);
   s.from(11);
-  std::optional<ProducerTable::Silent> silent;
-  int reads = 0;
-  while (!silent && reads < 1000) {
-    silent = s.read_after(10ms, 11);
-    ++reads;
-  }
+  const auto [silent, reads] = s.read_until_silent(10ms, 11, 1000);
   ASSERT_TRUE(silent);
   EXPECT_EQ(silent->info.address, "tcp://a");
   EXPECT_LE(reads, 101);

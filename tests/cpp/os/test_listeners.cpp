@@ -28,7 +28,8 @@ Fd tcp_listener(uint16_t& port) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(port);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 4) != 0)
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd.get(), 4) != 0)
     return Fd();
   socklen_t len = sizeof a;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
@@ -86,7 +87,8 @@ TEST(ListenerMarkForked, WithoutMarksAForkedWorkerKeepsEveryListener) {
   ASSERT_TRUE(tcp);
   const int pid = ::fork();
   ASSERT_GE(pid, 0);
-  if (pid == 0) ::_exit(release_inherited_listeners() == 0 && target(tcp.get()) != "/dev/null" ? 0 : 1);
+  if (pid == 0)
+    ::_exit(release_inherited_listeners() == 0 && target(tcp.get()) != "/dev/null" ? 0 : 1);
   int status = 0;
   ::waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
