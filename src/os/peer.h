@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,13 @@ struct PeerCredentials {
 
 // The credentials of the peer of a connected Unix socket.
 PeerCredentials peer_credentials(int fd);
+
+// The owner of a TCP socket of this network namespace, from /proc/net/tcp and tcp6 (the
+// kernel's record: it cannot be forged by the peer): the socket bound to `ip`:`port`,
+// listening (`listening`: bound to that address or to every address) or not. std::nullopt
+// when there is none. For connections whose other end is a library's socket (UCX's), where
+// SO_PEERCRED cannot be asked.
+std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool listening);
 
 // The users an endpoint admits: the effective uid of this process, and the uids of
 // `allowed_uids` (an explicit allow-list: nobody else, not even root unless listed).

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "os/fork.h"
+#include "os/peer.h"
 #include "runtime/wait.h"
 #include "ucx/control.h"
 #include "wire/control_frame.h"
@@ -123,20 +125,40 @@ void PipeImpl::handshake(bool as_server) {
     }
   }
   if (peer.same_namespaces() && peer_is_local()) {
-    use_direct_endpoint(deadline);
+    use_direct_endpoint(deadline, peer_is_ours(as_server));
     retire_first_endpoint(deadline);
   }
   connected_ = true;
   start_liveness(peer);
 }
 
+namespace {
+// "ip:port" -> ip, port.
+std::pair<std::string, uint16_t> split_peer(std::string peer) {
+  uint16_t port = 0;
+  if (auto colon = peer.rfind(':'); colon != std::string::npos) {
+    port = static_cast<uint16_t>(std::strtoul(peer.c_str() + colon + 1, nullptr, 10));
+    peer.resize(colon);
+  }
+  return {peer, port};
+}
+}  // namespace
+
 // Whether the connection's other end is this machine by its address too (a loopback
-// address or one of this host's interfaces), not only by what its hello claims: a worker
-// address is parsed by UCX, which trusts it, so only a process of this host may hand us one.
+// address or one of this host's interfaces), not only by what its hello claims.
 bool PipeImpl::peer_is_local() const {
-  std::string host = ep_->peer();
-  if (auto colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
-  return ucx::is_local_address(host);
+  return ucx::is_local_address(split_peer(ep_->peer()).first);
+}
+
+// Whether the peer's end is a socket of this user by the kernel's record: the client's
+// socket (seen from the server), the server's listener (seen from the client). A worker
+// address is parsed by UCX, which trusts it (a malformed one fails an assertion and aborts
+// the process), so only a process that could do anything to this one anyway may hand us
+// one. Symmetric: each side finds the other of its own user, or neither does.
+bool PipeImpl::peer_is_ours(bool as_server) const {
+  const auto [host, port] = split_peer(ep_->peer());
+  const auto owner = os::tcp_socket_owner(host, port, /*listening=*/!as_server);
+  return owner && *owner == ::geteuid();
 }
 
 namespace {
@@ -153,9 +175,10 @@ constexpr size_t kMaxWorkerAddress = 16 * 1024;
 // their UCX_TLS excludes shared memory: then both stay on the first endpoint), switch,
 // confirm over the new endpoint, and only then close the first one, so nothing in flight
 // on it is lost.
-void PipeImpl::use_direct_endpoint(Deadline deadline) {
+void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
+  // A peer of another user is sent null (so both stay), and its address is never parsed.
   Json mine = nullptr;
-  if (ucx::shared_memory_enabled()) mine = wire::to_hex(worker_->address());
+  if (peer_is_ours && ucx::shared_memory_enabled()) mine = wire::to_hex(worker_->address());
   send_control({{"worker_address", mine}}, deadline);
   Json reply = recv_control(deadline);
   // The peer's confirmation travels on the new endpoint and may overtake its address on
@@ -178,6 +201,9 @@ void PipeImpl::use_direct_endpoint(Deadline deadline) {
              std::to_string(kMaxWorkerAddress) + " bytes",
          Fault::PeerBrokeProtocol);
   if (mine.is_null()) return;
+  // Our own address handed back would connect the pipe to itself.
+  if (*address == worker_->address())
+    fail("the peer sent this process's own worker address", Fault::PeerBrokeProtocol);
   // UCX reads an address until its end marker: zeros after it keep a truncated one from
   // running past the buffer.
   address->resize(address->size() + 64, std::byte{0});

@@ -119,8 +119,9 @@ class PipeImpl : public runtime::Beating {
   std::optional<TensorDict> taken_in_flight();
   unsigned progress();  // under mu_
   bool peer_is_local() const;
+  bool peer_is_ours(bool as_server) const;
   void wait_wireup(Deadline deadline);
-  void use_direct_endpoint(Deadline deadline);
+  void use_direct_endpoint(Deadline deadline, bool peer_is_ours);
   void retire_first_endpoint(Deadline deadline);
   void send_control(const Json& body, Deadline deadline);
   Json recv_control(Deadline deadline);

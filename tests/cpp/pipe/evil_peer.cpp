@@ -1,8 +1,12 @@
 // evil_peer: connects to a TensorDictPipe listener, passes the handshake honestly, then
 // sends a malformed message, so the tests can check what the receiver does with it.
 //   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
-//                                     short-payload | wrong-schema-id | bad-worker-address)
+//                                     short-payload | wrong-schema-id | bad-worker-address |
+//                                     mutated-worker-address | own-worker-address)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
+// mutated-worker-address answers the receiver's worker address with a corrupted copy of it
+// (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
+// the receiver its own address back.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -79,14 +83,34 @@ int main(int argc, char** argv) {
       });
 
   // On one host the pipe offers its worker address next; this peer offers none (both stay
-  // on the first endpoint), or a malformed one.
-  raw.send_control(
-      {{"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
-  if (!raw.recv_control(std::chrono::seconds(10))) {
-    std::printf("NO-ADDRESS\n");
-    return 1;
+  // on the first endpoint), a malformed one, or one made from the receiver's.
+  const bool from_theirs = kind == "mutated-worker-address" || kind == "own-worker-address";
+  std::optional<Json> theirs;
+  if (from_theirs) {
+    theirs = raw.recv_control(std::chrono::seconds(10));
+    if (!theirs || !theirs->contains("worker_address")) {
+      std::printf("NO-ADDRESS\n");
+      return 1;
+    }
+    std::string address = (*theirs)["worker_address"].is_string()
+                              ? (*theirs)["worker_address"].get<std::string>()
+                              : std::string();
+    // Sent null (a peer of another user): answers with a corrupted address all the same.
+    if (address.empty()) address = std::string(64, '0');
+    if (kind == "mutated-worker-address")
+      for (size_t i = 0; i < 16 && i < address.size(); ++i)
+        address[i] = address[i] == 'f' ? '0' : 'f';
+    raw.send_control({{"worker_address", address}});
+    if (kind == "mutated-worker-address") kind = "bad-magic";  // then: is the receiver alive?
+  } else {
+    raw.send_control(
+        {{"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
+    if (!raw.recv_control(std::chrono::seconds(10))) {
+      std::printf("NO-ADDRESS\n");
+      return 1;
+    }
   }
-  if (kind == "bad-worker-address") {
+  if (kind == "bad-worker-address" || kind == "own-worker-address") {
     auto reply = raw.recv_control(std::chrono::seconds(10));
     if (reply && reply->contains("error")) {
       std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());

@@ -342,6 +342,44 @@ TEST(PipeLocalAddress, LoopbackAndOwnInterfacesAreLocalOthersAreNot) {
   EXPECT_FALSE(ucx::is_local_address(""));
 }
 
+// Worker addresses (pipe_impl.cpp, use_direct_endpoint): this process offers shared memory.
+class WorkerAddress : public ::testing::Test {
+ protected:
+  void SetUp() override { ::setenv("UCX_TLS", "sm,tcp", 1); }
+};
+
+// UCX trusts a worker address (a corrupted one fails an assertion: SIGABRT of the whole
+// process, with every pipe of a server in it). A local peer of another user (over TCP, which
+// it may choose) is never sent ours nor has its own parsed: the pipe stays on its first
+// endpoint and goes on, here to reject the peer's next, malformed, frame.
+TEST_F(WorkerAddress, OneFromAnotherUserIsNeverParsed) {
+  PipeListener listener(0);
+  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
+                 std::to_string(listener.port()), "mutated-worker-address"});
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  EXPECT_THROW(pipe->recv(nullptr, 20s), ProtocolError);  // the bad-magic frame
+  EXPECT_FALSE(p.read_line("REJECTED").empty())
+      << "the receiver did not go on (" << p.stderr_text() << ")";
+}
+
+// Our own address handed back would connect the pipe to itself.
+TEST_F(WorkerAddress, OurOwnHandedBackIsRefused) {
+  PipeListener listener(0);
+  PeerProcess p({EVIL_PEER, "127.0.0.1", std::to_string(listener.port()), "own-worker-address"});
+  std::string what;
+  try {
+    auto pipe = listener.accept(20s, /*throw_on_refusal=*/true);
+    EXPECT_FALSE(pipe) << "our own worker address was accepted";
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("own worker address"), std::string::npos) << what;
+  EXPECT_NE(p.read_line("REJECTED").find("own worker address"), std::string::npos)
+      << "the peer was not told (" << p.stderr_text() << ")";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PipeTest,
                          ::testing::Values(Transport{"shm", "sm,tcp"}, Transport{"tcp", "tcp"}),
                          [](const auto& p) { return std::string(p.param.name); });
