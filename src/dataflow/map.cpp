@@ -107,6 +107,7 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   void held_by(size_t w, const shm::ChunkPool::Chunk& chunk);  // records a sent task chunk
   void after_replacing(int index, uint16_t sender) override;
   std::string describe_item(uint64_t seq) const override;
+  bool items_are_shared() const override { return true; }
   void fill();
   // The next result; a worker's own failure (not one datapoint's) throws WorkerError.
   std::optional<detail::ShmReceiver::Received> receive(Deadline deadline);

@@ -153,10 +153,11 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
   // restart_window of the last, and the count below would never stop the loop.
   if (const WorkerProgress* p = progress(d.index);
       p && p->since_ns.load(std::memory_order_acquire) != 0) {
-    const std::string item = describe_item(p->item.load(std::memory_order_relaxed));
-    if (++deaths_on_[item] > policy.max_restarts)
-      throw link.workers.died(d, why + "; " + std::to_string(deaths_on_[item]) +
-                                     " workers died on " + item + ", more than max_restarts (" +
+    const uint64_t item = p->item.load(std::memory_order_relaxed);
+    const int n = ++deaths_on_[{items_are_shared() ? -1 : d.index, item}];
+    if (n > policy.max_restarts)
+      throw link.workers.died(d, why + "; " + std::to_string(n) + " workers died on " +
+                                     describe_item(item) + ", more than max_restarts (" +
                                      std::to_string(policy.max_restarts) + "), so the run ends");
   }
   auto& times = deaths_[index];

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "dataflow/links.h"
 #include "shm/segment.h"
@@ -80,6 +81,10 @@ struct RunnerCore {
   virtual void after_replacing(int /*index*/, uint16_t /*sender*/) {}
   // How to name the datapoint `item` of a worker's progress in a message.
   virtual std::string describe_item(uint64_t item) const;
+  // Whether an item names one datapoint whichever worker has it (the map's task ids, kept
+  // when a task is sent again). Else it is a position in a worker's own pass: the same
+  // datapoint at each restart only for a dataflow whose order does not depend on the seed.
+  virtual bool items_are_shared() const { return false; }
 
  private:
   void on_death(const WorkerProcesses::Death& d);
@@ -97,8 +102,10 @@ struct RunnerCore {
   WorkerMain worker_main_;
   shm::Segment progress_;
   std::vector<std::deque<std::chrono::steady_clock::time_point>> deaths_;  // per index
-  std::vector<std::string> stuck_;        // per index: why the watchdog killed it
-  std::map<std::string, int> deaths_on_;  // per datapoint (as named): workers that died on it
+  std::vector<std::string> stuck_;  // per index: why the watchdog killed it
+  // Workers that died on a datapoint: by (worker index, item), or (-1, item) when items
+  // name one datapoint whichever worker has it (items_are_shared()).
+  std::map<std::pair<int, uint64_t>, int> deaths_on_;
 };
 
 }  // namespace tensorwire::dataflow::detail

@@ -571,6 +571,25 @@ TEST_F(Healing, APositionEveryRunnerWorkerIsStuckAtEndsTheRunWhateverTheWindow) 
   EXPECT_EQ(r.restarts(), 2u);
 }
 
+// Each worker stuck once at the same position of its own pass: three datapoints, not one.
+TEST_F(Healing, WorkersStuckOnceEachAtOnePositionOfTheirPassesGoOn) {
+  RunnerOptions o{.num_proc = 3, .seed = kSeed, .policy = restart(2)};
+  o.policy.datapoint_timeout = 300ms;
+  MultiProcessRunnerZMQ r(std::make_shared<FunctionFlow>(
+                              [](uint64_t i) {
+                                if (i == 1 && first_generation(3)) std::this_thread::sleep_for(1h);
+                                return testing::make_datapoint(i);
+                              },
+                              std::nullopt),
+                          o);
+  r.reset_state();
+  for (auto end = std::chrono::steady_clock::now() + 30s;
+       r.restarts() < 3 && std::chrono::steady_clock::now() < end;)
+    ASSERT_TRUE(testing::datapoint_ok(*r.next(10s)));
+  EXPECT_EQ(r.restarts(), 3u);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(testing::datapoint_ok(*r.next(10s)));
+}
+
 // Task arenas mapped by this process (the map's pool grows a segment when none has room).
 size_t task_segments() {
   std::ifstream maps("/proc/self/maps");
