@@ -66,7 +66,9 @@ std::optional<ProducerTable::Silent> ProducerTable::silent(Clock::time_point now
   // Fair queueing serves each connection with a datapoint queued at least once a round.
   const auto open = static_cast<uint64_t>(std::count_if(
       entries_.begin(), entries_.end(), [](const Entry& e) { return e.info.connected; }));
-  const uint64_t rounds = 4 * open + 8;
+  // Margin: a connection whose queue ran dry waits for the socket to process its commands
+  // (remote.cpp, check_silence(): at each check, else every 100 receive calls, 3 frames each).
+  const uint64_t rounds = 4 * open + 40;
   for (Entry& e : entries_) {
     if (e.info.datapoints == 0 || e.reported) continue;
     const auto since = now - *e.info.last_datapoint;

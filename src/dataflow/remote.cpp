@@ -177,6 +177,11 @@ void RemoteDataZMQ::Impl::read_events() {
 }
 
 void RemoteDataZMQ::Impl::check_silence(ProducerTable::Clock::time_point now) {
+  // libzmq takes a connection whose queue had run dry back into the fair queue when it
+  // processes its commands, which a stream of receives does only every 100th call: asking
+  // for the events processes them now, so a producer with a datapoint waiting is read
+  // within a round of the others (ProducerTable::silent() counts on that).
+  for (int i = 0; i < num(); ++i) (void)socks[i]->ref().get(zmq::sockopt::events);
   while (auto s = producers.silent(now, opt.liveness_timeout)) {
     char why[200];
     std::snprintf(why, sizeof why, " datapoints, then none for %.1f s (liveness_timeout %.1f s; ",
