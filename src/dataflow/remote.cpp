@@ -224,10 +224,12 @@ void RemoteDataZMQ::reset_state() {
     else
       m.socks[i]->connect(m.addr[i]);
     m.bound[i] = m.socks[i]->last_endpoint();
-    if (m.opt.bind && m.bound[i].rfind("tcp://", 0) == 0) {
+    if (m.opt.bind && m.bound[i].rfind("tcp://", 0) == 0) {  // tcp://ip:port, tcp://[ip6]:port
       const auto colon = m.bound[i].rfind(':');
-      m.marks[i] =
-          os::ListenerMark::tcp(static_cast<uint16_t>(std::stoul(m.bound[i].substr(colon + 1))));
+      std::string ip = m.bound[i].substr(6, colon - 6);
+      if (ip.size() > 1 && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
+      m.marks[i] = os::ListenerMark::tcp(
+          ip, static_cast<uint16_t>(std::stoul(m.bound[i].substr(colon + 1))));
     }
   }
 }

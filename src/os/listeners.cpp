@@ -1,5 +1,6 @@
 #include "os/listeners.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -10,13 +11,15 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <utility>
 
 namespace tensorwire::os {
 
 namespace {
 
-// What a mark matches: a TCP port, or the exact bytes of a socket's local address.
+// What a mark matches: a TCP address and port, or the exact bytes of a socket's address.
 struct Address {
+  std::string ip;  // inet_ntop's form
   uint16_t port = 0;
   std::string raw;
 };
@@ -46,25 +49,47 @@ uint64_t add(Address a) {
   return id;
 }
 
-// The port of a TCP socket's address, or 0.
-uint16_t port_of(const sockaddr_storage& s) {
-  if (s.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(s).sin_port);
-  if (s.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(s).sin6_port);
-  return 0;
+// The address and port of a TCP socket's address, or {"", 0}.
+std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (s.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(s);
+    ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
+    return {buf, ntohs(a.sin_port)};
+  }
+  if (s.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(s);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+    return {buf, ntohs(a.sin6_port)};
+  }
+  return {"", 0};
 }
+
+// Made when the library is loaded: a registry first made while another thread forks would
+// leave the child waiting for ever on its unfinished initialization.
+const bool g_registry_made = (registry(), true);
 
 }  // namespace
 
-ListenerMark ListenerMark::tcp(uint16_t port) {
-  return ListenerMark(add({.port = port}));
+ListenerMark ListenerMark::tcp(const std::string& ip, uint16_t port) {
+  (void)g_registry_made;
+  sockaddr_storage s{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&s);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&s);
+  if (::inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1)
+    s.ss_family = AF_INET;
+  else if (::inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1)
+    s.ss_family = AF_INET6;
+  else
+    return {};
+  return ListenerMark(add({.ip = ip_port_of(s).first, .port = port}));
 }
 
 ListenerMark ListenerMark::socket(int fd) {
   sockaddr_storage s{};
   socklen_t len = sizeof s;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return {};
-  return ListenerMark(
-      add({.port = port_of(s), .raw = std::string(reinterpret_cast<char*>(&s), len)}));
+  return ListenerMark(add({.raw = std::string(reinterpret_cast<char*>(&s), len)}));
 }
 
 ListenerMark& ListenerMark::operator=(ListenerMark&& o) noexcept {
@@ -101,10 +126,10 @@ int release_inherited_listeners() noexcept {
     sockaddr_storage s{};
     socklen_t len = sizeof s;
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) continue;
-    const uint16_t port = port_of(s);
+    const auto [ip, port] = ip_port_of(s);
     const std::string raw(reinterpret_cast<const char*>(&s), len);
     for (const auto& [id, a] : r.marks) {
-      if (a.raw.empty() ? (port != 0 && port == a.port) : a.raw == raw) {
+      if (a.raw.empty() ? (port != 0 && port == a.port && ip == a.ip) : a.raw == raw) {
         if (devnull >= 0 && ::dup3(devnull, fd, O_CLOEXEC) == fd) ++released;
         break;
       }

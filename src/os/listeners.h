@@ -21,8 +21,9 @@ namespace tensorwire::os {
 class ListenerMark {
  public:
   ListenerMark() = default;
-  // A TCP listener (IPv4 or IPv6) on `port` (UCX's, ZeroMQ's: their fds are not ours).
-  static ListenerMark tcp(uint16_t port);
+  // A TCP listener bound to `ip` (IPv4 or IPv6, as bound: "0.0.0.0" for every address) and
+  // `port` (UCX's, ZeroMQ's: their fds are not ours). An unparsable `ip` marks nothing.
+  static ListenerMark tcp(const std::string& ip, uint16_t port);
   // The listening socket `fd`, by the address it is bound to (read now).
   static ListenerMark socket(int fd);
   ListenerMark(ListenerMark&& o) noexcept : id_(o.id_) { o.id_ = 0; }

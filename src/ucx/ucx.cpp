@@ -397,7 +397,9 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
     throw_status("ucp_listener_query", st);
   }
   port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  mark_ = os::ListenerMark::tcp(port_);
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+  mark_ = os::ListenerMark::tcp(ip, port_);
 }
 
 Listener::~Listener() {

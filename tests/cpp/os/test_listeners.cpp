@@ -21,12 +21,12 @@
 namespace tensorwire::os {
 namespace {
 
-// A TCP socket listening on 127.0.0.1 (`port` 0: any); its port through `port`.
-Fd tcp_listener(uint16_t& port) {
+// A TCP socket listening on `ip` (`port` 0: any); its port through `port`.
+Fd tcp_listener(uint16_t& port, const char* ip = "127.0.0.1") {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
   a.sin_port = htons(port);
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::listen(fd.get(), 4) != 0)
@@ -49,10 +49,13 @@ TEST(ListenerMarkForked, AForkedWorkerReleasesOnlyTheMarkedListeners) {
   uint16_t port = 0;
   Fd tcp = tcp_listener(port);
   ASSERT_TRUE(tcp);
-  auto tcp_mark = std::make_unique<ListenerMark>(ListenerMark::tcp(port));
+  auto tcp_mark = std::make_unique<ListenerMark>(ListenerMark::tcp("127.0.0.1", port));
   uint16_t user_port = 0;
   Fd user = tcp_listener(user_port);  // not marked: the user's
   ASSERT_TRUE(user);
+  uint16_t same_port = port;  // the user's too, on the marked port but another address
+  Fd user_same_port = tcp_listener(same_port, "127.0.0.2");
+  ASSERT_TRUE(user_same_port);
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   const int pid = ::fork();
@@ -61,6 +64,7 @@ TEST(ListenerMarkForked, AForkedWorkerReleasesOnlyTheMarkedListeners) {
     int code = release_inherited_listeners() == 2 ? 0 : 10;
     if (target(unix_listener->fd()) != "/dev/null" || target(tcp.get()) != "/dev/null") code = 11;
     if (target(user.get()).rfind("socket:", 0) != 0) code = 12;
+    if (target(user_same_port.get()).rfind("socket:", 0) != 0) code = 13;
     (void)!::write(ready[1], &code, sizeof code);
     ::pause();  // alive, as a worker is, while the parent binds again
     ::_exit(code);
