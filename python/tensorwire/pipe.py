@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from . import _C
@@ -75,6 +76,16 @@ def _check_sync(op: str) -> None:
         f"loop (and deadlock if the peer is served by it): use `await pipe.a{op}()`")
 
 
+def _running_here(loop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+_DETACH_WAIT_S = 5.0  # how long close() from another thread waits for the loop to detach
+
+
 class _FdWaiter:
     """Wakes every coroutine waiting on a set of fds; one reader per fd, however many waiters."""
 
@@ -82,6 +93,30 @@ class _FdWaiter:
         self._fds = [fd for fd in fds if fd >= 0]
         self._waiters: set = set()
         self._loop = None
+
+    def on_loop(self, fn) -> None:
+        """Runs ``fn`` (a close) on the loop that waits on the fds, and waits for it, when
+        called from another thread (``close()`` may be called from any thread): a future set
+        from another thread, with the fd's reader gone, never wakes the loop, and a waiter
+        woken before the close is over would wait again, for ever. Else runs it here."""
+        loop = self._loop
+        if loop is not None and not _running_here(loop):
+            done = threading.Event()
+
+            def run() -> None:
+                try:
+                    fn()
+                finally:
+                    done.set()
+            try:
+                loop.call_soon_threadsafe(run)
+            except RuntimeError:
+                pass  # its loop is closed: nothing waits there any more
+            else:
+                # A loop that is stopped, or blocked in this very close(), never runs it.
+                if done.wait(_DETACH_WAIT_S):
+                    return
+        fn()
 
     def detach(self) -> None:
         """Unregisters the fds now (before their owner closes them) and wakes every waiter."""
@@ -303,6 +338,9 @@ class TensorDictPipe:
             raise ClosedError(f"Cannot {op} on a closed pipe.")
 
     def close(self) -> None:
+        self._waiter.on_loop(self._close_here)
+
+    def _close_here(self) -> None:
         self._waiter.detach()
         self._impl.close()
 
@@ -512,6 +550,9 @@ class TensorDictServer(_Acceptor):
                 raise
 
     def close(self) -> None:
+        self._waiter.on_loop(self._close_here)
+
+    def _close_here(self) -> None:
         # The handlers first: cancelled, as the end of serve() cancels them, before their
         # pipes close under them (a handler still reading would get ClosedError, reported
         # as its failure). Tasks belong to the loop running here, if any.

@@ -511,3 +511,52 @@ def test_an_abandoned_arecv_keeps_its_target_alive_until_a_receive_completes(tls
         assert finish(peer)[0] == 0
         listener.close()
     asyncio.run(run())
+
+
+def _in_loop_thread(coro_fn):
+    """Runs ``coro_fn()`` in an event loop of its own thread; returns (thread, outcome)."""
+    import threading
+    outcome = {}
+
+    def run():
+        async def main():
+            try:
+                await coro_fn()
+                outcome["r"] = "returned"
+            except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+                outcome["r"] = e
+        asyncio.run(main())
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, outcome
+
+
+def test_closing_a_pipe_from_another_thread_ends_its_arecv_at_once():
+    # The waiter's future was set from the closing thread with the fd's reader gone: the
+    # loop never woke, and arecv() waited for ever.
+    import concurrent.futures
+    listener = tw.PipeListener(0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept, timeout=10)
+        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port)
+        server = accepted.result()
+    listener.close()
+    t, outcome = _in_loop_thread(client.arecv)
+    time.sleep(0.3)  # arecv() is waiting
+    client.close()
+    t.join(5)
+    assert isinstance(outcome.get("r"), tw.ClosedError), outcome
+    server.close()
+
+
+def test_closing_a_server_from_another_thread_ends_its_serve():
+    server = tw.TensorDictServer(0)
+
+    async def handler(pipe):
+        async for _ in pipe:
+            pass
+    t, outcome = _in_loop_thread(lambda: server.serve(handler))
+    time.sleep(0.3)  # serve() is waiting for clients
+    server.close()
+    t.join(5)
+    assert outcome.get("r") == "returned", outcome
