@@ -82,10 +82,34 @@ struct PyPipe {
     return nullptr;
   }
 
-  // Runs `get(into)` (a receive) with the GIL released; what it received, or None.
+  int receiving = 0, receiving_own = 0;  // receive() calls running; those with no target
+
+  // Runs `get(into)` (a receive, TensorDictPipe::Received) with the GIL released; what it
+  // received, or None. What is kept was taken by the receive itself: another thread's
+  // receive may replace the decoder's object as soon as this one lets go of the pipe.
   template <class Get>
   nb::object receive(nb::handle into_obj, Get&& get) {
     TensorDict* into = into_of(into_obj);
+    // A consolidated pipe rewrites the TensorDict it returns at the next receive, in place:
+    // a second thread's receive would overwrite the first's before its caller read it (and
+    // the two could get each other's object). Refused rather than torn, unless each call
+    // receives into a target of its own.
+    if (pipe.options().consolidated && (receiving_own > 0 || (!into && receiving > 0)))
+      throw Error(
+          "another thread is receiving from this pipe: a consolidated pipe rewrites the "
+          "TensorDict it returns at each receive, so receive from one thread at a time, each "
+          "thread into a TensorDict of its own (recv(td)), or use consolidated=False, whose "
+          "receives each return a new TensorDict");
+    ++receiving;
+    if (!into) ++receiving_own;
+    struct Done {
+      PyPipe& p;
+      bool own;
+      ~Done() {
+        --p.receiving;
+        if (own) --p.receiving_own;
+      }
+    } done{*this, into == nullptr};
     if (into) {
       if (!target_of(into_obj)) targets.push_back({nb::borrow(into_obj)});
       ++target_of(into_obj)->calls;
@@ -94,14 +118,15 @@ struct PyPipe {
     auto returned = [&] {
       if (into) --target_of(into_obj)->calls;
     };
-    TensorDict* got = nullptr;
+    TensorDictPipe::Received r;
     try {
-      got = (NoGil(), get(into));
+      r = (NoGil(), get(into));
     } catch (...) {
       returned();
       throw;
     }
     returned();
+    TensorDict* got = r.target;
     if (!got) return nb::none();
     nb::object given;
     for (const Target& t : targets)
@@ -110,10 +135,10 @@ struct PyPipe {
                   [&](const Target& t) { return t.calls == 0 && !pipe.receiving_into(t.td()); });
     if (given.is_valid()) return given;
     const bool consolidated = pipe.options().consolidated;
-    if (consolidated && !pipe.last_recv_was_new_schema() && cached.is_valid()) return cached;
+    if (!r.copy && cached.is_valid()) return cached;  // consolidated, the same structure
     // A structural copy: it shares the received storage, so later in-place receives are
     // seen through it, and it stays valid after the next schema change.
-    nb::object obj = nb::cast(PyTensorDict(TensorDict(*got)));
+    nb::object obj = nb::cast(PyTensorDict(r.copy ? std::move(*r.copy) : TensorDict(*got)));
     if (consolidated) cached = obj;
     return obj;
   }
@@ -174,7 +199,7 @@ void bind_pipe(nb::module_& m) {
           "recv",
           [](PyPipe& self, nb::handle into, Seconds timeout) {
             Timeout t = Timeout::seconds(timeout);
-            return self.receive(into, [&](TensorDict* td) { return &self.pipe.recv(td, t); });
+            return self.receive(into, [&](TensorDict* td) { return self.pipe.receive(td, t); });
           },
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
       .def("start_send",
@@ -197,8 +222,8 @@ void bind_pipe(nb::module_& m) {
       .def(
           "poll_recv",
           [](PyPipe& self, nb::handle into, int64_t spin) {
-            return self.receive(into,
-                                [&](TensorDict* td) { return self.pipe.poll_recv(td, us(spin)); });
+            return self.receive(
+                into, [&](TensorDict* td) { return self.pipe.poll_receive(td, us(spin)); });
           },
           nb::arg("td").none() = nb::none(), nb::arg("spin_us") = 0)
       .def("arm", [](PyPipe& self) { return self.pipe.arm(); })

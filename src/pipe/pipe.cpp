@@ -218,8 +218,9 @@ std::future<void> TensorDictPipe::send_async(TensorDict td, Timeout timeout) {
 std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
   auto impl = impl_;
   // A copy of the structure: the caller owns it, its tensors share the received storage.
-  return std::async(std::launch::async,
-                    [impl, timeout] { return TensorDict(impl->recv(nullptr, timeout)); });
+  return std::async(std::launch::async, [impl, timeout] {
+    return std::move(*impl->receive(nullptr, timeout, /*copy_always=*/true).copy);
+  });
 }
 
 void TensorDictPipe::start_send(const TensorDict& td) {
@@ -238,6 +239,14 @@ bool TensorDictPipe::sending(const TensorDict& td) {
 }
 TensorDict* TensorDictPipe::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
   return impl_->poll_recv(into, spin);
+}
+TensorDictPipe::Received TensorDictPipe::receive(TensorDict* into, Timeout timeout,
+                                                 bool copy_always) {
+  return impl_->receive(into, timeout, copy_always);
+}
+TensorDictPipe::Received TensorDictPipe::poll_receive(TensorDict* into,
+                                                      std::chrono::microseconds spin) {
+  return impl_->poll_receive(into, spin);
 }
 int TensorDictPipe::fd() const {
   return impl_->fd();

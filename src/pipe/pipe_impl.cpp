@@ -577,25 +577,49 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
 }
 
 TensorDict* PipeImpl::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
+  return poll_receive(into, spin).target;
+}
+
+TensorDictPipe::Received PipeImpl::poll_receive(TensorDict* into, std::chrono::microseconds spin) {
   check_process();
+  TensorDictPipe::Received out;
   auto once = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw ClosedError("Cannot recv on a closed pipe.");
-    return step_recv(into);
+    if (TensorDict* got = step_recv(into)) out = taken(got, into, false);
+    return out.target != nullptr;
   };
-  TensorDict* got = once();
-  if (got || spin.count() <= 0) return got;
-  os::spin_for(spin, [&] { return (got = once()) != nullptr; });
-  return got;
+  if (once() || spin.count() <= 0) return out;
+  os::spin_for(spin, once);
+  return out;
 }
 
 TensorDict& PipeImpl::recv(TensorDict* into, Timeout timeout) {
+  return *receive(into, timeout, false).target;
+}
+
+TensorDictPipe::Received PipeImpl::receive(TensorDict* into, Timeout timeout, bool copy_always) {
   check_process();
   const Deadline deadline = Deadline::after(timeout);
   const auto one_receiver = turn(recv_mu_, deadline, "recv");
-  TensorDict* got = nullptr;
-  wait_until([&] { return (got = step_recv(into)) != nullptr; }, deadline, "recv");
-  return *got;
+  TensorDictPipe::Received out;
+  wait_until(
+      [&] {
+        if (TensorDict* got = step_recv(into)) out = taken(got, into, copy_always);
+        return out.target != nullptr;
+      },
+      deadline, "recv");
+  return out;
+}
+
+TensorDictPipe::Received PipeImpl::taken(TensorDict* got, TensorDict* into,
+                                         bool copy_always) const {
+  TensorDictPipe::Received r;
+  r.target = got;
+  r.new_schema = last_new_schema_;
+  if (copy_always || (got != into && (!options_.consolidated || last_new_schema_)))
+    r.copy = TensorDict(*got);
+  return r;
 }
 
 std::unique_lock<runtime::TimedLock> PipeImpl::turn(runtime::TimedLock& one_at_a_time,

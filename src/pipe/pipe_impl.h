@@ -68,6 +68,8 @@ class PipeImpl : public runtime::Beating {
   TensorDict* poll_recv(TensorDict* into,
                         std::chrono::microseconds spin = std::chrono::microseconds(0));
   bool last_new_schema() const { return last_new_schema_; }
+  TensorDictPipe::Received receive(TensorDict* into, Timeout timeout, bool copy_always);
+  TensorDictPipe::Received poll_receive(TensorDict* into, std::chrono::microseconds spin);
 
   int fd() const { return worker_->efd(); }
   uint64_t events() const { return worker_->events(); }
@@ -94,7 +96,9 @@ class PipeImpl : public runtime::Beating {
   void beat() noexcept override;
 
  private:
-  TensorDict* step_recv(TensorDict* into);                         // under mu_
+  TensorDict* step_recv(TensorDict* into);  // under mu_
+  // Under mu_: what a receive that got `got` hands a caller (TensorDictPipe::Received).
+  TensorDictPipe::Received taken(TensorDict* got, TensorDict* into, bool copy_always) const;
   bool step_send();                                                // under mu_
   void check_alive();                                              // under mu_: throws ClosedError
   void drain_control();                                            // under mu_

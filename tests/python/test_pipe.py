@@ -560,3 +560,52 @@ def test_closing_a_server_from_another_thread_ends_its_serve():
     server.close()
     t.join(5)
     assert outcome.get("r") == "returned", outcome
+
+
+@pytest.mark.parametrize("consolidated", [False, True])
+def test_two_threads_receiving_from_one_pipe(consolidated):
+    # The binding copied the received TensorDict after the receive let go of the pipe, while
+    # the other thread's receive replaced it: torn objects, duplicates and losses. Now a
+    # non-consolidated pipe gives each message to one thread, whole; a consolidated one
+    # (which rewrites its TensorDict in place) refuses the second receiving thread.
+    import concurrent.futures
+    import threading
+    n = 3000
+    listener = tw.PipeListener(0, consolidated=consolidated)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept, timeout=10)
+        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port, consolidated=consolidated)
+        server = accepted.result()
+    listener.close()
+    got, errors, lock = [], [], threading.Lock()
+
+    def receiver():
+        mine = []
+        try:
+            while True:
+                v = int(np.asarray(server.recv(timeout=20)["seq"]).reshape(-1)[0])
+                if v < 0:
+                    break
+                mine.append(v)
+        except RuntimeError as e:
+            errors.append(e)
+        with lock:
+            got.extend(mine)
+    threads = [threading.Thread(target=receiver) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # the first one waits in recv() when the second one calls it
+    for i in range(n):  # a new structure every other message
+        key = "a" if i % 2 else "b"
+        client.send(tw.TensorDict({"seq": np.array([i]), key: np.zeros(3)}, batch_size=[]))
+    for _ in range(2):
+        client.send(tw.TensorDict({"seq": np.array([-1])}, batch_size=[]))
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == list(range(n))
+    if consolidated:
+        assert len(errors) == 1 and "another thread is receiving" in str(errors[0])
+    else:
+        assert not errors
+    client.close()
+    server.close()

@@ -77,6 +77,22 @@ class TensorDictPipe {
   // True when the last recv() started a new structure (a new TensorDict object).
   bool last_recv_was_new_schema() const;
 
+  // recv() and poll_recv() for a pipe that several threads receive from: what recv()
+  // returns is the decoder's object, which the next receive (another thread's) replaces or
+  // rewrites, so what the caller keeps is taken before the receive lets go of the pipe.
+  // `target`: the object received into (`into`, or the decoder's; null: nothing yet);
+  // `copy`: a structural copy of it (sharing its storage) when it is not `into` and is a new
+  // object (not consolidated, or a new structure), or always with `copy_always`.
+  struct Received {
+    TensorDict* target = nullptr;
+    std::optional<TensorDict> copy;
+    bool new_schema = false;
+  };
+  Received receive(TensorDict* into = nullptr, Timeout timeout = Timeout::forever(),
+                   bool copy_always = false);
+  Received poll_receive(TensorDict* into = nullptr,
+                        std::chrono::microseconds spin = std::chrono::microseconds(0));
+
   // Futures: the blocking form runs on a helper thread, until `timeout` (TimeoutError from
   // get()). As with any std::async future, destroying one waits for its operation: bound
   // it with a timeout, or close() the pipe (from any thread), which ends it with ClosedError.
