@@ -547,18 +547,21 @@ TEST_F(Healing, ADatapointEveryWorkerIsStuckOnEndsTheRunWhateverTheWindow) {
   EXPECT_EQ(m.restarts(), 1u);
 }
 
+// Endless: 0, 1, 2, ... in each worker, stuck at `position` while `stuck()` says so.
+std::shared_ptr<DataFlow> stuck_at(uint64_t position, bool (*stuck)()) {
+  return std::make_shared<FunctionFlow>(
+      [position, stuck](uint64_t i) {
+        if (i == position && stuck()) std::this_thread::sleep_for(1h);
+        return testing::make_datapoint(i);
+      },
+      std::nullopt);
+}
+
 TEST_F(Healing, APositionEveryRunnerWorkerIsStuckAtEndsTheRunWhateverTheWindow) {
   RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart(2)};
   o.policy.restart_window = 100ms;
   o.policy.datapoint_timeout = 300ms;
-  MultiProcessRunnerZMQ r(std::make_shared<FunctionFlow>(
-                              [](uint64_t i) {
-                                if (i == 3)
-                                  std::this_thread::sleep_for(1h);  // each worker's 4th datapoint
-                                return testing::make_datapoint(i);
-                              },
-                              std::nullopt),
-                          o);
+  MultiProcessRunnerZMQ r(stuck_at(3, [] { return true; }), o);  // each worker's 4th datapoint
   r.reset_state();
   try {
     for (auto end = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < end;)
@@ -575,13 +578,7 @@ TEST_F(Healing, APositionEveryRunnerWorkerIsStuckAtEndsTheRunWhateverTheWindow) 
 TEST_F(Healing, WorkersStuckOnceEachAtOnePositionOfTheirPassesGoOn) {
   RunnerOptions o{.num_proc = 3, .seed = kSeed, .policy = restart(2)};
   o.policy.datapoint_timeout = 300ms;
-  MultiProcessRunnerZMQ r(std::make_shared<FunctionFlow>(
-                              [](uint64_t i) {
-                                if (i == 1 && first_generation(3)) std::this_thread::sleep_for(1h);
-                                return testing::make_datapoint(i);
-                              },
-                              std::nullopt),
-                          o);
+  MultiProcessRunnerZMQ r(stuck_at(1, [] { return first_generation(3); }), o);
   r.reset_state();
   for (auto end = std::chrono::steady_clock::now() + 30s;
        r.restarts() < 3 && std::chrono::steady_clock::now() < end;)
