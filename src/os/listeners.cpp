@@ -30,15 +30,21 @@ struct Registry {
   std::map<uint64_t, Address> marks;
 };
 
+// Made when the library is loaded (no function-local static: a first use while another
+// thread forks would leave the child waiting for ever on its unfinished initialization),
+// and never destroyed: marks of static objects may be dropped after it would have been.
+Registry* make_registry();
+Registry* const g_registry = make_registry();
+
 Registry& registry() {
-  // Never destroyed: marks of static objects may be dropped after it would have been.
-  static Registry* r = [] {
-    auto* made = new Registry;
-    ::pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); },
-                     [] { registry().mu.unlock(); });
-    return made;
-  }();
-  return *r;
+  return *g_registry;
+}
+
+Registry* make_registry() {
+  auto* made = new Registry;
+  ::pthread_atfork([] { g_registry->mu.lock(); }, [] { g_registry->mu.unlock(); },
+                   [] { g_registry->mu.unlock(); });
+  return made;
 }
 
 uint64_t add(Address a) {
@@ -65,14 +71,9 @@ std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s) {
   return {"", 0};
 }
 
-// Made when the library is loaded: a registry first made while another thread forks would
-// leave the child waiting for ever on its unfinished initialization.
-const bool g_registry_made = (registry(), true);
-
 }  // namespace
 
 ListenerMark ListenerMark::tcp(const std::string& ip, uint16_t port) {
-  (void)g_registry_made;
   sockaddr_storage s{};
   auto* v4 = reinterpret_cast<sockaddr_in*>(&s);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&s);

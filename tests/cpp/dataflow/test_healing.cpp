@@ -442,6 +442,27 @@ TEST_F(Healing, AMapInterruptedWhileItSendsADeadWorkersTasksAgainLosesNothing) {
   ::unlink(marker.c_str());
 }
 
+// 0 .. n-1 in the first pass, 1000 .. 1000 + n-1 in the second, and so on: a worker that
+// maps the next pass's datapoints early (the map prefetches a pass) maps other values.
+class PassNumbered : public DataFlow {
+ public:
+  explicit PassNumbered(size_t n) : n_(n) {}
+  void start() override {
+    ++pass_;
+    i_ = 0;
+  }
+  std::optional<TensorDict> next() override {
+    if (i_ == n_) return std::nullopt;
+    return testing::make_datapoint(1000 * pass_ + i_++);
+  }
+  std::optional<size_t> size() const override { return n_; }
+
+ private:
+  size_t n_;
+  uint64_t pass_ = ~uint64_t{0};  // the first start() makes it 0
+  uint64_t i_ = 0;
+};
+
 // As above, and the late replacement dies too before the tasks left unsent by the
 // interruption are sent: the next replacement gets each of them once (they were queued a
 // second time, sent twice, and their second results dropped).
@@ -456,7 +477,7 @@ TEST_F(Healing, AMapWhoseReplacementDiesBeforeItsTasksAreSentAgainSendsEachOnce)
     if (r.restarts == 1) g_interrupt_next = true;
   };
   MultiProcessMapDataZMQ m(
-      counting(40),
+      std::make_shared<PassNumbered>(40),  // pass 1's datapoints are not pass 0's again
       [log](TensorDict td) -> std::optional<TensorDict> {
         const int64_t entry[2] = {::getpid(), index_of(td)};  // which worker mapped what
         const int fd = ::open(log.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0600);
