@@ -130,6 +130,22 @@ std::string RemoteLink::inherited_error() const {
          ") was connected before a fork: its UCX state belongs to the parent";
 }
 
+namespace {
+// The kinds of message a server sends once the specs are in (wire/remote_frames.h).
+bool server_sends(uint64_t tag) {
+  switch (static_cast<remote::Kind>(tag & remote::kKindMask)) {
+    case remote::Kind::Response:
+    case remote::Kind::Failure:
+      return true;
+    case remote::Kind::Control:
+    case remote::Kind::Heartbeat:
+      return remote::seq_of(tag) == 0;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
 void RemoteLink::step() {
   if (inherited()) throw ClosedError(inherited_error());
   check();
@@ -151,6 +167,7 @@ void RemoteLink::step() {
                       : std::string()),
              false);
     }
+    ucx::refuse_foreign_tags(*worker, server_sends, "remote inference connection");
     if (ep->error() != UCS_OK)
       fail("connection to the remote inference server at " + address +
                " lost: " + ucs_status_string(ep->error()),

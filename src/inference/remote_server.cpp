@@ -302,6 +302,16 @@ void RemoteConnection::handshake() {
   ++s_.connected;
 }
 
+namespace {
+// The kinds of message a client sends once connected (wire/remote_frames.h).
+bool client_sends(uint64_t tag) {
+  const auto kind = static_cast<remote::Kind>(tag & remote::kKindMask);
+  if (kind == remote::Kind::Request) return true;
+  return remote::seq_of(tag) == 0 &&
+         (kind == remote::Kind::Control || kind == remote::Kind::Heartbeat);
+}
+}  // namespace
+
 void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
@@ -323,6 +333,7 @@ void RemoteConnection::serve(std::unique_lock<std::mutex>& io) {
     heartbeats();
     complete_receives();
     take_requests();
+    ucx::refuse_foreign_tags(*worker_, client_sends, "remote inference connection");
     send_answers();
     complete_sends();
     // Sleep until UCX has an event (a transfer in flight moved on too: the worker's fd fires

@@ -34,6 +34,11 @@ void wait_for(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
 
 }  // namespace
 
+void throw_foreign_tag(uint64_t tag, const char* what) {
+  throw ProtocolError(std::string(what) + ": the peer sent a message on tag " +
+                      std::to_string(tag) + ", which is not one of this connection's");
+}
+
 Deadline frame_deadline(std::chrono::milliseconds liveness_timeout) {
   return Deadline::after(liveness_timeout.count() > 0 ? liveness_timeout
                                                       : std::chrono::seconds(10));

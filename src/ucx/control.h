@@ -39,6 +39,17 @@ std::vector<std::byte> receive_probed(Worker& worker, Endpoint& ep, ucp_tag_mess
 std::optional<Json> take_control(Worker& worker, Endpoint& ep, uint64_t tag, size_t max_bytes,
                                  const wire::Limits& limits, const char* what, Deadline finish);
 
+// A peer's message on a tag its receiver never reads stays in UCX's queue for ever: a flood
+// of them grows memory without bound. ProtocolError naming the tag and `what` (the
+// connection) when the oldest waiting message has a tag `reads` refuses. Only the oldest is
+// looked at (O(1), cheap enough for every poll): the receiver takes its messages in order,
+// so a foreign one comes to the front once those before it are read.
+[[noreturn]] void throw_foreign_tag(uint64_t tag, const char* what);
+template <class Reads>
+void refuse_foreign_tags(Worker& worker, Reads&& reads, const char* what) {
+  if (auto tag = worker.oldest_unexpected_tag(); tag && !reads(*tag)) throw_foreign_tag(*tag, what);
+}
+
 // Waits until `req` (a send of this endpoint's) completed, until `deadline` (TimeoutError
 // naming `what`).
 void wait_sent(Worker& worker, Endpoint& ep, Request& req, Deadline deadline, const char* what,

@@ -525,6 +525,14 @@ std::optional<Endpoint::Probed> Endpoint::probe(uint64_t tag, uint64_t mask) {
   return Probed{info.length, msg, info.sender_tag};
 }
 
+std::optional<uint64_t> Worker::oldest_unexpected_tag() {
+  ucp_tag_recv_info_t info{};
+  // A mask of 0 matches any tag: UCX then walks its list of every unexpected message from
+  // the oldest, and the first one matches.
+  if (!ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/0, &info)) return std::nullopt;
+  return info.sender_tag;
+}
+
 bool Endpoint::has_message(uint64_t tag) {
   ucp_tag_recv_info_t info{};
   return ucp_tag_probe_nb(worker_.handle(), tag, ~uint64_t{0}, 0, &info) != nullptr;

@@ -101,6 +101,9 @@ class Worker {
   // then the sleep on efd(), without it.
   bool ready_to_sleep();
   void sleep(std::chrono::milliseconds timeout) const noexcept;
+  // The full tag of the oldest message that arrived with no receive posted for it, if any
+  // (it stays queued). O(1): UCX keeps such messages in arrival order.
+  std::optional<uint64_t> oldest_unexpected_tag();
   // This worker's address (every transport it can be reached by), for a peer's
   // Endpoint(worker, address).
   std::vector<std::byte> address() const;

@@ -179,6 +179,28 @@ TEST(RemoteTransport, AMalformedControlFrameEndsOnlyThatConnection) {
   EXPECT_EQ(action0(good(observation(4), 5s)), 8);
 }
 
+// Messages of a kind the server never reads (here a spec, which only a server sends, and a
+// kind that does not exist) would stay in UCX's queue for ever: the connection ends at the
+// first one, the others are served.
+TEST(RemoteTransport, MessagesOfAKindTheServerNeverReadsEndOnlyThatConnection) {
+  auto t = make_remote(4);
+  InferenceServer server(double_policy, t);
+  server.start();
+  Client good = connect_to(*t);
+  for (uint64_t tag : {remote::tag(remote::Kind::Spec), uint64_t{0x63}}) {
+    RawClient evil(t->port());
+    std::vector<std::byte> junk(100, std::byte{0x42});
+    try {
+      for (int i = 0; i < 100; ++i) evil.send(tag, junk);
+    } catch (const Error&) {  // the server ended the connection under the flood
+    }
+    const std::string err = evil.error();
+    EXPECT_NE(err.find("tag " + std::to_string(tag)), std::string::npos) << err;
+  }
+  EXPECT_TRUE(eventually([&] { return t->refused() == 2; }));
+  EXPECT_EQ(action0(good(observation(4), 5s)), 8);
+}
+
 // A client that starts a control frame larger than any before its handshake (1 MiB: a
 // rendezvous, whose data comes only as the client progresses) and then stops: a hostile
 // client, a SIGSTOP, a link cut. The server refuses it without allocating what the frame
