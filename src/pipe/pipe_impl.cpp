@@ -115,21 +115,27 @@ void PipeImpl::handshake(bool as_server) {
     }
     throw;
   }
+  // The hello's word (its namespaces, its pid) is what the peer claims; anyone can claim to
+  // be any process of this host. The connection's address tells whether the peer is on
+  // this host, and the kernel's record of its socket whether it is one of this user's
+  // processes: only then is its pid watched (a claimed pid of someone else's would end the
+  // pipe when that process exits, or be watched instead of the peer).
+  const bool same_host = peer.same_namespaces() && peer_is_local();
+  const bool ours = same_host && peer_is_ours(as_server);
   // The peer's pidfd first, so that a peer dying during the switch below ends it at once.
-  // Its pid means the same process here only in the same pid namespace.
-  if (peer.same_namespaces() && peer.pid > 0) {
+  if (ours && peer.pid > 0) {
     try {
       peer_watch_.emplace(peer.pid);
     } catch (const SystemError&) {
-      // Another pid namespace: rely on UCX's own error detection.
+      // Gone already, or not visible here: rely on UCX's own error detection.
     }
   }
-  if (peer.same_namespaces() && peer_is_local()) {
-    use_direct_endpoint(deadline, peer_is_ours(as_server));
+  if (same_host) {
+    use_direct_endpoint(deadline, ours);
     retire_first_endpoint(deadline);
   }
   connected_ = true;
-  start_liveness(peer);
+  start_liveness(peer.heartbeat_ms, same_host);
 }
 
 namespace {
@@ -299,6 +305,12 @@ void PipeImpl::check_alive() {
   if (ep_->error() != UCS_OK)
     fail("connection to " + ep_->peer() + " lost: " + ucs_status_string(ep_->error()),
          Fault::ConnectionLost);
+  try {
+    ucx::refuse_foreign_tags(
+        *worker_, [](uint64_t tag) { return tag >= kFrameTag && tag <= kHeartbeatTag; }, "pipe");
+  } catch (const ProtocolError& e) {
+    fail(e.what(), Fault::PeerBrokeProtocol);
+  }
   // The pidfd check is a system call: at most every few milliseconds, so the spin phase of
   // a wait stays cheap; and this runs on every poll, so the clock is read one call in 64.
   if (peer_watch_ && (++liveness_calls_ & 63) == 0) {

@@ -133,7 +133,8 @@ class PipeImpl : public runtime::Beating {
   ucx::Request post_control(const Json& body);
   std::optional<Json> take_control(uint64_t tag, size_t max_bytes, const char* what);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
-  void start_liveness(const wire::PeerIdentity& peer);  // after the handshake
+  // After the handshake: heartbeats at the peer's interval unless it is on this host.
+  void start_liveness(int64_t peer_heartbeat_ms, bool same_host);
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe

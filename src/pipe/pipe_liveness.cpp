@@ -18,12 +18,14 @@
 
 namespace tensorwire::detail {
 
-void PipeImpl::start_liveness(const wire::PeerIdentity& peer) {
-  // Same host and namespaces: the peer's pidfd watches it (and a peer stopped in a debugger
-  // is not taken for gone). Heartbeats only where a silent peer may have vanished.
-  if (peer.same_namespaces()) return;
+void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
+  // Same host and namespaces: the kernel tells when the peer dies (its pidfd, or the reset
+  // of its connection), and a peer stopped in a debugger is not taken for gone. Heartbeats
+  // only where a silent peer may have vanished. Both sides decide alike: each finds the
+  // other's address local and the same namespaces, or neither does.
+  if (same_host) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto period = heartbeats_.start(peer.heartbeat_ms, options_.liveness_timeout);
+  auto period = heartbeats_.start(peer_heartbeat_ms, options_.liveness_timeout);
   if (!period) return;
   runtime::keep_alive(weak_from_this(), *period);
 }

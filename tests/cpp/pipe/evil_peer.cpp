@@ -2,11 +2,14 @@
 // sends a malformed message, so the tests can check what the receiver does with it.
 //   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
 //                                     short-payload | wrong-schema-id | bad-worker-address |
-//                                     mutated-worker-address | own-worker-address)
+//                                     mutated-worker-address | own-worker-address |
+//                                     foreign-tag | claim-pid=PID)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 // mutated-worker-address answers the receiver's worker address with a corrupted copy of it
 // (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
-// the receiver its own address back.
+// the receiver its own address back. foreign-tag sends messages on a tag the pipe never
+// reads. claim-pid=PID claims in its hello to be process PID, then prints "CONNECTED" and
+// stays until the receiver closes.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -74,8 +77,14 @@ int main(int argc, char** argv) {
     ucx::Request flushed = raw.ep->flush();
     while (!flushed.done()) raw.worker.progress();
   }
+  std::optional<int64_t> claimed_pid;
+  if (kind.rfind("claim-pid=", 0) == 0) claimed_pid = std::atoll(kind.c_str() + 10);
   wire::handshake_as_client(
-      {"pipe", "consolidated", ""}, [&](const Json& j) { raw.send_control(j); },
+      {"pipe", "consolidated", ""},
+      [&](Json j) {
+        if (claimed_pid && j.contains("pid")) j["pid"] = *claimed_pid;
+        raw.send_control(j);
+      },
       [&]() {
         auto j = raw.recv_control(std::chrono::seconds(10));
         if (!j) throw ClosedError("no handshake reply");
@@ -118,6 +127,30 @@ int main(int argc, char** argv) {
     }
     std::printf("NO-REPLY\n");
     return 1;
+  }
+
+  if (claimed_pid) {
+    std::printf("CONNECTED\n");
+    std::fflush(stdout);
+    raw.recv_control(std::chrono::seconds(30));  // until the receiver closes
+    return 0;
+  }
+  if (kind == "foreign-tag") {
+    // Posted without waiting for each: a receiver that stopped reading fills the shared
+    // memory FIFO, and its answer must still be read.
+    std::vector<std::byte> junk(1000, std::byte{0x42});
+    std::vector<ucx::Request> sent;
+    for (int i = 0; i < 200; ++i) {
+      sent.push_back(raw.ep->send(99, junk));
+      raw.worker.progress();
+    }
+    auto reply = raw.recv_control(std::chrono::seconds(10));
+    if (reply && reply->contains("error"))
+      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
+    else
+      std::printf("NO-REPLY\n");
+    std::fflush(stdout);
+    std::_Exit(reply ? 0 : 1);  // sends still queued: not worth a clean teardown
   }
 
   // A valid message to start from: schema + storage of {"x": float32[4]}.

@@ -2,6 +2,9 @@
 // shared memory (sm,tcp: tcp is needed only for the connection manager) and once TCP.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -236,6 +239,24 @@ TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
   }
 }
 
+// Messages on a tag the pipe never reads would stay in UCX's queue for ever (a flood of
+// them: memory without bound): the first one seen ends the pipe, and the peer is told.
+TEST_P(PipeTest, MessagesOnATagThePipeNeverReadsEndIt) {
+  PipeListener listener(0);
+  PeerProcess p({evil(), "127.0.0.1", std::to_string(listener.port()), "foreign-tag"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  std::string what;
+  try {
+    pipe->recv(nullptr, 20s);
+  } catch (const ProtocolError& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("tag 99"), std::string::npos) << what;
+  EXPECT_NE(p.read_line("REJECTED").find("tag 99"), std::string::npos)
+      << "the peer was not told (" << p.stderr_text() << ")";
+}
+
 // With shared memory allowed, two processes of one host move their data over it (and no
 // TCP lane, which would cost an epoll_wait per progress call); with tcp forced, over TCP.
 TEST_P(PipeTest, APipeBetweenProcessesOfOneHostUsesSharedMemoryUnlessTcpIsForced) {
@@ -362,6 +383,41 @@ TEST_F(WorkerAddress, OneFromAnotherUserIsNeverParsed) {
   EXPECT_THROW(pipe->recv(nullptr, 20s), ProtocolError);  // the bad-magic frame
   EXPECT_FALSE(p.read_line("REJECTED").empty())
       << "the receiver did not go on (" << p.stderr_text() << ")";
+}
+
+// A hello's pid is the peer's word: a process of another user that claims to be some
+// process of this host is not taken at its word (the pipe would end when that process
+// exits, or go on after the real peer died). Only the kernel's record of a peer's socket
+// as this user's makes its pid one to watch.
+TEST_F(WorkerAddress, APidClaimedByAnotherUsersProcessIsNotWatched) {
+  std::fflush(nullptr);  // the child must not print what this process had buffered
+  pid_t bystander = ::fork();
+  if (bystander == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::pause();
+    ::_exit(0);
+  }
+  struct Reap {
+    pid_t pid;
+    void now() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = 0;
+    }
+    ~Reap() { now(); }
+  } reap{bystander};
+  PipeListener listener(0);
+  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
+                 std::to_string(listener.port()), "claim-pid=" + std::to_string(bystander)});
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  EXPECT_FALSE(p.read_line("CONNECTED").empty()) << p.stderr_text();
+  reap.now();
+  // A watched pid is checked every few milliseconds: its exit would end the pipe here.
+  EXPECT_THROW(pipe->recv(nullptr, 1500ms), TimeoutError);
+  EXPECT_FALSE(pipe->failed());
 }
 
 // Our own address handed back would connect the pipe to itself.
