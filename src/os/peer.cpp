@@ -43,7 +43,8 @@ bool parse_proc_address(const std::string& field, in6_addr& addr, uint16_t& port
 
 }  // namespace
 
-std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool listening) {
+std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool listening,
+                                      std::optional<uint16_t> remote_port) {
   in_addr v4{};
   in6_addr want{};
   const bool is4 = ::inet_pton(AF_INET, ip.c_str(), &v4) == 1;
@@ -71,15 +72,19 @@ std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool
       uint64_t uid = 0;
       if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid))
         continue;
-      in6_addr addr{};
-      uint16_t p = 0;
+      // TIME_WAIT (06) and NEW_SYN_RECV (0C): no process's socket, printed as uid 0.
+      if (state == "06" || state == "0C") continue;
+      in6_addr addr{}, raddr{};
+      uint16_t p = 0, rp = 0;
       try {
         if (!parse_proc_address(local, addr, p, v6)) continue;
+        if (!parse_proc_address(remote, raddr, rp, v6)) continue;
       } catch (const std::exception&) {
         continue;
       }
       const bool is_listening = state == "0A";
       if (p != port || is_listening != listening) continue;
+      if (remote_port && rp != *remote_port) continue;
       const in6_addr any{};
       if (std::memcmp(&addr, &target, sizeof addr) == 0 ||
           (listening && std::memcmp(&addr, &any, sizeof addr) == 0))

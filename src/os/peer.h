@@ -25,10 +25,14 @@ PeerCredentials peer_credentials(int fd);
 
 // The owner of a TCP socket of this network namespace, from /proc/net/tcp and tcp6 (the
 // kernel's record: it cannot be forged by the peer): the socket bound to `ip`:`port`,
-// listening (`listening`: bound to that address or to every address) or not. std::nullopt
-// when there is none. For connections whose other end is a library's socket (UCX's), where
-// SO_PEERCRED cannot be asked.
-std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool listening);
+// listening (`listening`: bound to that address or to every address) or not, then
+// connected to `remote_port` when given. std::nullopt when there is none. Sockets in
+// TIME_WAIT or half-open (a pending SYN) are not sockets of a process, and the kernel shows
+// them as uid 0: they never count (one left by an earlier connection from the same port
+// made a peer of another user look like root's). For connections whose other end is a
+// library's socket (UCX's), where SO_PEERCRED cannot be asked.
+std::optional<uid_t> tcp_socket_owner(const std::string& ip, uint16_t port, bool listening,
+                                      std::optional<uint16_t> remote_port = std::nullopt);
 
 // The users an endpoint admits: the effective uid of this process, and the uids of
 // `allowed_uids` (an explicit allow-list: nobody else, not even root unless listed).

@@ -138,22 +138,10 @@ void PipeImpl::handshake(bool as_server) {
   start_liveness(peer.heartbeat_ms, same_host);
 }
 
-namespace {
-// "ip:port" -> ip, port.
-std::pair<std::string, uint16_t> split_peer(std::string peer) {
-  uint16_t port = 0;
-  if (auto colon = peer.rfind(':'); colon != std::string::npos) {
-    port = static_cast<uint16_t>(std::strtoul(peer.c_str() + colon + 1, nullptr, 10));
-    peer.resize(colon);
-  }
-  return {peer, port};
-}
-}  // namespace
-
 // Whether the connection's other end is this machine by its address too (a loopback
 // address or one of this host's interfaces), not only by what its hello claims.
 bool PipeImpl::peer_is_local() const {
-  return ucx::is_local_address(split_peer(ep_->peer()).first);
+  return ucx::is_local_address(ep_->peer_address().host);
 }
 
 // Whether the peer's end is a socket of this user by the kernel's record: the client's
@@ -162,8 +150,10 @@ bool PipeImpl::peer_is_local() const {
 // the process), so only a process that could do anything to this one anyway may hand us
 // one. Symmetric: each side finds the other of its own user, or neither does.
 bool PipeImpl::peer_is_ours(bool as_server) const {
-  const auto [host, port] = split_peer(ep_->peer());
-  const auto owner = os::tcp_socket_owner(host, port, /*listening=*/!as_server);
+  const ucx::PeerAddress& peer = ep_->peer_address();
+  // The client's socket is connected to our listener's port; the server's is listening.
+  const auto owner = os::tcp_socket_owner(peer.host, peer.port, /*listening=*/!as_server,
+                                          as_server ? std::optional(local_port_) : std::nullopt);
   return owner && *owner == ::geteuid();
 }
 
@@ -216,7 +206,7 @@ void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
   std::unique_ptr<ucx::Endpoint> first = std::move(ep_);
   wired_up_ = false;  // until retire_first_endpoint() has flushed the new endpoint
   try {
-    ep_ = std::make_unique<ucx::Endpoint>(*worker_, *address, first->peer());
+    ep_ = std::make_unique<ucx::Endpoint>(*worker_, *address, *first);
   } catch (const Error& e) {
     ep_ = std::move(first);
     wired_up_ = true;

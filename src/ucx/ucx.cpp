@@ -348,7 +348,7 @@ void Request::cancel(ucp_worker_h worker) noexcept {
 // ---- Listener --------------------------------------------------------------
 
 namespace {
-std::string addr_str(const sockaddr_storage& ss) {
+PeerAddress address_of(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = "?";
   uint16_t port = 0;
   if (ss.ss_family == AF_INET) {
@@ -360,7 +360,7 @@ std::string addr_str(const sockaddr_storage& ss) {
     inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
     port = ntohs(a->sin6_port);
   }
-  return std::string(host) + ":" + std::to_string(port);
+  return {host, port};
 }
 }  // namespace
 
@@ -410,10 +410,11 @@ Listener::~Listener() {
 
 void Listener::on_conn(ucp_conn_request_h req, void* arg) {
   auto* self = static_cast<Listener*>(arg);
-  ConnRequest r{req, "?"};
+  ConnRequest r{req, {}, {}};
   ucp_conn_request_attr_t attr{};
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(req, &attr) == UCS_OK) r.peer = addr_str(attr.client_address);
+  if (ucp_conn_request_query(req, &attr) == UCS_OK) r.address = address_of(attr.client_address);
+  r.peer = r.address.str();
   self->pending_.push_back(r);
 }
 
@@ -449,7 +450,8 @@ Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port)
   std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
   socklen_t len = res->ai_addrlen;
   ::freeaddrinfo(res);
-  peer_ = addr_str(ss);
+  peer_address_ = address_of(ss);
+  peer_ = peer_address_.str();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -464,7 +466,10 @@ Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port)
 }
 
 Endpoint::Endpoint(Worker& worker, ConnRequest& request)
-    : worker_(worker), generation_(os::fork_generation()), peer_(request.peer) {
+    : worker_(worker),
+      generation_(os::fork_generation()),
+      peer_address_(request.address),
+      peer_(request.peer) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -477,8 +482,11 @@ Endpoint::Endpoint(Worker& worker, ConnRequest& request)
   if (st != UCS_OK) throw_status("accept from " + peer_, st);
 }
 
-Endpoint::Endpoint(Worker& worker, std::span<const std::byte> address, std::string peer)
-    : worker_(worker), generation_(os::fork_generation()), peer_(std::move(peer)) {
+Endpoint::Endpoint(Worker& worker, std::span<const std::byte> address, const Endpoint& same_peer)
+    : worker_(worker),
+      generation_(os::fork_generation()),
+      peer_address_(same_peer.peer_address_),
+      peer_(same_peer.peer_) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

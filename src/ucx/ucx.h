@@ -141,9 +141,17 @@ class Request {
   bool done_ = true;
 };
 
+// A peer's socket address, numeric, as this host sees it.
+struct PeerAddress {
+  std::string host = "?";
+  uint16_t port = 0;
+  std::string str() const { return host + ":" + std::to_string(port); }
+};
+
 struct ConnRequest {
   ucp_conn_request_h handle = nullptr;
-  std::string peer;  // "ip:port"
+  PeerAddress address;  // the client's
+  std::string peer;     // address.str(), for messages
 };
 
 class Listener {
@@ -177,7 +185,7 @@ class Endpoint {
   // Server side: accepts a request from a Listener (on any worker).
   Endpoint(Worker& worker, ConnRequest& request);
   // To a worker address received from a peer (Worker::address()); `peer` names it in errors.
-  Endpoint(Worker& worker, std::span<const std::byte> address, std::string peer);
+  Endpoint(Worker& worker, std::span<const std::byte> address, const Endpoint& same_peer);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -185,6 +193,7 @@ class Endpoint {
   // Non-OK once UCX reported an error on this endpoint (peer gone, connection reset).
   ucs_status_t error() const noexcept { return error_; }
   const std::string& peer() const noexcept { return peer_; }
+  const PeerAddress& peer_address() const noexcept { return peer_address_; }
   // The transports of the endpoint's tag lanes ("sysv/memory cma/memory"), read from
   // ucp_ep_print_info (UCX 1.13 has no query for them).
   std::string transports() const;
@@ -232,7 +241,8 @@ class Endpoint {
   uint64_t generation_;
   ucp_ep_h ep_ = nullptr;
   ucs_status_t error_ = UCS_OK;
-  std::string peer_;
+  PeerAddress peer_address_;
+  std::string peer_;  // peer_address_.str()
 };
 
 }  // namespace tensorwire::ucx
