@@ -503,14 +503,15 @@ class TensorDictServer(_Acceptor):
     async def aaccept(self) -> TensorDictPipe:
         """The next client; ClosedError once the server is closed.
 
-        Waits on the listener's wake-up fd in the event loop; only a client's handshake
-        (its round trips) runs in an executor thread, so the loop keeps serving pipes."""
-        loop = asyncio.get_running_loop()
+        Waits on the listener's wake-up fd in the event loop. Each client's handshake runs
+        on a thread of the listener's own, apart from the others' (a client that stalls in
+        it holds up nobody else), and wakes the fd when it ends: ``accept(0)`` only starts
+        handshakes and hands out a pipe whose handshake is over, so it runs on the loop."""
         while True:
-            if self._impl.arm():  # nothing pending: sleep until the listener's fd wakes us
+            if self._impl.arm():  # nothing to do: sleep until the listener's fd wakes us
                 await self._waiter.wait()
             refused = self._impl.refused
-            impl = await loop.run_in_executor(None, self._impl.accept, 0)
+            impl = self._impl.accept(0)
             pipe = self._accepted(refused, impl)
             if pipe is not None:
                 return pipe

@@ -256,6 +256,47 @@ TEST(PipeRuntime, ClosingDuringAClientsHandshakeEndsTheAcceptAtOnce) {
   }
 }
 
+// Each client's handshake runs on its own: one that connects and says nothing (a stalled,
+// slow or hostile process) holds up nobody else until its connect timeout, for a listener
+// as for a server. Before, accept() ran one handshake at a time and the next client waited
+// the silent one's whole timeout (here 60 s).
+TEST(PipeRuntime, AClientSilentInItsHandshakeHoldsUpNoOtherClient) {
+  PipeOptions o;
+  o.connect_timeout = std::chrono::seconds(60);
+  for (const bool server : {false, true}) {
+    SCOPED_TRACE(server ? "TensorDictServer" : "PipeListener");
+    std::optional<PipeListener> listener;
+    std::optional<TensorDictServer> srv;
+    if (server)
+      srv.emplace(0, o);
+    else
+      listener.emplace(0, o);
+    const uint16_t port = server ? srv->port() : listener->port();
+    auto accept = [&](Timeout t) { return server ? srv->accept(t) : listener->accept(t); };
+    std::atomic<bool> stop{false};
+    std::thread silent([&] {
+      ucx::Worker w;
+      ucx::Endpoint ep(w, "127.0.0.1", port);
+      while (!stop.load()) w.progress();
+    });
+    // The silent client's request is taken (its handshake started) before the next client.
+    EXPECT_FALSE(accept(300ms));
+    std::thread honest([&] {
+      TensorDictPipe::connect("127.0.0.1", port, {.connect_timeout = 20s}).send(small(7.f));
+    });
+    std::optional<TensorDictPipe> pipe = accept(20s);
+    ASSERT_TRUE(pipe);
+    EXPECT_EQ(pipe->recv(nullptr, 20s).get("v").data<float>()[0], 7.f);
+    honest.join();
+    // Closing ends the silent handshake at once (its thread is joined).
+    const auto start = Clock::now();
+    server ? srv->close() : listener->close();
+    EXPECT_LT(Clock::now() - start, 10s);
+    stop = true;
+    silent.join();
+  }
+}
+
 // 64 KiB of `i`, sent eagerly (UCX copies it into the peer's shared-memory FIFO).
 TensorDict eager(uint8_t i) {
   TensorDict td;

@@ -1,0 +1,212 @@
+#include "listener_impl.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "os/fork.h"
+#include "pipe_impl.h"
+#include "runtime/wait.h"
+
+namespace tensorwire::detail {
+
+ListenerImpl::ListenerImpl(uint16_t port, const PipeOptions& options)
+    : options_(options),
+      generation_(os::fork_generation()),
+      owner_pid_(::getpid()),
+      listener_(open(port)),
+      port_(listener_->port()) {}
+
+ListenerImpl::~ListenerImpl() {
+  if (os::fork_generation() != generation_) {
+    // An inherited listener in a forked child: its handshake threads are the parent's and
+    // do not exist here, so there is nothing to join (std::thread's destructor would end
+    // the process): their records are left behind with the parent's UCX state.
+    new std::list<Handshake>(std::move(running_));
+    return;
+  }
+  close();
+}
+
+std::shared_ptr<ucx::Listener> ListenerImpl::open(uint16_t port) {
+  try {
+    return std::make_shared<ucx::Listener>(port);
+  } catch (const SystemError& e) {
+    if (e.code() == EADDRINUSE) throw PortInUse(port);
+    throw;
+  }
+}
+
+void ListenerImpl::check_usable() const {
+  if (!listener_) throw_closed();
+  if (ucx::inherited(generation_))
+    throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
+                      std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
+                      std::to_string(::getpid()) +
+                      "), where it cannot be used: its UCX state belongs to the parent");
+}
+
+void ListenerImpl::throw_closed() const {
+  throw ClosedError("the listener on port " + std::to_string(port_) + " is closed");
+}
+
+std::optional<TensorDictPipe> ListenerImpl::accept(
+    Timeout timeout, bool throw_on_refusal,
+    const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
+  std::shared_ptr<PipeImpl> accepted;
+  runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+    std::list<Handshake> over;
+    std::exception_ptr refusal;
+    std::shared_ptr<ucx::Listener> keep;  // its worker's fd stays open while we sleep on it
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_usable();
+      over = finished();
+      while (running_.size() < kMaxHandshakes) {
+        std::optional<ucx::ConnRequest> req = listener_->poll();
+        if (!req) break;
+        start_handshake(std::move(*req));
+      }
+      // A client that failed or abandoned its handshake is that client's failure, not the
+      // listener's: it is counted and accept() goes on (unless told to throw).
+      while (!ready_.empty() && !accepted && !refusal) {
+        Outcome o = std::move(ready_.front());
+        ready_.pop_front();
+        if (o.pipe) {
+          accepted = std::move(o.pipe);
+        } else {
+          ++refused_;
+          last_refusal_ = std::move(o.refusal);
+          if (throw_on_refusal) refusal = o.error;
+        }
+      }
+      if (!accepted && !refusal && !listener_->worker().progress() &&
+          listener_->worker().arm())
+        keep = listener_;
+    }
+    join(over);
+    if (refusal) std::rethrow_exception(refusal);
+    if (accepted) return true;
+    if (keep) {
+      struct pollfd p {
+        keep->worker().efd(), POLLIN, 0
+      };
+      ::poll(&p, 1, slice.poll_ms());
+    }
+    return false;
+  });
+  if (!accepted) return std::nullopt;
+  return wrap(std::move(accepted));
+}
+
+// The pipe is made here, under mu_: its endpoint comes from the listener's connection
+// request, which belongs to the listener's worker (no other thread progresses it meanwhile).
+void ListenerImpl::start_handshake(ucx::ConnRequest request) {
+  std::shared_ptr<PipeImpl> pipe;
+  try {
+    pipe = std::make_shared<PipeImpl>(request, options_, port_);
+  } catch (const Error& e) {
+    ready_.push_back({nullptr, "client " + request.peer + ": " + e.what(), std::current_exception()});
+    return;
+  }
+  Handshake& h = running_.emplace_back();
+  h.pipe = pipe;
+  try {
+    h.thread = std::thread([this, &h, keep = listener_, peer = request.peer] {
+      run_handshake(h, keep, peer);
+    });
+  } catch (const std::system_error& e) {  // no thread to be had: this client is refused
+    running_.pop_back();
+    pipe->close();
+    ready_.push_back({nullptr, "client " + request.peer + ": no thread for its handshake: " +
+                                   e.what(),
+                      std::make_exception_ptr(Error(e.what()))});
+  }
+}
+
+void ListenerImpl::run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> keep,
+                                 const std::string& peer) {
+  Outcome o;
+  try {
+    h.pipe->handshake(/*as_server=*/true);
+    o.pipe = h.pipe;
+  } catch (const std::exception& e) {
+    h.pipe->close();
+    o.refusal = "client " + peer + ": " + e.what();
+    o.error = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  h.done = true;
+  if (!listener_) {  // closed meanwhile: no pipe comes out
+    if (o.pipe) o.pipe->close();
+    return;
+  }
+  ready_.push_back(std::move(o));
+  // Under mu_, as arm() checks ready_ and arms under it: either it saw this outcome, or
+  // the fd it armed is readable now.
+  try {
+    keep->worker().signal();
+  } catch (const Error&) {
+  }
+}
+
+std::list<ListenerImpl::Handshake> ListenerImpl::finished() {
+  std::list<Handshake> over;
+  for (auto it = running_.begin(); it != running_.end();) {
+    auto next = std::next(it);
+    if (it->done) over.splice(over.end(), running_, it);
+    it = next;
+  }
+  return over;
+}
+
+void ListenerImpl::join(std::list<Handshake>& handshakes) {
+  for (Handshake& h : handshakes)
+    if (h.thread.joinable()) h.thread.join();
+}
+
+int ListenerImpl::fd() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  return listener_->worker().efd();
+}
+
+bool ListenerImpl::arm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  if (listener_->worker().progress() || !ready_.empty()) return false;
+  if (running_.size() < kMaxHandshakes && listener_->has_pending()) return false;
+  // With kMaxHandshakes running, a queued request waits: the first to end signals the fd.
+  return listener_->worker().arm();
+}
+
+void ListenerImpl::close() {
+  std::shared_ptr<ucx::Listener> gone;  // destroyed last, once no handshake holds it
+  std::list<Handshake> running;
+  std::deque<Outcome> unclaimed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (listener_) {
+      try {
+        listener_->worker().signal();  // an accept() asleep on its fd looks again
+      } catch (const Error&) {
+      }
+    }
+    gone = std::move(listener_);
+    running.splice(running.end(), running_);
+    unclaimed.swap(ready_);
+  }
+  for (Handshake& h : running) h.pipe->close();  // their waits end with ClosedError
+  join(running);
+  for (Outcome& o : unclaimed)
+    if (o.pipe) o.pipe->close();
+}
+
+bool ListenerImpl::closed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !listener_ || ucx::inherited(generation_);
+}
+
+}  // namespace tensorwire::detail

@@ -1,0 +1,97 @@
+// ListenerImpl: the state behind a PipeListener (and so a TensorDictServer). Private.
+//
+// Each client's handshake runs on a thread of its own (at most kMaxHandshakes at once), so
+// a client that connects and then says nothing, slowly or on purpose, holds up nobody but
+// itself until its connect timeout; accept() hands out pipes in the order their handshakes
+// complete. A completed handshake, or a failed one, signals the listener's worker, so a
+// caller asleep on fd() (the asyncio loop) wakes for it; accept() itself only polls and
+// starts handshakes, and returns at once with a timeout of 0.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "tensorwire/pipe/pipe.h"
+#include "ucx/ucx.h"
+
+namespace tensorwire::detail {
+
+class PipeImpl;
+
+class ListenerImpl {
+ public:
+  // Handshakes in progress at most; further clients wait in UCX's queue of connection
+  // requests until one ends.
+  static constexpr size_t kMaxHandshakes = 32;
+
+  ListenerImpl(uint16_t port, const PipeOptions& options);
+  ~ListenerImpl();  // closes
+
+  std::optional<TensorDictPipe> accept(
+      Timeout timeout, bool throw_on_refusal,
+      const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap);
+
+  uint16_t port() const { return port_; }
+  int fd();
+  // False when accept() has something to do now: a completed handshake, a connection request
+  // it can start, or events on the worker.
+  bool arm();
+  // Releases the port at once (later clients are refused by the operating system) and ends
+  // the handshakes in progress (their threads are joined); pipes whose handshake completed
+  // but that accept() had not handed out are closed. An accept() in another thread throws
+  // ClosedError. In a forked child, the parent's listener is left alone (ucx::Listener
+  // leaks it there).
+  void close();
+  bool closed();
+  size_t refused() const { return refused_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+
+ private:
+  struct Handshake {
+    std::shared_ptr<PipeImpl> pipe;
+    std::thread thread;
+    bool done = false;  // under mu_: the thread is about to return
+  };
+  // A handshake's outcome: the pipe, or why the client was refused.
+  struct Outcome {
+    std::shared_ptr<PipeImpl> pipe;
+    std::string refusal;
+    std::exception_ptr error;
+  };
+
+  static std::shared_ptr<ucx::Listener> open(uint16_t port);
+  void check_usable() const;  // under mu_
+  [[noreturn]] void throw_closed() const;
+  void start_handshake(ucx::ConnRequest request);  // under mu_
+  void run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> keep, const std::string& peer);
+  // Under mu_: the handshakes whose threads are done, to join without the lock.
+  std::list<Handshake> finished();
+  static void join(std::list<Handshake>& handshakes);
+
+  PipeOptions options_;
+  uint64_t generation_;
+  pid_t owner_pid_;
+  std::mutex mu_;
+  // Null once closed. Shared with each handshake's thread, whose connection request belongs
+  // to it: destroying it under a handshake freed the request UCX was still using (a crash,
+  // or a spin for ever, when a server closed during a handshake).
+  std::shared_ptr<ucx::Listener> listener_;
+  uint16_t port_;
+  std::list<Handshake> running_;  // under mu_; a list: each thread holds its element
+  std::deque<Outcome> ready_;     // under mu_: handshakes over, in the order they ended
+  std::atomic<size_t> refused_{0};
+  std::string last_refusal_;
+};
+
+}  // namespace tensorwire::detail
