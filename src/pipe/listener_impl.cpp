@@ -82,8 +82,7 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
           if (throw_on_refusal) refusal = o.error;
         }
       }
-      if (!accepted && !refusal && !listener_->worker().progress() &&
-          listener_->worker().arm())
+      if (!accepted && !refusal && !listener_->worker().progress() && listener_->worker().arm())
         keep = listener_;
     }
     join(over);
@@ -108,20 +107,20 @@ void ListenerImpl::start_handshake(ucx::ConnRequest request) {
   try {
     pipe = std::make_shared<PipeImpl>(request, options_, port_);
   } catch (const Error& e) {
-    ready_.push_back({nullptr, "client " + request.peer + ": " + e.what(), std::current_exception()});
+    ready_.push_back(
+        {nullptr, "client " + request.peer + ": " + e.what(), std::current_exception()});
     return;
   }
   Handshake& h = running_.emplace_back();
   h.pipe = pipe;
   try {
-    h.thread = std::thread([this, &h, keep = listener_, peer = request.peer] {
-      run_handshake(h, keep, peer);
-    });
+    h.thread = std::thread(
+        [this, &h, keep = listener_, peer = request.peer] { run_handshake(h, keep, peer); });
   } catch (const std::system_error& e) {  // no thread to be had: this client is refused
     running_.pop_back();
     pipe->close();
-    ready_.push_back({nullptr, "client " + request.peer + ": no thread for its handshake: " +
-                                   e.what(),
+    ready_.push_back({nullptr,
+                      "client " + request.peer + ": no thread for its handshake: " + e.what(),
                       std::make_exception_ptr(Error(e.what()))});
   }
 }
