@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,26 @@ class Pending {
   // The outcome, once ready (called at most once): the response, or throws.
   virtual TensorDict take() = 0;
 };
+
+// A client's connection, made on first use and shared by the threads that use the client.
+// `current()` (called under `mu`) is the connection to use now, or null (it throws once
+// the client is closed); `make()` makes a new one; `keep(c)` (under `mu`) stores it.
+// Connecting waits (for a handshake, for the name to be served) without holding `mu`: a
+// process forked meanwhile by another thread would get `mu` locked for good, and its first
+// call on the client would hang past its timeout and Ctrl-C. Two threads may both connect:
+// the first to finish is kept, the other's connection dropped.
+template <class Current, class Make, class Keep>
+auto connect_once(std::mutex& mu, Current&& current, Make&& make, Keep&& keep)
+    -> decltype(current()) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto c = current()) return c;
+  }
+  auto made = make();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto other = current()) return other;  // another thread connected meanwhile
+  return keep(std::move(made));
+}
 
 // A transport's client side.
 class ClientImpl {

@@ -351,19 +351,15 @@ std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
     }
     return link_;
   };
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto l = current()) return l;
-  }
-  // Connecting (a handshake, up to connect_timeout) without holding mu_: a process forked
-  // meanwhile by another thread would get mu_ locked for good (as ShmClient::connection).
-  auto l = std::make_shared<RemoteLink>(host_, port_, options_,
+  auto make = [&] {  // a handshake, up to connect_timeout
+    return std::make_shared<RemoteLink>(host_, port_, options_,
                                         limit.min(Deadline::after(options_.connect_timeout)));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto other = current()) return other;  // another thread connected meanwhile
-  if (l->heartbeat_period.count() > 0) runtime::keep_alive(l, l->heartbeat_period);
-  link_ = std::move(l);
-  return link_;
+  };
+  return connect_once(mu_, current, make, [&](std::shared_ptr<RemoteLink> l) {
+    if (l->heartbeat_period.count() > 0) runtime::keep_alive(l, l->heartbeat_period);
+    link_ = std::move(l);
+    return link_;
+  });
 }
 
 std::optional<std::vector<Key>> RemoteClient::request_keys() {

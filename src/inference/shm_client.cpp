@@ -149,32 +149,27 @@ ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
     : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
 std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+  auto current = [&]() -> std::shared_ptr<ShmConnection> {
     if (closed_) throw ClosedError("the inference client was closed");
-    if (conn_ && !conn_->stale()) return conn_;
-  }
-  // Attaching waits (for the name to be served, for the welcome) without holding mu_: a
-  // process forked meanwhile by another thread would get mu_ locked for good, and its first
-  // call on this client would hang past its timeout and Ctrl-C.
-  std::shared_ptr<ShmConnection> c;
-  if (local_ && local_generation_ == os::fork_generation()) {
-    c = std::make_shared<ShmConnection>();
+    return conn_ && !conn_->stale() ? conn_ : nullptr;
+  };
+  auto make = [&] {
+    if (!local_ || local_generation_ != os::fork_generation())
+      return attach_by_name(name_, Deadline::after(kConnectTimeout).min(limit));
+    auto c = std::make_shared<ShmConnection>();
     c->region = local_;
     c->id = local_->header->next_client_id.fetch_add(1);
     c->owner_pid = local_->header->owner_pid;
     c->fork_generation = local_generation_;
     c->reply_wait = os::AdaptiveSpin(local_->max_spin);
     c->slot_wait = os::AdaptiveSpin(local_->max_spin);
-  } else {
-    c = attach_by_name(name_, Deadline::after(kConnectTimeout).min(limit));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw ClosedError("the inference client was closed");
-  if (conn_ && !conn_->stale()) return conn_;  // another thread attached meanwhile
-  hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
-  conn_ = c;
-  return c;
+    return c;
+  };
+  return connect_once(mu_, current, make, [&](std::shared_ptr<ShmConnection> c) {
+    hint_.store(c->id % c->region->num_slots, std::memory_order_relaxed);
+    conn_ = std::move(c);
+    return conn_;
+  });
 }
 
 std::optional<std::vector<Key>> ShmClient::request_keys() {

@@ -491,17 +491,12 @@ class SocketClient final : public detail::ClientImpl {
       if (closed_) throw ClosedError("the inference client was closed");
       return conn_ && conn_->generation == os::fork_generation() ? conn_ : nullptr;
     };
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto c = current()) return c;
-    }
-    // Connecting waits without holding mu_ (as ShmClient::connection: a process forked by
-    // another thread meanwhile would get mu_ locked for good).
-    std::shared_ptr<SockConn> c = connect_socket(name_, limit);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto other = current()) return other;  // another thread connected meanwhile
-    conn_ = std::move(c);
-    return conn_;
+    return detail::connect_once(
+        mu_, current, [&] { return connect_socket(name_, limit); },
+        [&](std::shared_ptr<SockConn> c) {
+          conn_ = std::move(c);
+          return conn_;
+        });
   }
   std::string not_taken(const char* why, bool partly) const {
     return "the inference server at '" + name_ + "' did not take the request in time (" + why +

@@ -163,12 +163,13 @@ uint64_t ChunkArena::serial_of(size_t payload_offset) const {
 }
 
 bool ChunkArena::in_use(size_t payload_offset, uint64_t serial) const {
-  if (!segment_.valid() || payload_offset % kChunkAlignment != 0 ||
-      payload_offset < kArenaHeaderBytes + kChunkHeaderBytes || payload_offset >= segment_.size())
+  // Called to ask, not to act: an offset that names no chunk is simply not in use.
+  try {
+    const ChunkHeader* h = checked_header(segment_, payload_offset, "ChunkArena::in_use").header;
+    return h->serial == serial && h->state.load(std::memory_order_acquire) == kUsed;
+  } catch (const ProtocolError&) {
     return false;
-  const ChunkHeader* h = header_at(segment_.data(), payload_offset - kChunkHeaderBytes);
-  return h->magic == kChunkMagic && h->serial == serial &&
-         h->state.load(std::memory_order_acquire) == kUsed;
+  }
 }
 
 size_t ChunkArena::reclaim(std::vector<std::pair<size_t, uint64_t>> chunks) {
