@@ -46,7 +46,8 @@ class WorkerWait {
 
   // Sleeps until `worker` may progress or `slice` passes; `seen` is worker.events() from
   // before the caller's last poll (returns at once if anything progressed since). First
-  // spins for 50 us (os::spin_for: a reply is often microseconds away), progressing under `mu`.
+  // spins for 50 us (os::spin_phases: a reply is often microseconds away), progressing under
+  // `mu`.
   // Then `check()` (under `mu`) says whether to sleep (false: the owner failed or closed,
   // look again at once); the worker is armed (arm()) and the thread
   // polls the worker's fd, the kick eventfd and `extra_fd` (when >= 0).
@@ -81,6 +82,15 @@ class WorkerWait {
   std::atomic<int64_t> stalled_ns_{0};
   // The last wait ended stalled: the next one does not spin (until one can arm again).
   std::atomic<bool> stalled_{false};
+  // The spin's busy phase (os::spin_phases) pays while what it waits for comes within it
+  // (a peer on another CPU). Once kBusyMisses waits in a row saw it come only after the
+  // spin yielded (the peer waited for this CPU), waits skip it but every kBusyRetry-th,
+  // which looks again. One slow reply on a quiet machine does not turn it off.
+  static constexpr std::chrono::microseconds kBusySpin{3};
+  static constexpr uint32_t kBusyMisses = 4;
+  static constexpr uint32_t kBusyRetry = 32;
+  std::atomic<uint32_t> busy_misses_{0};
+  std::atomic<uint32_t> waits_{0};
 };
 
 template <class Check>
@@ -89,11 +99,20 @@ void WorkerWait::wait(Worker& worker, std::mutex& mu, Deadline slice, uint64_t s
   // progress(), not worker.progress(): what this spin takes in may be what another thread
   // sleeps for, and it is kicked awake like any other progress would kick it. No spin while
   // stalled: the peer's room comes after its work on several messages, not microseconds.
-  if (!stalled_.load(std::memory_order_relaxed) && os::spin_for(std::chrono::microseconds(50), [&] {
-        std::lock_guard<std::mutex> lock(mu);
-        return progress(worker) != 0;
-      }))
-    return;
+  if (!stalled_.load(std::memory_order_relaxed)) {
+    const bool try_busy = busy_misses_.load(std::memory_order_relaxed) < kBusyMisses ||
+                          waits_.fetch_add(1, std::memory_order_relaxed) % kBusyRetry == 0;
+    const os::Spun spun = os::spin_phases(try_busy ? kBusySpin : std::chrono::microseconds(0),
+                                          std::chrono::microseconds(50), [&] {
+                                            std::lock_guard<std::mutex> lock(mu);
+                                            return progress(worker) != 0;
+                                          });
+    if (try_busy && spun == os::Spun::Busy)
+      busy_misses_.store(0, std::memory_order_relaxed);
+    else if (try_busy && spun == os::Spun::Yielding)
+      busy_misses_.fetch_add(1, std::memory_order_relaxed);
+    if (spun != os::Spun::Missed) return;
+  }
   if (slice.passed()) return;
   // Counted as a sleeper from here on, and back to polling if anything progressed since
   // the caller's poll began: an event another thread takes from now on kicks us awake.

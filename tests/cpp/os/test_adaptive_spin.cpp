@@ -84,3 +84,26 @@ TEST(AdaptiveSpin, ABudgetOfZeroLooksOnlyOnEverySixtyFourthWait) {
 
 }  // namespace
 }  // namespace tensorwire::os
+
+namespace tensorwire::os {
+namespace {
+
+// spin_phases says how a spin ended, which ucx::WorkerWait learns from: what came within the
+// busy phase (before any sched_yield), after it, or not at all within the budget.
+TEST(SpinPhases, SaysWhetherWhatCameCameBeforeTheSpinYielded) {
+  using namespace std::chrono_literals;
+  int polls = 0;
+  EXPECT_EQ(spin_phases(0us, 50us, [&] { return ++polls == 1; }), Spun::Busy);
+  polls = 0;
+  EXPECT_EQ(spin_phases(1ms, 2ms, [&] { return ++polls == 50; }), Spun::Busy);
+  polls = 0;
+  EXPECT_EQ(spin_phases(0us, 1s, [&] { return ++polls == 3; }), Spun::Yielding);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(spin_phases(100us, 2ms, [] { return false; }), Spun::Missed);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 2ms);  // the whole budget, no longer
+  EXPECT_FALSE(spin_for(1ms, [] { return false; }));
+  EXPECT_TRUE(spin_for(1ms, [] { return true; }));
+}
+
+}  // namespace
+}  // namespace tensorwire::os
