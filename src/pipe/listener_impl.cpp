@@ -20,14 +20,19 @@ ListenerImpl::ListenerImpl(uint16_t port, const PipeOptions& options)
       port_(listener_->port()) {}
 
 ListenerImpl::~ListenerImpl() {
-  if (os::fork_generation() != generation_) {
-    // An inherited listener in a forked child: its handshake threads are the parent's and
-    // do not exist here, so there is nothing to join (std::thread's destructor would end
-    // the process): their records are left behind with the parent's UCX state.
-    new std::list<Handshake>(std::move(running_));
-    return;
-  }
   close();
+}
+
+void ListenerImpl::leave_inherited_handshakes() noexcept {
+  if (!running_.empty()) (void)new std::list<Handshake>(std::move(running_));
+}
+
+void ListenerImpl::check_not_inherited() const {
+  if (os::fork_generation() != generation_)
+    throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
+                      std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
+                      std::to_string(::getpid()) +
+                      "), where it cannot be used: its UCX state belongs to the parent");
 }
 
 std::shared_ptr<ucx::Listener> ListenerImpl::open(uint16_t port) {
@@ -41,11 +46,6 @@ std::shared_ptr<ucx::Listener> ListenerImpl::open(uint16_t port) {
 
 void ListenerImpl::check_usable() const {
   if (!listener_) throw_closed();
-  if (ucx::inherited(generation_))
-    throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
-                      std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
-                      std::to_string(::getpid()) +
-                      "), where it cannot be used: its UCX state belongs to the parent");
 }
 
 void ListenerImpl::throw_closed() const {
@@ -55,6 +55,7 @@ void ListenerImpl::throw_closed() const {
 std::optional<TensorDictPipe> ListenerImpl::accept(
     Timeout timeout, bool throw_on_refusal,
     const std::function<TensorDictPipe(std::shared_ptr<PipeImpl>)>& wrap) {
+  check_not_inherited();
   std::shared_ptr<PipeImpl> accepted;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
     std::list<Handshake> over;
@@ -85,7 +86,7 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
       if (!accepted && !refusal && !listener_->worker().progress() && listener_->worker().arm())
         keep = listener_;
     }
-    join(over);
+    over.clear();  // joins their threads (Handshake's destructor), without mu_
     if (refusal) std::rethrow_exception(refusal);
     if (accepted) return true;
     if (keep) {
@@ -136,19 +137,23 @@ void ListenerImpl::run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> ke
     o.refusal = "client " + peer + ": " + e.what();
     o.error = std::current_exception();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  h.done = true;
-  if (!listener_) {  // closed meanwhile: no pipe comes out
-    if (o.pipe) o.pipe->close();
-    return;
+  std::shared_ptr<PipeImpl> unclaimed;  // closed without mu_ (a graceful close takes time)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.done = true;
+    if (!listener_) {  // closed meanwhile: no pipe comes out
+      unclaimed = std::move(o.pipe);
+    } else {
+      ready_.push_back(std::move(o));
+      // Under mu_, as arm() checks ready_ and arms under it: either it saw this outcome, or
+      // the fd it armed is readable now.
+      try {
+        keep->worker().signal();
+      } catch (const Error&) {
+      }
+    }
   }
-  ready_.push_back(std::move(o));
-  // Under mu_, as arm() checks ready_ and arms under it: either it saw this outcome, or
-  // the fd it armed is readable now.
-  try {
-    keep->worker().signal();
-  } catch (const Error&) {
-  }
+  if (unclaimed) unclaimed->close();
 }
 
 std::list<ListenerImpl::Handshake> ListenerImpl::finished() {
@@ -161,18 +166,15 @@ std::list<ListenerImpl::Handshake> ListenerImpl::finished() {
   return over;
 }
 
-void ListenerImpl::join(std::list<Handshake>& handshakes) {
-  for (Handshake& h : handshakes)
-    if (h.thread.joinable()) h.thread.join();
-}
-
 int ListenerImpl::fd() {
+  check_not_inherited();
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   return listener_->worker().efd();
 }
 
 bool ListenerImpl::arm() {
+  check_not_inherited();
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   if (listener_->worker().progress() || !ready_.empty()) return false;
@@ -182,6 +184,10 @@ bool ListenerImpl::arm() {
 }
 
 void ListenerImpl::close() {
+  if (os::fork_generation() != generation_) {
+    leave_inherited_handshakes();
+    return;
+  }
   std::shared_ptr<ucx::Listener> gone;  // destroyed last, once no handshake holds it
   std::list<Handshake> running;
   std::deque<Outcome> unclaimed;
@@ -197,15 +203,18 @@ void ListenerImpl::close() {
     running.splice(running.end(), running_);
     unclaimed.swap(ready_);
   }
-  for (Handshake& h : running) h.pipe->close();  // their waits end with ClosedError
-  join(running);
+  // Their waits end with ClosedError at once; each thread then closes its own pipe (up to
+  // a second of graceful close each), all side by side.
+  for (Handshake& h : running) h.pipe->abandon();
+  running.clear();  // joins
   for (Outcome& o : unclaimed)
     if (o.pipe) o.pipe->close();
 }
 
 bool ListenerImpl::closed() {
+  if (os::fork_generation() != generation_) return true;
   std::lock_guard<std::mutex> lock(mu_);
-  return !listener_ || ucx::inherited(generation_);
+  return !listener_;
 }
 
 }  // namespace tensorwire::detail

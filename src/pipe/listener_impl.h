@@ -48,10 +48,10 @@ class ListenerImpl {
   // it can start, or events on the worker.
   bool arm();
   // Releases the port at once (later clients are refused by the operating system) and ends
-  // the handshakes in progress (their threads are joined); pipes whose handshake completed
-  // but that accept() had not handed out are closed. An accept() in another thread throws
-  // ClosedError. In a forked child, the parent's listener is left alone (ucx::Listener
-  // leaks it there).
+  // the handshakes in progress (each thread closes its pipe, side by side, and is joined);
+  // pipes whose handshake completed but that accept() had not handed out are closed. An
+  // accept() in another thread throws ClosedError. In a forked child, the parent's listener
+  // and handshakes are left alone (ucx::Listener leaks it there).
   void close();
   bool closed();
   size_t refused() const { return refused_; }
@@ -61,7 +61,12 @@ class ListenerImpl {
   struct Handshake {
     std::shared_ptr<PipeImpl> pipe;
     std::thread thread;
-    bool done = false;  // under mu_: the thread is about to return
+    bool done = false;  // under mu_: the thread has handed its outcome over
+    // Joins: a list of handshakes that goes away (an exception included) waits for their
+    // threads, never destroys one still joinable (std::terminate). Never under mu_.
+    ~Handshake() {
+      if (thread.joinable()) thread.join();
+    }
   };
   // A handshake's outcome: the pipe, or why the client was refused.
   struct Outcome {
@@ -71,13 +76,18 @@ class ListenerImpl {
   };
 
   static std::shared_ptr<ucx::Listener> open(uint16_t port);
+  // Not under mu_, which a handshake thread of the parent may have held at the fork:
+  // ClosedError in a forked child.
+  void check_not_inherited() const;
   void check_usable() const;  // under mu_
   [[noreturn]] void throw_closed() const;
   void start_handshake(ucx::ConnRequest request);  // under mu_
   void run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> keep, const std::string& peer);
-  // Under mu_: the handshakes whose threads are done, to join without the lock.
+  // Under mu_: the handshakes whose threads are done, to join (destroy) without the lock.
   std::list<Handshake> finished();
-  static void join(std::list<Handshake>& handshakes);
+  // In a forked child: the parent's handshake threads do not exist here (joining one would
+  // wait for ever); their records are left behind with the parent's UCX state.
+  void leave_inherited_handshakes() noexcept;
 
   PipeOptions options_;
   uint64_t generation_;

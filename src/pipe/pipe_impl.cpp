@@ -134,8 +134,23 @@ void PipeImpl::handshake(bool as_server) {
     use_direct_endpoint(deadline, ours);
     retire_first_endpoint(deadline);
   }
+  std::lock_guard<std::mutex> lock(mu_);
   connected_ = true;
   start_liveness(peer.heartbeat_ms, same_host);
+}
+
+void PipeImpl::check_open(const char* what) const {
+  if (closed_ || abandoned_) throw ClosedError(std::string(what) + ": the pipe is closed");
+}
+
+bool PipeImpl::reads_tag(uint64_t tag) const {
+  if (tag == kHeartbeatTag) return !connected_ || heartbeats_on_;  // early ones: the peer's
+  return tag >= kFrameTag && tag <= kControlTag;
+}
+
+void PipeImpl::abandon() noexcept {
+  abandoned_ = true;
+  waiting_.wake_all(*worker_);
 }
 
 // Whether the connection's other end is this machine by its address too (a loopback
@@ -184,6 +199,7 @@ void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
     reply = recv_control(deadline);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  check_open("handshake");
   if (!reply.is_object() || !reply.contains("worker_address"))
     fail("expected the peer's worker address after the handshake, got " + reply.dump(),
          Fault::PeerBrokeProtocol);
@@ -231,6 +247,7 @@ void PipeImpl::retire_first_endpoint(Deadline deadline) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  check_open("handshake");  // close() took first_ep_ meanwhile
   // Nothing is pending on it (both sides confirmed), so no drain before the forced close.
   first_ep_->close(/*force=*/true, std::chrono::milliseconds(200), /*drain_failed=*/false);
   first_ep_.reset();
@@ -244,6 +261,7 @@ void PipeImpl::wait_wireup(Deadline deadline) {
   ucx::Request flushed;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    check_open("handshake");  // closed before its thread got here: the endpoint is gone
     flushed = ep_->flush();
   }
   wait_until([&] { return flushed.done(); }, deadline, "handshake");
@@ -297,7 +315,7 @@ void PipeImpl::check_alive() {
          Fault::ConnectionLost);
   try {
     ucx::refuse_foreign_tags(
-        *worker_, [](uint64_t tag) { return tag >= kFrameTag && tag <= kHeartbeatTag; }, "pipe");
+        *worker_, [this](uint64_t tag) { return reads_tag(tag); }, "pipe");
   } catch (const ProtocolError& e) {
     fail(e.what(), Fault::PeerBrokeProtocol);
   }
@@ -355,7 +373,7 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
     const uint64_t seen = worker_->events();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) throw ClosedError(std::string(what) + ": the pipe is closed");
+      check_open(what);
       progress();
       if (ready()) return true;
       check_alive();
@@ -370,7 +388,7 @@ void PipeImpl::wait_until(Ready&& ready, Deadline deadline, const char* what) {
 // until `slice` passes (ucx/worker_wait.h).
 void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
   waiting_.wait(
-      *worker_, mu_, slice, seen, [&] { return !closed_; }, peer_fd());
+      *worker_, mu_, slice, seen, [&] { return !closed_ && !abandoned_; }, peer_fd());
 }
 
 // ---- sending ---------------------------------------------------------------

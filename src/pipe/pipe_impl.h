@@ -79,6 +79,10 @@ class PipeImpl : public runtime::Beating {
   int peer_fd() const { return peer_watch_ ? peer_watch_->fd() : -1; }
 
   void close();
+  // Ends every wait of the pipe with ClosedError at once, from any thread, without closing
+  // it: whoever waited then closes it (a listener's close() abandons the handshakes in
+  // progress, and each handshake's thread closes its own pipe, side by side).
+  void abandon() noexcept;
   bool closed() const { return closed_.load(); }
   // True once the pipe's peer closed it, went away, or broke the protocol.
   bool failed();
@@ -99,8 +103,10 @@ class PipeImpl : public runtime::Beating {
   TensorDict* step_recv(TensorDict* into);  // under mu_
   // Under mu_: what a receive that got `got` hands a caller (TensorDictPipe::Received).
   TensorDictPipe::Received taken(TensorDict* got, TensorDict* into, bool copy_always) const;
-  bool step_send();                                                // under mu_
-  void check_alive();                                              // under mu_: throws ClosedError
+  bool step_send();    // under mu_
+  void check_alive();  // under mu_: throws ClosedError
+  // Under mu_: ClosedError "<what>: the pipe is closed" once closed or abandoned.
+  void check_open(const char* what) const;
   void drain_control();                                            // under mu_
   [[noreturn]] void fail(const std::string& reason, Fault fault);  // under mu_
   // Throws ClosedError when this process is a fork of the one that made the pipe.
@@ -133,8 +139,11 @@ class PipeImpl : public runtime::Beating {
   ucx::Request post_control(const Json& body);
   std::optional<Json> take_control(uint64_t tag, size_t max_bytes, const char* what);
   void flush(ucx::Request& req, std::chrono::milliseconds budget);
-  // After the handshake: heartbeats at the peer's interval unless it is on this host.
+  // After the handshake, under mu_: heartbeats at the peer's interval unless it is on this
+  // host.
   void start_liveness(int64_t peer_heartbeat_ms, bool same_host);
+  // Whether a message on `tag` is one this pipe reads, now (check_alive). Under mu_.
+  bool reads_tag(uint64_t tag) const;
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
@@ -154,9 +163,12 @@ class PipeImpl : public runtime::Beating {
   runtime::TimedLock send_mu_;
   runtime::TimedLock recv_mu_;
   std::atomic<bool> closed_{false};
-  bool connected_ = false;  // the handshake completed
-  bool wired_up_ = false;   // ep_'s UCX wire-up is over (a graceful close is safe)
-  std::string failure_;     // why the pipe is unusable ("" while healthy)
+  bool connected_ = false;      // the handshake completed (under mu_)
+  bool heartbeats_on_ = false;  // beat() runs: tag 4 is read (under mu_)
+  // The pipe's waits end with ClosedError (abandon()); close() has still to come.
+  std::atomic<bool> abandoned_{false};
+  bool wired_up_ = false;  // ep_'s UCX wire-up is over (a graceful close is safe)
+  std::string failure_;    // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
   std::atomic<bool> closed_by_peer_{false};
 

@@ -24,9 +24,9 @@ void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
   // only where a silent peer may have vanished. Both sides decide alike: each finds the
   // other's address local and the same namespaces, or neither does.
   if (same_host) return;
-  std::lock_guard<std::mutex> lock(mu_);
   auto period = heartbeats_.start(peer_heartbeat_ms, options_.liveness_timeout);
   if (!period) return;
+  heartbeats_on_ = true;  // tag 4 is read from now on (check_alive)
   runtime::keep_alive(weak_from_this(), *period);
 }
 

@@ -3,12 +3,13 @@
 //   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
 //                                     short-payload | wrong-schema-id | bad-worker-address |
 //                                     mutated-worker-address | own-worker-address |
-//                                     foreign-tag | claim-pid=PID)
+//                                     foreign-tag | stray-heartbeat | claim-pid=PID)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 // mutated-worker-address answers the receiver's worker address with a corrupted copy of it
 // (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
 // the receiver its own address back. foreign-tag sends messages on a tag the pipe never
-// reads. claim-pid=PID claims in its hello to be process PID, then prints "CONNECTED" and
+// reads; stray-heartbeat sends a heartbeat first (on one host, the pipe reads none).
+// claim-pid=PID claims in its hello to be process PID, then prints "CONNECTED" and
 // stays until the receiver closes.
 #include <cstdio>
 #include <cstring>
@@ -135,11 +136,14 @@ int main(int argc, char** argv) {
     raw.recv_control(std::chrono::seconds(30));  // until the receiver closes
     return 0;
   }
-  if (kind == "foreign-tag") {
+  if (kind == "foreign-tag" || kind == "stray-heartbeat") {
     // Posted without waiting for each: a receiver that stopped reading fills the shared
     // memory FIFO, and its answer must still be read.
     std::vector<std::byte> junk(1000, std::byte{0x42});
     std::vector<ucx::Request> sent;
+    // A heartbeat first: a pipe between two processes of one host exchanges none, so this
+    // one would never be read either, and hide the others behind it.
+    if (kind == "stray-heartbeat") sent.push_back(raw.ep->send(detail::kHeartbeatTag, junk));
     for (int i = 0; i < 200; ++i) {
       sent.push_back(raw.ep->send(99, junk));
       raw.worker.progress();

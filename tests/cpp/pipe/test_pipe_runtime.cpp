@@ -515,6 +515,29 @@ TEST(PipeRuntime, AForkedChildRefusesInheritedObjectsExitsCleanlyAndTheParentGoe
   EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 3.f);
 }
 
+// A child forked while a handshake runs on a thread of the parent's listener: that thread
+// does not exist in the child, so closing the inherited listener there leaves it alone
+// (joining it waited for ever), as its destruction does.
+TEST(PipeRuntime, AChildForkedDuringAHandshakeClosesItsInheritedListenerAtOnce) {
+  for (const bool server : {false, true}) {
+    SCOPED_TRACE(server ? "TensorDictServer" : "PipeListener");
+    AcceptorWithASilentClient a(server);
+    EXPECT_FALSE(a.accept(300ms));  // the silent client's handshake has started
+    const int code = in_forked_child([&] {
+      ::alarm(20);  // a hang ends the child (128 + SIGALRM)
+      try {
+        a.accept(1s);
+        return 10;
+      } catch (const ClosedError&) {
+      }
+      a.close();
+      return 0;
+    });
+    EXPECT_EQ(code, 0);
+    EXPECT_FALSE(a.accept(100ms));  // the parent's listener goes on
+  }
+}
+
 TEST(PipeRuntime, AChildThatOnlyExitsLeavesTheParentsPipesWorking) {
   Pair p;
   EXPECT_EQ(in_forked_child([] { return 0; }), 0);
