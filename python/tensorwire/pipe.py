@@ -510,6 +510,8 @@ class TensorDictServer(_Acceptor):
         while True:
             if self._impl.arm():  # nothing to do: sleep until the listener's fd wakes us
                 await self._waiter.wait()
+            else:  # something to do: after the loop's other ready tasks had their turn
+                await asyncio.sleep(0)
             refused = self._impl.refused
             impl = self._impl.accept(0)
             pipe = self._accepted(refused, impl)

@@ -65,7 +65,9 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
       std::lock_guard<std::mutex> lock(mu_);
       check_usable();
       over = finished();
-      while (running_.size() < kMaxHandshakes) {
+      // A few at a time: each makes a UCX worker (milliseconds), and accept(0) runs on an
+      // event loop that has other work; the rest are started by the next call, at once.
+      for (size_t n = 0; n < kStartsPerCall && running_.size() < kMaxHandshakes; ++n) {
         std::optional<ucx::ConnRequest> req = listener_->poll();
         if (!req) break;
         start_handshake(std::move(*req));
@@ -83,7 +85,8 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
           if (throw_on_refusal) refusal = o.error;
         }
       }
-      if (!accepted && !refusal && !listener_->worker().progress() && listener_->worker().arm())
+      if (!accepted && !refusal && !can_start() && !listener_->worker().progress() &&
+          listener_->worker().arm())
         keep = listener_;
     }
     over.clear();  // joins their threads (Handshake's destructor), without mu_
@@ -156,6 +159,10 @@ void ListenerImpl::run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> ke
   if (unclaimed) unclaimed->close();
 }
 
+bool ListenerImpl::can_start() const {
+  return running_.size() < kMaxHandshakes && listener_->has_pending();
+}
+
 std::list<ListenerImpl::Handshake> ListenerImpl::finished() {
   std::list<Handshake> over;
   for (auto it = running_.begin(); it != running_.end();) {
@@ -177,8 +184,7 @@ bool ListenerImpl::arm() {
   check_not_inherited();
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
-  if (listener_->worker().progress() || !ready_.empty()) return false;
-  if (running_.size() < kMaxHandshakes && listener_->has_pending()) return false;
+  if (listener_->worker().progress() || !ready_.empty() || can_start()) return false;
   // With kMaxHandshakes running, a queued request waits: the first to end signals the fd.
   return listener_->worker().arm();
 }

@@ -34,6 +34,8 @@ class ListenerImpl {
   // Handshakes in progress at most; further clients wait in UCX's queue of connection
   // requests until one ends.
   static constexpr size_t kMaxHandshakes = 32;
+  // Handshakes one accept() step starts at most (each makes a UCX worker: milliseconds).
+  static constexpr size_t kStartsPerCall = 4;
 
   ListenerImpl(uint16_t port, const PipeOptions& options);
   ~ListenerImpl();  // closes
@@ -82,6 +84,8 @@ class ListenerImpl {
   void check_usable() const;  // under mu_
   [[noreturn]] void throw_closed() const;
   void start_handshake(ucx::ConnRequest request);  // under mu_
+  // Under mu_: a connection request waits and a handshake may start now.
+  bool can_start() const;
   void run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> keep, const std::string& peer);
   // Under mu_: the handshakes whose threads are done, to join (destroy) without the lock.
   std::list<Handshake> finished();

@@ -7,6 +7,7 @@
 #include <ucm/api/ucm.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <thread>
@@ -300,6 +301,35 @@ TEST(PipeRuntime, AClientSilentInItsHandshakeHoldsUpNoOtherClient) {
     a.close();
     EXPECT_LT(Clock::now() - start, 10s);
   }
+}
+
+// More clients at once than one accept() step starts handshakes for (kStartsPerCall): the
+// rest are started by the next steps without waiting for a wake-up, and all get in.
+TEST(PipeRuntime, ManyClientsConnectingAtOnceAreAllAccepted) {
+  TensorDictServer server(0);
+  constexpr int kClients = 10;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] {
+      try {
+        TensorDictPipe::connect("127.0.0.1", server.port(), {.connect_timeout = 30s})
+            .send(small(static_cast<float>(i)));
+      } catch (const Error& e) {
+        ADD_FAILURE() << "client " << i << ": " << e.what();
+      }
+    });
+  std::vector<bool> seen(kClients, false);
+  for (int i = 0; i < kClients; ++i) {
+    std::optional<TensorDictPipe> pipe = server.accept(30s);
+    if (!pipe) {
+      ADD_FAILURE() << "only " << i << " clients accepted";
+      break;
+    }
+    seen[static_cast<size_t>(pipe->recv(nullptr, 20s).get("v").data<float>()[0])] = true;
+  }
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), true), kClients);
+  EXPECT_EQ(server.refused(), 0u);
 }
 
 // 64 KiB of `i`, sent eagerly (UCX copies it into the peer's shared-memory FIFO).
