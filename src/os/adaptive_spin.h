@@ -60,6 +60,8 @@ Spun spin_phases(std::chrono::steady_clock::duration busy,
   }
   while (Clock::now() < until) {
     ::sched_yield();
+    // A yield on a loaded machine can last milliseconds: no poll once the budget is over.
+    if (Clock::now() >= until) break;
     if (poll()) return Spun::Yielding;
   }
   return Spun::Missed;

@@ -339,11 +339,13 @@ def test_a_receive_waiting_behind_another_threads_keeps_its_target_alive(tcp_pai
     # it (A's completion dropped every target: UCX then wrote into a freed TensorDict).
     accepted, connected = tcp_pair
 
+    # 32 MiB: more than a few progress calls of the sender can push through TCP's buffers
+    # (its send that timed out still spins up to 50 us, longer on a loaded machine).
     def big(value):
-        return tw.TensorDict({"x": np.full(1 << 20, value)})
+        return tw.TensorDict({"x": np.full(4 << 20, value)})
 
     def target():
-        return tw.TensorDict({"x": np.zeros(1 << 20)}).consolidate()
+        return tw.TensorDict({"x": np.zeros(4 << 20)}).consolidate()
 
     t = threading.Thread(target=lambda: connected.send(big(1.0), timeout=30))
     t.start()
