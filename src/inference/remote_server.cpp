@@ -186,7 +186,7 @@ struct RemoteConnection::Send {
 };
 
 RemoteConnection::RemoteConnection(RemoteServer& server, uint32_t id, ucx::ConnRequest request)
-    : s_(server), id_(id), request_(request), peer_("client " + request.peer) {}
+    : s_(server), id_(id), request_(request), peer_("client " + request.address.str()) {}
 
 RemoteConnection::~RemoteConnection() {
   join();

@@ -29,10 +29,7 @@ void ListenerImpl::leave_inherited_handshakes() noexcept {
 
 void ListenerImpl::check_not_inherited() const {
   if (os::fork_generation() != generation_)
-    throw ClosedError("this listener on port " + std::to_string(port_) + " was made by process " +
-                      std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
-                      std::to_string(::getpid()) +
-                      "), where it cannot be used: its UCX state belongs to the parent");
+    throw ucx::inherited_error("this listener on port " + std::to_string(port_), owner_pid_);
 }
 
 std::shared_ptr<ucx::Listener> ListenerImpl::open(uint16_t port) {
@@ -106,26 +103,29 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
 
 // The pipe is made here, under mu_: its endpoint comes from the listener's connection
 // request, which belongs to the listener's worker (no other thread progresses it meanwhile).
+ListenerImpl::Outcome ListenerImpl::refused(const std::string& peer, const std::string& why,
+                                            std::exception_ptr error) {
+  return {nullptr, "client " + peer + ": " + why, std::move(error)};
+}
+
 void ListenerImpl::start_handshake(ucx::ConnRequest request) {
+  const std::string peer = request.address.str();
   std::shared_ptr<PipeImpl> pipe;
   try {
     pipe = std::make_shared<PipeImpl>(request, options_, port_);
   } catch (const Error& e) {
-    ready_.push_back(
-        {nullptr, "client " + request.peer + ": " + e.what(), std::current_exception()});
+    ready_.push_back(refused(peer, e.what(), std::current_exception()));
     return;
   }
   Handshake& h = running_.emplace_back();
   h.pipe = pipe;
   try {
-    h.thread = std::thread(
-        [this, &h, keep = listener_, peer = request.peer] { run_handshake(h, keep, peer); });
+    h.thread = std::thread([this, &h, keep = listener_, peer] { run_handshake(h, keep, peer); });
   } catch (const std::system_error& e) {  // no thread to be had: this client is refused
     running_.pop_back();
     pipe->close();
-    ready_.push_back({nullptr,
-                      "client " + request.peer + ": no thread for its handshake: " + e.what(),
-                      std::make_exception_ptr(Error(e.what()))});
+    ready_.push_back(refused(peer, std::string("no thread for its handshake: ") + e.what(),
+                             std::make_exception_ptr(Error(e.what()))));
   }
 }
 
@@ -137,8 +137,7 @@ void ListenerImpl::run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> ke
     o.pipe = h.pipe;
   } catch (const std::exception& e) {
     h.pipe->close();
-    o.refusal = "client " + peer + ": " + e.what();
-    o.error = std::current_exception();
+    o = refused(peer, e.what(), std::current_exception());
   }
   std::shared_ptr<PipeImpl> unclaimed;  // closed without mu_ (a graceful close takes time)
   {

@@ -76,6 +76,8 @@ class ListenerImpl {
     std::string refusal;
     std::exception_ptr error;
   };
+  // A refusal of the client at `peer`: "client <peer>: <why>", and what accept() rethrows.
+  static Outcome refused(const std::string& peer, const std::string& why, std::exception_ptr error);
 
   static std::shared_ptr<ucx::Listener> open(uint16_t port);
   // Not under mu_, which a handshake thread of the parent may have held at the fork:

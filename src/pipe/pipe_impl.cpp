@@ -93,10 +93,7 @@ PipeImpl::~PipeImpl() {
 
 void PipeImpl::check_process() const {
   if (os::fork_generation() == generation_) return;
-  throw ClosedError("this TensorDictPipe (to " + ep_->peer() + ") was made by process " +
-                    std::to_string(owner_pid_) + " and inherited by its forked child (pid " +
-                    std::to_string(::getpid()) +
-                    "), where it cannot be used: its UCX state belongs to the parent");
+  throw ucx::inherited_error("this TensorDictPipe (to " + ep_->peer() + ")", owner_pid_);
 }
 
 void PipeImpl::handshake(bool as_server) {

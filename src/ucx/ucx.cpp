@@ -30,6 +30,12 @@ bool inherited(uint64_t generation) noexcept {
   return os::fork_generation() != generation;
 }
 
+ClosedError inherited_error(const std::string& what, pid_t owner) {
+  return ClosedError(what + " was made by process " + std::to_string(owner) +
+                     " and inherited by its forked child (pid " + std::to_string(::getpid()) +
+                     "), where it cannot be used: its UCX state belongs to the parent");
+}
+
 void throw_status(const std::string& what, ucs_status_t status) {
   std::string msg = what + ": " + ucs_status_string(status);
   switch (status) {
@@ -410,11 +416,10 @@ Listener::~Listener() {
 
 void Listener::on_conn(ucp_conn_request_h req, void* arg) {
   auto* self = static_cast<Listener*>(arg);
-  ConnRequest r{req, {}, {}};
+  ConnRequest r{req, {}};
   ucp_conn_request_attr_t attr{};
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(req, &attr) == UCS_OK) r.address = address_of(attr.client_address);
-  r.peer = r.address.str();
   self->pending_.push_back(r);
 }
 
@@ -469,7 +474,7 @@ Endpoint::Endpoint(Worker& worker, ConnRequest& request)
     : worker_(worker),
       generation_(os::fork_generation()),
       peer_address_(request.address),
-      peer_(request.peer) {
+      peer_(request.address.str()) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

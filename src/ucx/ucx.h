@@ -18,6 +18,7 @@
 // handlers are taken off the host program's signals.
 #pragma once
 
+#include <sys/types.h>
 #include <ucp/api/ucp.h>
 
 #include <atomic>
@@ -70,6 +71,9 @@ class Context {
 
 // True when an object made in process generation `generation` now lives in a forked child.
 bool inherited(uint64_t generation) noexcept;
+// The ClosedError for `what` ("this listener on port 80"), made by process `owner` and used
+// in its forked child, where its UCX state belongs to the parent.
+ClosedError inherited_error(const std::string& what, pid_t owner);
 
 class Worker {
  public:
@@ -151,7 +155,6 @@ struct PeerAddress {
 struct ConnRequest {
   ucp_conn_request_h handle = nullptr;
   PeerAddress address;  // the client's
-  std::string peer;     // address.str(), for messages
 };
 
 class Listener {
