@@ -117,8 +117,8 @@ void PipeImpl::handshake(bool as_server) {
   // this host, and the kernel's record of its socket whether it is one of this user's
   // processes: only then is its pid watched (a claimed pid of someone else's would end the
   // pipe when that process exits, or be watched instead of the peer).
-  const bool same_host = peer.same_namespaces() && peer_is_local();
-  const bool ours = same_host && peer_is_ours(as_server);
+  const bool local = peer.same_namespaces() && peer_is_local();
+  const bool ours = local && peer_is_ours(as_server);
   // The peer's pidfd first, so that a peer dying during the switch below ends it at once.
   if (ours && peer.pid > 0) {
     try {
@@ -127,8 +127,11 @@ void PipeImpl::handshake(bool as_server) {
       // Gone already, or not visible here: rely on UCX's own error detection.
     }
   }
-  if (same_host) {
-    use_direct_endpoint(deadline, ours);
+  // The hellos' namespaces are alike on both sides, the addresses may not be (a port
+  // proxy, NAT): both sides exchange their verdict, and only one they share counts.
+  bool same_host = false;
+  if (peer.same_namespaces()) {
+    same_host = use_direct_endpoint(deadline, local, ours);
     retire_first_endpoint(deadline);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -179,15 +182,17 @@ constexpr size_t kMaxWorkerAddress = 16 * 1024;
 // TCP lanes for large transfers besides shared memory, and a worker with a TCP lane polls
 // its socket on every progress. An endpoint created from the peer's worker address picks
 // host-local transports only (UCX picks sysv shared memory here): 1 KiB
-// latency 1.2 -> ~0.5 us, 1 MiB throughput x3. Both sides send their address (null when
-// their UCX_TLS excludes shared memory: then both stay on the first endpoint), switch,
-// confirm over the new endpoint, and only then close the first one, so nothing in flight
-// on it is lost.
-void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
+// latency 1.2 -> ~0.5 us, 1 MiB throughput x3. Both sides send whether they find the peer
+// local and their address (null when their UCX_TLS excludes shared memory: then both stay
+// on the first endpoint), switch, confirm over the new endpoint, and only then close the
+// first one, so nothing in flight on it is lost. Returns whether both found the other
+// local: only then does the pipe go without heartbeats (start_liveness).
+bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours) {
   // A peer of another user is sent null (so both stay), and its address is never parsed.
   Json mine = nullptr;
-  if (peer_is_ours && ucx::shared_memory_enabled()) mine = wire::to_hex(worker_->address());
-  send_control({{"worker_address", mine}}, deadline);
+  if (local && peer_is_ours && ucx::shared_memory_enabled())
+    mine = wire::to_hex(worker_->address());
+  send_control({{"same_host", local}, {"worker_address", mine}}, deadline);
   Json reply = recv_control(deadline);
   // The peer's confirmation travels on the new endpoint and may overtake its address on
   // the first one: keep it for retire_first_endpoint().
@@ -197,11 +202,14 @@ void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   check_open("handshake");
-  if (!reply.is_object() || !reply.contains("worker_address"))
-    fail("expected the peer's worker address after the handshake, got " + reply.dump(),
+  if (!reply.is_object() || !reply.contains("worker_address") || !reply.contains("same_host") ||
+      !reply["same_host"].is_boolean())
+    fail("expected the peer's same_host verdict and worker address after the handshake, got " +
+             wire::excerpt(reply),
          Fault::PeerBrokeProtocol);
+  if (!local || !reply["same_host"].get<bool>()) return false;
   const Json& theirs = reply["worker_address"];
-  if (theirs.is_null()) return;
+  if (theirs.is_null()) return true;
   std::optional<std::vector<std::byte>> address;
   if (theirs.is_string() && theirs.get_ref<const std::string&>().size() <= 2 * kMaxWorkerAddress)
     address = wire::from_hex(theirs.get<std::string>());
@@ -209,7 +217,7 @@ void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
     fail("the peer's worker address is not a hex string of at most " +
              std::to_string(kMaxWorkerAddress) + " bytes",
          Fault::PeerBrokeProtocol);
-  if (mine.is_null()) return;
+  if (mine.is_null()) return true;
   // Our own address handed back would connect the pipe to itself.
   if (*address == worker_->address())
     fail("the peer sent this process's own worker address", Fault::PeerBrokeProtocol);
@@ -227,6 +235,7 @@ void PipeImpl::use_direct_endpoint(Deadline deadline, bool peer_is_ours) {
          Fault::LocalFailure);
   }
   first_ep_ = std::move(first);
+  return true;
 }
 
 // After use_direct_endpoint switched: both sides confirm over the new endpoint, then the
@@ -239,7 +248,7 @@ void PipeImpl::retire_first_endpoint(Deadline deadline) {
     Json ok = recv_control(deadline);
     if (!ok.is_object() || !ok.contains("direct")) {
       std::lock_guard<std::mutex> lock(mu_);
-      fail("expected the peer's confirmation of the direct endpoint, got " + ok.dump(),
+      fail("expected the peer's confirmation of the direct endpoint, got " + wire::excerpt(ok),
            Fault::PeerBrokeProtocol);
     }
   }
@@ -296,8 +305,13 @@ void PipeImpl::drain_control() {
   if (!got) return;
   const Json& body = *got;
   if (body.is_object() && body.contains("error"))
-    fail("the peer closed the pipe after an error: " + body["error"].dump(),
+    fail("the peer closed the pipe after an error: " + wire::excerpt(body["error"]),
          Fault::PeerReportedError);
+  // Anything else is not a close: a peer that sees the handshake differently (it waits for
+  // an answer) or a broken one, told so instead of being taken for a clean close.
+  if (!body.is_object() || !body.contains("close"))
+    fail("unexpected control message from the peer: " + wire::excerpt(body),
+         Fault::PeerBrokeProtocol);
   if (failure_.empty()) closed_by_peer_ = true;
   fail("the peer closed the pipe", Fault::ConnectionLost);
 }

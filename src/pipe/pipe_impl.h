@@ -131,7 +131,7 @@ class PipeImpl : public runtime::Beating {
   bool peer_is_local() const;
   bool peer_is_ours(bool as_server) const;
   void wait_wireup(Deadline deadline);
-  void use_direct_endpoint(Deadline deadline, bool peer_is_ours);
+  bool use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours);
   void retire_first_endpoint(Deadline deadline);
   void send_control(const Json& body, Deadline deadline);
   Json recv_control(Deadline deadline);

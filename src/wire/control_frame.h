@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tensorwire/core/json.h"
@@ -23,5 +24,13 @@ void check_control_length(size_t length, size_t max_bytes, const char* what);
 // The JSON of one received control frame: ProtocolError naming `what` and the rule broken
 // unless `bytes` is exactly one frame of kind Control whose JSON fills it.
 Json parse_control_frame(std::span<const std::byte> bytes, const Limits& limits, const char* what);
+
+// A received control message quoted in an error: its first 200 characters (a message may
+// be 64 KiB, and the error goes back to the peer too).
+inline std::string excerpt(const Json& body) {
+  std::string s = body.dump();
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
 
 }  // namespace tensorwire::wire

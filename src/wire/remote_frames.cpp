@@ -1,6 +1,7 @@
 #include "wire/remote_frames.h"
 
 #include "tensorwire/core/error.h"
+#include "wire/control_frame.h"
 
 namespace tensorwire::wire::remote {
 
@@ -51,7 +52,7 @@ uint32_t parse_num_slots(const Json& body) {
       it->get<uint64_t>() < 1 || it->get<uint64_t>() > (uint64_t{1} << 24))
     throw ProtocolError(
         "remote inference: expected {\"num_slots\": 1 .. 2^24} from the server, got " +
-        body.dump().substr(0, 200));
+        excerpt(body));
   return static_cast<uint32_t>(it->get<uint64_t>());
 }
 

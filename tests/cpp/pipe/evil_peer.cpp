@@ -3,14 +3,18 @@
 //   evil_peer HOST PORT KIND   (KIND: storage-without-schema | bad-magic | oversize |
 //                                     short-payload | wrong-schema-id | bad-worker-address |
 //                                     mutated-worker-address | own-worker-address |
-//                                     foreign-tag | stray-heartbeat | claim-pid=PID)
+//                                     foreign-tag | stray-heartbeat | claim-pid=PID |
+//                                     not-same-host | unknown-control)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 // mutated-worker-address answers the receiver's worker address with a corrupted copy of it
 // (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
 // the receiver its own address back. foreign-tag sends messages on a tag the pipe never
 // reads; stray-heartbeat sends a heartbeat first (on one host, the pipe reads none).
 // claim-pid=PID claims in its hello to be process PID, then prints "CONNECTED" and
-// stays until the receiver closes.
+// stays until the receiver closes. not-same-host finds the receiver's address not local
+// (as behind a port proxy) and asks for heartbeats: it prints "HEARTBEAT" once one
+// arrives, then sends a valid message (the receiver must take it). unknown-control sends
+// a control message that is neither a close nor an error.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -34,13 +38,13 @@ struct Raw {
     auto until = Clock::now() + std::chrono::seconds(5);
     while (!r.done() && Clock::now() < until) worker.progress();
   }
-  void send_control(const Json& j) {
+  void send_control(const Json& j, uint64_t tag = detail::kControlTag) {
     auto m = wire::Encoder::control(j);
-    send(detail::kControlTag,
-         {{m.header_bytes.data(), m.header_bytes.size()},
-          {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}});
+    send(tag, {{m.header_bytes.data(), m.header_bytes.size()},
+               {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}});
   }
-  std::optional<Json> recv_control(std::chrono::milliseconds timeout) {
+  std::optional<Json> recv_control(std::chrono::milliseconds timeout,
+                                   uint64_t tag = detail::kControlTag) {
     auto until = Clock::now() + timeout;
     // The endpoint's error can come before the last message: the connection's error
     // arrives on its TCP socket, a message over shared memory, so a message the peer sent
@@ -48,7 +52,7 @@ struct Raw {
     std::optional<Clock::time_point> error_since;
     while (Clock::now() < until) {
       worker.progress();
-      if (auto m = ep->probe(detail::kControlTag)) {
+      if (auto m = ep->probe(tag)) {
         std::vector<std::byte> buf(m->first);
         size_t got = 0;
         ucx::Request r = ep->recv(m->second, buf, &got);
@@ -80,8 +84,9 @@ int main(int argc, char** argv) {
   }
   std::optional<int64_t> claimed_pid;
   if (kind.rfind("claim-pid=", 0) == 0) claimed_pid = std::atoll(kind.c_str() + 10);
+  const bool same_host = kind != "not-same-host";
   wire::handshake_as_client(
-      {"pipe", "consolidated", ""},
+      {"pipe", "consolidated", "", same_host ? -1 : 1000},
       [&](Json j) {
         if (claimed_pid && j.contains("pid")) j["pid"] = *claimed_pid;
         raw.send_control(j);
@@ -110,11 +115,12 @@ int main(int argc, char** argv) {
     if (kind == "mutated-worker-address")
       for (size_t i = 0; i < 16 && i < address.size(); ++i)
         address[i] = address[i] == 'f' ? '0' : 'f';
-    raw.send_control({{"worker_address", address}});
+    raw.send_control({{"same_host", true}, {"worker_address", address}});
     if (kind == "mutated-worker-address") kind = "bad-magic";  // then: is the receiver alive?
   } else {
     raw.send_control(
-        {{"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
+        {{"same_host", same_host},
+         {"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
     if (!raw.recv_control(std::chrono::seconds(10))) {
       std::printf("NO-ADDRESS\n");
       return 1;
@@ -155,6 +161,28 @@ int main(int argc, char** argv) {
       std::printf("NO-REPLY\n");
     std::fflush(stdout);
     std::_Exit(reply ? 0 : 1);  // sends still queued: not worth a clean teardown
+  }
+
+  if (kind == "not-same-host") {
+    // Heartbeats both ways now: ours first (on one host a pipe would refuse it), then one
+    // of the receiver's, at the interval our hello asked for.
+    raw.send_control({{"heartbeat", true}}, detail::kHeartbeatTag);
+    if (!raw.recv_control(std::chrono::seconds(10), detail::kHeartbeatTag)) {
+      std::printf("NO-HEARTBEAT\n");
+      return 1;
+    }
+    std::printf("HEARTBEAT\n");
+    std::fflush(stdout);
+  }
+  if (kind == "unknown-control") {
+    raw.send_control({{"surprise", true}});
+    auto reply = raw.recv_control(std::chrono::seconds(10));
+    if (reply && reply->contains("error")) {
+      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
+      return 0;
+    }
+    std::printf("NO-REPLY\n");
+    return 1;
   }
 
   // A valid message to start from: schema + storage of {"x": float32[4]}.

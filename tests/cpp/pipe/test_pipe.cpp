@@ -217,8 +217,8 @@ TEST_P(PipeTest, SendAndRecvOnAClosedPipeThrow) {
 }
 
 TEST_P(PipeTest, MalformedMessagesAreRejectedAndThePeerIsTold) {
-  for (std::string kind :
-       {"storage-without-schema", "bad-magic", "oversize", "short-payload", "wrong-schema-id"}) {
+  for (std::string kind : {"storage-without-schema", "bad-magic", "oversize", "short-payload",
+                           "wrong-schema-id", "unknown-control"}) {
     PipeOptions opt;
     opt.limits.max_message_bytes = 1 << 20;
     PipeListener listener(0, opt);
@@ -259,6 +259,21 @@ TEST_P(PipeTest, MessagesOnATagThePipeNeverReadsEndIt) {
     EXPECT_NE(p.read_line("REJECTED").find(tag), std::string::npos)
         << kind << ": the peer was not told (" << p.stderr_text() << ")";
   }
+}
+
+// The two ends can judge "same host" differently (behind a port proxy or NAT, one finds
+// the other's address local and the other does not). Each says what it found, and only a
+// verdict both share counts: here the peer finds this side remote, so the pipe stays on its
+// first endpoint and exchanges heartbeats, where before one side waited for a worker
+// address until its handshake timed out and the other refused the heartbeats.
+TEST_P(PipeTest, EndsThatDisagreeAboutSharingAHostAgreeOnHeartbeats) {
+  PipeListener listener(0);
+  PeerProcess p({evil(), "127.0.0.1", std::to_string(listener.port()), "not-same-host"}, env());
+  auto pipe = listener.accept(20s, /*throw_on_refusal=*/true);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  EXPECT_FALSE(p.read_line("HEARTBEAT").empty()) << p.stderr_text();
+  EXPECT_EQ(pipe->recv(nullptr, 20s).get("x").numel(), 4);
+  EXPECT_FALSE(pipe->failed());
 }
 
 // With shared memory allowed, two processes of one host move their data over it (and no
