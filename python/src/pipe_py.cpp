@@ -204,8 +204,9 @@ void bind_pipe(nb::module_& m) {
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
       .def("start_send",
            [](PyPipe& self, nb::handle td) {
-             self.pipe.start_send(nb::cast<const PyTensorDict&>(td).td());
+             if (!self.pipe.start_send(nb::cast<const PyTensorDict&>(td).td())) return false;
              self.sent = nb::borrow(td);
+             return true;
            })
       .def("sending",
            [](PyPipe& self, const PyTensorDict& td) { return self.pipe.sending(td.td()); })

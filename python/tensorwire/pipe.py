@@ -254,7 +254,11 @@ class TensorDictPipe:
         self._unfinished = None
         if resumed:
             return  # delivered once
-        self._impl.start_send(wire_td)
+        while not self._impl.start_send(wire_td):
+            # A blocking send() of another thread holds the pipe's turn. That thread
+            # progresses the pipe, and the fd may stay quiet for this loop: look again after
+            # a short sleep.
+            await asyncio.sleep(_STALL_SLEEP_S)
         self._unfinished = (td, wire_td)  # a retry after a cancellation finishes it
         budget = self._send_spin.budget()
         seen = self._impl.events

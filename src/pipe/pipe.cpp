@@ -59,8 +59,8 @@ std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
   });
 }
 
-void TensorDictPipe::start_send(const TensorDict& td) {
-  impl_->start_send(td);
+bool TensorDictPipe::start_send(const TensorDict& td) {
+  return impl_->start_send(td);
 }
 bool TensorDictPipe::poll_send(std::chrono::microseconds spin) {
   return impl_->poll_send(spin);

@@ -404,15 +404,23 @@ void PipeImpl::wait_event(Deadline slice, uint64_t seen) {
 
 // ---- sending ---------------------------------------------------------------
 
-void PipeImpl::start_send(const TensorDict& td) {
+bool PipeImpl::start_send(const TensorDict& td) {
   check_process();
+  // A blocking send() of another thread holds the turn from before it waits for the send
+  // in flight until its own is over: starting one in between would take its place.
+  const std::unique_lock<runtime::TimedLock> turn(send_mu_, std::try_to_lock);
   std::lock_guard<std::mutex> lock(mu_);
+  return post_send(td, turn.owns_lock());
+}
+
+// Under mu_. `turn`: the caller holds send_mu_.
+bool PipeImpl::post_send(const TensorDict& td, bool turn) {
   if (closed_) throw ClosedError("Cannot send on a closed pipe.");
   // The peer's own explanation (a control message) comes before the connection error
   // that follows it.
   drain_control();
   check_alive();
-  if (sending_) throw Error("a send is already in progress on this pipe");
+  if (!turn || sending_) return false;
   const wire::OutMessage& m = encoder_.encode(td);  // ValueError here: nothing sent yet
   const bool inline_payload = m.header.payload_bytes <= kInlineMax;
   pieces_.clear();
@@ -426,6 +434,7 @@ void PipeImpl::start_send(const TensorDict& td) {
       if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
   sending_ = true;
   sending_td_ = &td;
+  return true;
 }
 
 bool PipeImpl::step_send() {
@@ -509,7 +518,10 @@ void PipeImpl::send(const TensorDict& td, Timeout timeout) {
     done = taken_in_flight();
   }
   if (resumed) return;
-  start_send(td);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    post_send(td, /*turn=*/true);  // nothing in flight: the wait above saw to it
+  }
   try {
     wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
   } catch (...) {

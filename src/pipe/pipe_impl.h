@@ -61,7 +61,7 @@ class PipeImpl : public runtime::Beating {
 
   void send(const TensorDict& td, Timeout timeout);
   TensorDict& recv(TensorDict* into, Timeout timeout);
-  void start_send(const TensorDict& td);
+  bool start_send(const TensorDict& td);
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
   bool sending(const TensorDict& td);
   bool receiving_into(const TensorDict& td);
@@ -103,7 +103,10 @@ class PipeImpl : public runtime::Beating {
   TensorDict* step_recv(TensorDict* into);  // under mu_
   // Under mu_: what a receive that got `got` hands a caller (TensorDictPipe::Received).
   TensorDictPipe::Received taken(TensorDict* got, TensorDict* into, bool copy_always) const;
-  bool step_send();    // under mu_
+  bool step_send();  // under mu_
+  // Under mu_: posts `td`'s send when `turn` (the caller holds send_mu_) and no send is in
+  // flight; false otherwise, nothing sent.
+  bool post_send(const TensorDict& td, bool turn);
   void check_alive();  // under mu_: throws ClosedError
   // Under mu_: ClosedError "<what>: the pipe is closed" once closed or abandoned.
   void check_open(const char* what) const;

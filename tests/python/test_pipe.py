@@ -609,3 +609,47 @@ def test_two_threads_receiving_from_one_pipe(consolidated):
         assert not errors
     client.close()
     server.close()
+
+
+def test_a_blocking_send_of_another_thread_and_asends_take_turns():
+    # asend started its send whenever none was in flight, also while a blocking send() of
+    # another thread held the pipe's turn between its wait and its own start: that send
+    # then raised "a send is already in progress". Each waits for the other now, and every
+    # message arrives once.
+    import concurrent.futures
+    import threading
+    n = 1000
+    listener = tw.PipeListener(0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept, timeout=10)
+        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port)
+        server = accepted.result()
+    listener.close()
+    got, errors = [], []
+
+    def receive():
+        for _ in range(2 * n):
+            got.append(int(server.recv(timeout=30)["x"][0]))
+
+    def send_blocking():
+        try:
+            for _ in range(n):
+                client.send(tw.TensorDict({"x": np.full(16, 1)}, batch_size=[]), timeout=30)
+        except Exception as e:  # noqa: BLE001 - the test reports whatever it was
+            errors.append(e)
+
+    async def send_async():
+        for _ in range(n):
+            await client.asend(tw.TensorDict({"x": np.full(16, 2)}, batch_size=[]))
+
+    receiver = threading.Thread(target=receive)
+    blocking = threading.Thread(target=send_blocking)
+    receiver.start()
+    blocking.start()
+    asyncio.run(asyncio.wait_for(send_async(), 60))
+    blocking.join(60)
+    receiver.join(60)
+    assert errors == []
+    assert sorted(got) == [1] * n + [2] * n
+    client.close()
+    server.close()

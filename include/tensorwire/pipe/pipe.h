@@ -104,7 +104,10 @@ class TensorDictPipe {
   // A send or receive that times out (or a poll loop that is abandoned) stays in flight:
   // the sent TensorDict's memory is still read, and a receive still writes into the
   // TensorDict given to it, until a later call completes it. Keep both alive until then.
-  void start_send(const TensorDict& td);
+  // start_send() returns false, sending nothing, while another send is in flight (one not
+  // yet completed by poll_send(), or a blocking send() of another thread): poll_send() and
+  // start again.
+  bool start_send(const TensorDict& td);
   // `spin`: keep polling this long before giving up (an event loop that would otherwise
   // pay tens of microseconds per wake-up; a reply on one host is about 1 us away).
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));

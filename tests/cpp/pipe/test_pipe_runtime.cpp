@@ -182,6 +182,42 @@ TEST(PipeRuntime, AfterATimedOutSendAnotherDictFollowsIt) {
   receiver.join();
 }
 
+// The non-blocking form takes one send at a time: a start while another send is in flight
+// (an earlier start not yet completed by poll_send, or a blocking send of another thread
+// holding the pipe's turn) sends nothing and says so, and each dict arrives once, in order.
+TEST(PipeRuntime, AStartWhileAnotherSendIsInFlightSendsNothingAndSaysSo) {
+  Pair p;
+  TensorDict first = big(), second = small(2.f), third = small(3.f);
+  ASSERT_TRUE(p.connected->start_send(first));
+  EXPECT_FALSE(p.connected->start_send(second));  // the 8 MiB are still going out
+  std::atomic<bool> checked{false};
+  std::thread receiver([&] {
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").numel(), 1 << 20);
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 2.f);
+    while (!checked) std::this_thread::yield();  // `again` waits for this receive
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").numel(), 1 << 20);
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("v").data<float>()[0], 3.f);
+  });
+  const auto until = Clock::now() + 20s;
+  while (!p.connected->poll_send() && Clock::now() < until) {
+  }
+  ASSERT_TRUE(p.connected->start_send(second));
+  while (!p.connected->poll_send() && Clock::now() < until) {
+  }
+  // A blocking send of another thread, waiting for its 8 MiB to go out, holds the turn.
+  TensorDict again = big();
+  std::thread blocking([&] { p.connected->send(again, 20s); });
+  while (!p.connected->sending(again) && Clock::now() < until) std::this_thread::yield();
+  EXPECT_FALSE(p.connected->start_send(third));
+  checked = true;
+  blocking.join();
+  EXPECT_TRUE(p.connected->start_send(third));
+  while (!p.connected->poll_send() && Clock::now() < until) {
+  }
+  receiver.join();
+  EXPECT_THROW(p.accepted->recv(nullptr, 300ms), TimeoutError);  // nothing twice
+}
+
 // The bytes of a send that timed out belong to the pipe until they are out: the caller may
 // drop the dict (its storage freed and handed out again) and the peer still receives what
 // was sent, whole, then the next dict. Both for a dict sent from its own storage (a
