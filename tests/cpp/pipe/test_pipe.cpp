@@ -439,6 +439,22 @@ TEST_F(WorkerAddress, APidClaimedByAnotherUsersProcessIsNotWatched) {
   EXPECT_FALSE(pipe->failed());
 }
 
+// Such a peer gets neither a pidfd watch nor heartbeats (it is on this host): its death is
+// seen through its connection, which its kernel closes.
+TEST_F(WorkerAddress, APeerOfAnotherUserThatIsKilledEndsThePipe) {
+  PipeListener listener(0);
+  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
+                 std::to_string(listener.port()), "claim-pid=-1"});
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  ASSERT_FALSE(p.read_line("CONNECTED").empty()) << p.stderr_text();
+  p.kill(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(pipe->recv(nullptr, 20s), ClosedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
 // Our own address handed back would connect the pipe to itself.
 TEST_F(WorkerAddress, OurOwnHandedBackIsRefused) {
   PipeListener listener(0);
