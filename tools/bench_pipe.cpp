@@ -3,8 +3,8 @@
 // so every figure comes with its same-run ratio.
 //
 //   tensorwire bench pipe [--tls sm,tcp/tcp] [--sizes 1048576,67108864] [--iters N]
-//                         [--lat-iters N] [--modes consolidated,nc] [--json PATH]
-//                         [--no-reference]
+//                         [--lat-iters N] [--lat-bytes N] [--modes consolidated,nc]
+//                         [--json PATH] [--no-reference]
 // bench/pipe/plot_bench_pipe.py draws the --json figures (throughput against ucx_perftest at
 // each size, latency distributions).
 // The peer is this same program, re-executed as `tensorwire bench-pipe-peer ...`.
@@ -43,10 +43,11 @@ TensorDict payload(size_t bytes) {
 }
 
 // 4 leaves, 1 KiB in all: the latency case of the issue.
-TensorDict small() {
+// The latency dict: four float32 leaves of `bytes` / 4 bytes each (1 KiB: [4, 16] each).
+TensorDict small(size_t bytes) {
   TensorDict td({4});
   for (const char* k : {"obs", "action", "reward", "done"})
-    td.set(k, Tensor::zeros({4, 16}, DType::Float32));
+    td.set(k, Tensor::zeros({4, static_cast<int64_t>(bytes / 64)}, DType::Float32));
   return td;
 }
 
@@ -114,6 +115,7 @@ int bench_pipe(int argc, char** argv) {
   std::vector<size_t> sizes = {1 << 20, 64 << 20};
   std::vector<std::string> modes = {"consolidated", "nc"};
   int iters = 30, lat_iters = 20000;
+  size_t lat_bytes = 1024;
   std::string json_path;
   bool reference = true;
   CLI::App app("TensorDictPipe throughput and latency beside ucx_perftest.",
@@ -127,9 +129,15 @@ int bench_pipe(int argc, char** argv) {
       ->check(CLI::IsMember({"consolidated", "nc"}));
   app.add_option("--iters", iters, "throughput messages per size")->check(kPositive);
   app.add_option("--lat-iters", lat_iters, "latency round trips")->check(kPositive);
+  app.add_option("--lat-bytes", lat_bytes, "bytes of the latency dict (a multiple of 64)")
+      ->check(kPositive);
   app.add_option("--json", json_path, "also write the figures to this JSON file");
   app.add_flag("!--no-reference", reference, "skip ucx_perftest");
   if (int status = parse(app, argc, argv); status >= 0) return status;
+  if (lat_bytes % 64 != 0) {
+    std::fprintf(stderr, "--lat-bytes: %zu is not a multiple of 64\n", lat_bytes);
+    return 2;
+  }
   const std::string self = "/proc/self/exe";
   std::vector<Row> rows;
   for (const auto& tls : tls_list) {
@@ -160,13 +168,13 @@ int bench_pipe(int argc, char** argv) {
         std::fprintf(stderr, "  %-7s %-12s %9zu B  %.2f GB/s\n", tls.c_str(), mode.c_str(), size,
                      rows.back().ours);
       }
-      // Latency: ping-pong of a 1 KiB, 4-leaf dict; one-way = round trip / 2.
+      // Latency: ping-pong of a 4-leaf dict (1 KiB by default); one-way = round trip / 2.
       PipeListener listener(0, opt);
       Child peer({self, "bench-pipe-peer", "echo", "127.0.0.1", std::to_string(listener.port()),
                   std::to_string(lat_iters + 100), mode},
                  tls, false);
       auto pipe = listener.accept(std::chrono::seconds(30));
-      TensorDict td = small();
+      TensorDict td = small(lat_bytes);
       if (opt.consolidated) td = consolidate(td);
       std::vector<double> us;
       us.reserve(lat_iters);
@@ -185,10 +193,10 @@ int bench_pipe(int argc, char** argv) {
       for (size_t q = 0; q <= 20; ++q) quantiles.push_back(us[(us.size() - 1) * q / 20]);
       double ref = 0;
       if (reference && mode == "consolidated") {
-        auto v = perftest(tls, "tag_lat", 1024, lat_iters);
+        auto v = perftest(tls, "tag_lat", lat_bytes, lat_iters);
         if (v.size() >= 2) ref = v[1];
       }
-      rows.push_back({tls, "latency p50", mode, 1024, p50, ref, "us", quantiles});
+      rows.push_back({tls, "latency p50", mode, lat_bytes, p50, ref, "us", quantiles});
       std::fprintf(stderr, "  %-7s %-12s latency p50 %.2f us\n", tls.c_str(), mode.c_str(), p50);
     }
   }

@@ -28,7 +28,7 @@ wire::Encoder encoder_for(const PipeOptions& o) {
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
   return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key,
-          runtime::heartbeat_ms(o.liveness_timeout)};
+          runtime::heartbeat_ms(o.liveness_timeout), /*split_payloads=*/true};
 }
 
 // Control frames are small; anything bigger is a protocol violation.
@@ -135,6 +135,10 @@ void PipeImpl::handshake(bool as_server) {
     retire_first_endpoint(deadline);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // A peer that does not announce split payloads expects every payload of at most
+  // kInlineMax bytes in its frame. A non-consolidated payload stays inline: one message
+  // per leaf would cost more than the copies it saves. So does every payload over TCP.
+  if (direct_ && peer.split_payloads && options_.consolidated) inline_max_ = kInlineSplit;
   connected_ = true;
   start_liveness(peer.heartbeat_ms, same_host);
 }
@@ -235,6 +239,7 @@ bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_o
          Fault::LocalFailure);
   }
   first_ep_ = std::move(first);
+  direct_ = true;
   return true;
 }
 
@@ -422,16 +427,22 @@ bool PipeImpl::post_send(const TensorDict& td, bool turn) {
   check_alive();
   if (!turn || sending_) return false;
   const wire::OutMessage& m = encoder_.encode(td);  // ValueError here: nothing sent yet
-  const bool inline_payload = m.header.payload_bytes <= kInlineMax;
+  const bool inline_payload = m.header.payload_bytes <= inline_max_;
   pieces_.clear();
   pieces_.emplace_back(m.header_bytes.data(), m.header_bytes.size());
   pieces_.emplace_back(reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size());
   if (inline_payload) pieces_.insert(pieces_.end(), m.payload.begin(), m.payload.end());
   send_reqs_.clear();
   send_reqs_.push_back(ep_->send(kFrameTag, pieces_, frame_iov_));
-  if (!inline_payload)
-    for (auto piece : m.payload)
-      if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
+  if (!inline_payload) {
+    if (options_.consolidated && m.payload.size() > 1)
+      // Leaves gathered for an inline payload (encoder_for): one message, as the receiver
+      // takes a consolidated payload into one buffer.
+      send_reqs_.push_back(ep_->send(kPayloadTag, m.payload, payload_iov_));
+    else
+      for (auto piece : m.payload)
+        if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
+  }
   sending_ = true;
   sending_td_ = &td;
   return true;
@@ -577,11 +588,18 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
       std::span<const std::byte> frame(frame_.get(), frame_len_);
       wire::FrameHeader h = decoder_.read_header(frame.first(wire::kHeaderBytes));
       const uint64_t meta_end = wire::kHeaderBytes + h.metadata_bytes;
-      const bool inline_payload = h.payload_bytes <= kInlineMax;
-      const uint64_t expected = meta_end + (inline_payload ? h.payload_bytes : 0);
-      if (frame_len_ != expected)
+      // The frame's length tells whether the payload is in it or follows on the payload
+      // tag (whatever its size: a peer that announced no split payloads inlines every
+      // payload of at most kInlineMax bytes).
+      const bool inline_payload = frame_len_ == meta_end + h.payload_bytes;
+      if (inline_payload && h.payload_bytes > kInlineMax)
+        throw ProtocolError("frame carries a payload of " + std::to_string(h.payload_bytes) +
+                            " bytes inline (at most " + std::to_string(kInlineMax) + ")");
+      if (!inline_payload && frame_len_ != meta_end)
         throw ProtocolError("frame of " + std::to_string(frame_len_) +
-                            " bytes, its header announces " + std::to_string(expected));
+                            " bytes, its header announces " + std::to_string(meta_end) +
+                            " bytes of header and metadata and " + std::to_string(h.payload_bytes) +
+                            " of payload");
       if (h.kind == wire::MessageKind::Control)
         throw ProtocolError("unexpected control message on the data channel");
       decoder_.prepare(h, frame.subspan(wire::kHeaderBytes, h.metadata_bytes), into_, incoming_);

@@ -4,10 +4,10 @@
 //   Idle --probe(frame tag)--> Frame --frame received--> (inline payload) --> Idle
 //                                                    \--> Payload --buffers received--> Idle
 //
-// A frame is the 40-byte header and the metadata; a payload of at most kInlineMax bytes
-// travels in the same UCX message (one message per small TensorDict: latency), a larger
-// one as one message per buffer on the payload tag, received straight into the
-// destination storage (no copy).
+// A frame is the 40-byte header and the metadata; a small payload travels in the same UCX
+// message (one message per small TensorDict: latency), a larger one as one message per
+// buffer on the payload tag, received straight into the destination storage (no copy out
+// of the frame). The receiver tells which from the frame's length.
 #pragma once
 
 #include <atomic>
@@ -35,8 +35,14 @@ namespace tensorwire::detail {
 inline constexpr uint64_t kFrameTag = 1;
 inline constexpr uint64_t kPayloadTag = 2;
 inline constexpr uint64_t kControlTag = 3;
-inline constexpr uint64_t kHeartbeatTag = 4;  // liveness (pipe_liveness.cpp)
-inline constexpr size_t kInlineMax = 64 * 1024;
+inline constexpr uint64_t kHeartbeatTag = 4;     // liveness (pipe_liveness.cpp)
+inline constexpr size_t kInlineMax = 64 * 1024;  // the most a frame carries inline
+// Over shared memory (the direct endpoint), a consolidated payload above this goes on its
+// own message to a peer that takes that ("split_payloads" in its hello): copying it out of
+// the frame costs more than a second message (64 KiB: about 1.4x the throughput and 0.8x
+// the latency, docs/benchmarks.md). Over TCP the second message costs more: 64 KiB there
+// stays inline.
+inline constexpr size_t kInlineSplit = 8 * 1024;
 // A frame (header, metadata, inline payload) is sent eagerly when it fits: send() then
 // returns without waiting for the peer (docs/pipe.md).
 static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
@@ -193,7 +199,10 @@ class PipeImpl : public runtime::Beating {
   std::optional<TensorDict> in_flight_;
   std::vector<std::span<const std::byte>> pieces_;
   std::vector<ucp_dt_iov_t> frame_iov_;
+  std::vector<ucp_dt_iov_t> payload_iov_;
   std::vector<ucx::Request> send_reqs_;
+  size_t inline_max_ = kInlineMax;  // the largest payload sent inline (set by the handshake)
+  bool direct_ = false;  // on the endpoint made from the peer's worker address (under mu_)
 
   // receive state
   enum class RecvState { Idle, Frame, Payload } state_ = RecvState::Idle;

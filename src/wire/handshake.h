@@ -29,13 +29,17 @@ struct HandshakeConfig {
   // How often (ms) this side wants the peer's heartbeats; 0: it checks none (but sends them
   // when the peer asks); -1: this side does not speak heartbeats (not announced).
   int64_t heartbeat_ms = -1;
+  // This side takes a payload of any size on its own message (the pipe's split payloads,
+  // docs/protocol.md section 9.1): announced as "split_payloads": true.
+  bool split_payloads = false;
 };
 
 struct PeerIdentity {
   int pid = -1;
-  std::string boot_id;        // equal boot ids: the peer runs on this machine
-  std::string namespaces;     // its pid and IPC namespaces, as /proc/self/ns names them
-  int64_t heartbeat_ms = -1;  // as HandshakeConfig::heartbeat_ms, from the peer's hello
+  std::string boot_id;          // equal boot ids: the peer runs on this machine
+  std::string namespaces;       // its pid and IPC namespaces, as /proc/self/ns names them
+  int64_t heartbeat_ms = -1;    // as HandshakeConfig::heartbeat_ms, from the peer's hello
+  bool split_payloads = false;  // as HandshakeConfig::split_payloads
   bool same_host() const;
   // On this machine and in this process's pid and IPC namespaces (not another container):
   // shared memory and cross-memory attach between the two work.

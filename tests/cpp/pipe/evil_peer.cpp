@@ -4,7 +4,7 @@
 //                                     short-payload | wrong-schema-id | bad-worker-address |
 //                                     mutated-worker-address | own-worker-address |
 //                                     foreign-tag | stray-heartbeat | claim-pid=PID |
-//                                     not-same-host | unknown-control)
+//                                     not-same-host | unknown-control | inline-and-split)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 // mutated-worker-address answers the receiver's worker address with a corrupted copy of it
 // (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
@@ -14,7 +14,10 @@
 // stays until the receiver closes. not-same-host finds the receiver's address not local
 // (as behind a port proxy) and asks for heartbeats: it prints "HEARTBEAT" once one
 // arrives, then sends a valid message (the receiver must take it). unknown-control sends
-// a control message that is neither a close nor an error.
+// a control message that is neither a close nor an error. inline-and-split sends
+// {"x": uint8[48 KiB]} of 1s with the payload in its frame (as a peer that takes no split
+// payloads gets it), then of 2s with the payload on its own message, and stays until the
+// receiver closes.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -183,6 +186,25 @@ int main(int argc, char** argv) {
     }
     std::printf("NO-REPLY\n");
     return 1;
+  }
+
+  if (kind == "inline-and-split") {
+    wire::Encoder enc(wire::Mode::Consolidated);
+    for (const uint8_t value : {uint8_t{1}, uint8_t{2}}) {
+      TensorDict td;
+      td.set("x",
+             Tensor::from_vector<uint8_t>(std::vector<uint8_t>(48 * 1024, value), {48 * 1024}));
+      const TensorDict c = consolidate(td);  // the payload points into it
+      const wire::OutMessage& m = enc.encode(c);
+      std::vector<std::span<const std::byte>> frame = {
+          {m.header_bytes.data(), m.header_bytes.size()},
+          {reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size()}};
+      if (value == 1) frame.insert(frame.end(), m.payload.begin(), m.payload.end());
+      raw.send(detail::kFrameTag, frame);
+      if (value == 2) raw.send(detail::kPayloadTag, m.payload);
+    }
+    raw.recv_control(std::chrono::seconds(30));  // until the receiver closes
+    return 0;
   }
 
   // A valid message to start from: schema + storage of {"x": float32[4]}.

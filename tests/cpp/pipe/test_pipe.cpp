@@ -276,6 +276,61 @@ TEST_P(PipeTest, EndsThatDisagreeAboutSharingAHostAgreeOnHeartbeats) {
   EXPECT_FALSE(pipe->failed());
 }
 
+// A payload travels in its frame or on a message of its own (split payloads, over shared
+// memory between peers that announce them): a receiver takes either from any peer, one
+// that announces none among them.
+TEST_P(PipeTest, APayloadComesInItsFrameOrOnItsOwnMessage) {
+  PipeListener listener(0);
+  PeerProcess p({evil(), "127.0.0.1", std::to_string(listener.port()), "inline-and-split"}, env());
+  auto pipe = listener.accept(20s);
+  ASSERT_TRUE(pipe) << p.stderr_text();
+  for (const uint8_t value : {uint8_t{1}, uint8_t{2}}) {
+    const Tensor x = pipe->recv(nullptr, 20s).get("x");
+    ASSERT_EQ(x.numel(), 48 * 1024);
+    const auto* b = x.data<uint8_t>();
+    EXPECT_TRUE(std::all_of(b, b + x.numel(), [&](uint8_t v) { return v == value; })) << +value;
+  }
+}
+
+namespace {
+void echo_every_size(TensorDictPipe& pipe, const std::vector<size_t>& sizes) {
+  int i = 0;
+  for (size_t n : sizes)
+    for (const bool loose : {true, false}) {
+      ++i;
+      TensorDict td;
+      std::vector<uint8_t> a(n / 2), b(n / 2);
+      for (size_t k = 0; k < a.size(); ++k) {
+        a[k] = static_cast<uint8_t>(k * 7 + i);
+        b[k] = static_cast<uint8_t>(k * 13 + i);
+      }
+      td.set("a", Tensor::from_vector<uint8_t>(a, {static_cast<int64_t>(a.size())}));
+      td.set("b", Tensor::from_vector<uint8_t>(b, {static_cast<int64_t>(b.size())}));
+      pipe.send(loose ? td : consolidate(td), 20s);
+      const TensorDict& back = pipe.recv(nullptr, 20s);
+      ASSERT_TRUE(equal(back, td)) << n << " bytes, loose " << loose;
+    }
+}
+}  // namespace
+
+// Every size around the thresholds (8 KiB split, 64 KiB inline at most, 80 KiB eager),
+// from a consolidated dict (one piece) and from loose leaves (gathered pieces), on a
+// consolidated and a non-consolidated pipe, comes back whole from an echoing peer.
+TEST_P(PipeTest, PayloadsAroundEveryThresholdArriveWhole) {
+  const std::vector<size_t> sizes = {4096, 8192, 8256, 16384, 65536, 65600, 81920, 262144};
+  for (const bool consolidated : {true, false}) {
+    PipeListener listener(0, {.consolidated = consolidated});
+    std::vector<std::string> args = {peer(), "echo", "127.0.0.1", std::to_string(listener.port()),
+                                     std::to_string(2 * sizes.size())};
+    if (!consolidated) args.push_back("--nc");
+    PeerProcess p(args, env());
+    auto pipe = listener.accept(20s);
+    ASSERT_TRUE(pipe) << p.stderr_text();
+    echo_every_size(*pipe, sizes);
+    EXPECT_EQ(p.exit_code(), 0) << p.stderr_text();
+  }
+}
+
 // With shared memory allowed, two processes of one host move their data over it (and no
 // TCP lane, which would cost an epoll_wait per progress call); with tcp forced, over TCP.
 TEST_P(PipeTest, APipeBetweenProcessesOfOneHostUsesSharedMemoryUnlessTcpIsForced) {
