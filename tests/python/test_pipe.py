@@ -55,6 +55,18 @@ def py_peer(*args):
     return spawn([sys.executable, PY_PEER, *map(str, args)])
 
 
+def connected_pipes(**kw):
+    """A client's pipe and the listener's pipe to it (the handshake needs both sides)."""
+    import concurrent.futures
+    listener = tw.PipeListener(0, **kw)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept, timeout=10)
+        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port, **kw)
+        server = accepted.result()
+    listener.close()
+    return client, server
+
+
 def finish(proc, timeout=30):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
@@ -534,13 +546,7 @@ def _in_loop_thread(coro_fn):
 def test_closing_a_pipe_from_another_thread_ends_its_arecv_at_once():
     # The waiter's future was set from the closing thread with the fd's reader gone: the
     # loop never woke, and arecv() waited for ever.
-    import concurrent.futures
-    listener = tw.PipeListener(0)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        accepted = pool.submit(listener.accept, timeout=10)
-        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port)
-        server = accepted.result()
-    listener.close()
+    client, server = connected_pipes()
     t, outcome = _in_loop_thread(client.arecv)
     time.sleep(0.3)  # arecv() is waiting
     client.close()
@@ -568,15 +574,9 @@ def test_two_threads_receiving_from_one_pipe(consolidated):
     # the other thread's receive replaced it: torn objects, duplicates and losses. Now a
     # non-consolidated pipe gives each message to one thread, whole; a consolidated one
     # (which rewrites its TensorDict in place) refuses the second receiving thread.
-    import concurrent.futures
     import threading
     n = 3000
-    listener = tw.PipeListener(0, consolidated=consolidated)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        accepted = pool.submit(listener.accept, timeout=10)
-        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port, consolidated=consolidated)
-        server = accepted.result()
-    listener.close()
+    client, server = connected_pipes(consolidated=consolidated)
     got, errors, lock = [], [], threading.Lock()
 
     def receiver():
@@ -616,15 +616,9 @@ def test_a_blocking_send_of_another_thread_and_asends_take_turns():
     # another thread held the pipe's turn between its wait and its own start: that send
     # then raised "a send is already in progress". Each waits for the other now, and every
     # message arrives once.
-    import concurrent.futures
     import threading
     n = 1000
-    listener = tw.PipeListener(0)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        accepted = pool.submit(listener.accept, timeout=10)
-        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port)
-        server = accepted.result()
-    listener.close()
+    client, server = connected_pipes()
     got, errors = [], []
 
     def receive():

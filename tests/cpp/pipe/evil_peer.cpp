@@ -71,6 +71,17 @@ struct Raw {
     }
     return std::nullopt;
   }
+  // Waits for the receiver's {"error": ...}: prints "REJECTED <reason>" and returns 0, or
+  // "NO-REPLY" and 1.
+  int told_why() {
+    auto reply = recv_control(std::chrono::seconds(10));
+    if (reply && reply->contains("error")) {
+      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
+      return 0;
+    }
+    std::printf("NO-REPLY\n");
+    return 1;
+  }
 };
 
 }  // namespace
@@ -130,13 +141,7 @@ int main(int argc, char** argv) {
     }
   }
   if (kind == "bad-worker-address" || kind == "own-worker-address") {
-    auto reply = raw.recv_control(std::chrono::seconds(10));
-    if (reply && reply->contains("error")) {
-      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
-      return 0;
-    }
-    std::printf("NO-REPLY\n");
-    return 1;
+    return raw.told_why();
   }
 
   if (claimed_pid) {
@@ -179,13 +184,7 @@ int main(int argc, char** argv) {
   }
   if (kind == "unknown-control") {
     raw.send_control({{"surprise", true}});
-    auto reply = raw.recv_control(std::chrono::seconds(10));
-    if (reply && reply->contains("error")) {
-      std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
-      return 0;
-    }
-    std::printf("NO-REPLY\n");
-    return 1;
+    return raw.told_why();
   }
 
   if (kind == "inline-and-split") {
@@ -238,11 +237,5 @@ int main(int argc, char** argv) {
   raw.send(detail::kFrameTag, {{b.data(), b.size()},
                                {reinterpret_cast<const std::byte*>(meta.data()), meta.size()},
                                {payload.data(), payload.size()}});
-  auto reply = raw.recv_control(std::chrono::seconds(10));
-  if (reply && reply->contains("error")) {
-    std::printf("REJECTED %s\n", (*reply)["error"].get<std::string>().c_str());
-    return 0;
-  }
-  std::printf("NO-REPLY\n");
-  return 1;
+  return raw.told_why();
 }

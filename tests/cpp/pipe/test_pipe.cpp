@@ -441,6 +441,20 @@ TEST(PipeLocalAddress, LoopbackAndOwnInterfacesAreLocalOthersAreNot) {
 class WorkerAddress : public ::testing::Test {
  protected:
   void SetUp() override { ::setenv("UCX_TLS", "sm,tcp", 1); }
+  // evil_peer KIND run as nobody (another user), over TCP.
+  static std::vector<std::string> evil_of_another_user(const PipeListener& listener,
+                                                       const std::string& kind) {
+    return {"/usr/bin/setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/env",
+            "UCX_TLS=tcp",
+            EVIL_PEER,
+            "127.0.0.1",
+            std::to_string(listener.port()),
+            kind};
+  }
 };
 
 // UCX trusts a worker address (a corrupted one fails an assertion: SIGABRT of the whole
@@ -449,9 +463,7 @@ class WorkerAddress : public ::testing::Test {
 // endpoint and goes on, here to reject the peer's next, malformed, frame.
 TEST_F(WorkerAddress, OneFromAnotherUserIsNeverParsed) {
   PipeListener listener(0);
-  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
-                 std::to_string(listener.port()), "mutated-worker-address"});
+  PeerProcess p(evil_of_another_user(listener, "mutated-worker-address"));
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe) << p.stderr_text();
   EXPECT_THROW(pipe->recv(nullptr, 20s), ProtocolError);  // the bad-magic frame
@@ -482,9 +494,7 @@ TEST_F(WorkerAddress, APidClaimedByAnotherUsersProcessIsNotWatched) {
     ~Reap() { now(); }
   } reap{bystander};
   PipeListener listener(0);
-  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
-                 std::to_string(listener.port()), "claim-pid=" + std::to_string(bystander)});
+  PeerProcess p(evil_of_another_user(listener, "claim-pid=" + std::to_string(bystander)));
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe) << p.stderr_text();
   EXPECT_FALSE(p.read_line("CONNECTED").empty()) << p.stderr_text();
@@ -498,9 +508,7 @@ TEST_F(WorkerAddress, APidClaimedByAnotherUsersProcessIsNotWatched) {
 // seen through its connection, which its kernel closes.
 TEST_F(WorkerAddress, APeerOfAnotherUserThatIsKilledEndsThePipe) {
   PipeListener listener(0);
-  PeerProcess p({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "/usr/bin/env", "UCX_TLS=tcp", EVIL_PEER, "127.0.0.1",
-                 std::to_string(listener.port()), "claim-pid=-1"});
+  PeerProcess p(evil_of_another_user(listener, "claim-pid=-1"));
   auto pipe = listener.accept(20s);
   ASSERT_TRUE(pipe) << p.stderr_text();
   ASSERT_FALSE(p.read_line("CONNECTED").empty()) << p.stderr_text();
