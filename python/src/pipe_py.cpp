@@ -192,7 +192,11 @@ void bind_pipe(nb::module_& m) {
           [](PyPipe& self, const PyTensorDict& td, Seconds timeout) {
             Timeout t = Timeout::seconds(timeout);
             (NoGil(), self.pipe.send(td.td(), t));
-            self.sent.reset();  // completed first
+            // The send before it completed first, unless the event loop's asend started one
+            // since this thread let go of the pipe: that one's dict stays kept.
+            if (self.sent.is_valid() &&
+                !self.pipe.sending(nb::cast<const PyTensorDict&>(self.sent).td()))
+              self.sent.reset();
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(

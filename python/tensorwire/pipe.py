@@ -228,9 +228,10 @@ class TensorDictPipe:
         finish it (it arrives once); a different TensorDict is sent after it."""
         _check_sync("send")
         self._check_open("send")
-        self._unfinished = (td, self._to_send(td))
-        self._impl.send(self._unfinished[1], timeout)  # resumes it if it is the one in flight
-        self._unfinished = None  # it, and any send in flight before it, completed
+        mine = self._unfinished = (td, self._to_send(td))
+        self._impl.send(mine[1], timeout)  # resumes it if it is the one in flight
+        if self._unfinished is mine:  # else an asend of the event loop started since
+            self._unfinished = None  # it, and any send in flight before it, completed
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
         """The next TensorDict from the peer.
@@ -255,9 +256,10 @@ class TensorDictPipe:
         if resumed:
             return  # delivered once
         while not self._impl.start_send(wire_td):
-            # A blocking send() of another thread holds the pipe's turn. That thread
-            # progresses the pipe, and the fd may stay quiet for this loop: look again after
-            # a short sleep.
+            # A blocking send() of another thread holds the pipe's turn, or left its send in
+            # flight (it timed out): progress that one, then look again after a short sleep
+            # (that thread progresses the pipe too, and the fd may stay quiet for this loop).
+            self._impl.poll_send(0)
             await asyncio.sleep(_STALL_SLEEP_S)
         self._unfinished = (td, wire_td)  # a retry after a cancellation finishes it
         budget = self._send_spin.budget()

@@ -111,6 +111,10 @@ uint16_t TensorDictPipe::local_port() const {
 uint64_t TensorDictPipe::events() const {
   return impl_->events();
 }
+size_t TensorDictPipe::inline_payload_max() const {
+  return impl_->inline_payload_max();
+}
+
 std::string TensorDictPipe::transports() const {
   return impl_->transports();
 }

@@ -27,8 +27,12 @@ wire::Encoder encoder_for(const PipeOptions& o) {
 }
 
 wire::HandshakeConfig handshake_config(const PipeOptions& o) {
-  return {"pipe", o.consolidated ? "consolidated" : "non-consolidated", o.auth_key,
-          runtime::heartbeat_ms(o.liveness_timeout), /*split_payloads=*/true};
+  return {"pipe",
+          o.consolidated ? "consolidated" : "non-consolidated",
+          o.auth_key,
+          runtime::heartbeat_ms(o.liveness_timeout),
+          /*split_payloads=*/true,
+          /*host_verdict=*/true};
 }
 
 // Control frames are small; anything bigger is a protocol violation.
@@ -128,10 +132,13 @@ void PipeImpl::handshake(bool as_server) {
     }
   }
   // The hellos' namespaces are alike on both sides, the addresses may not be (a port
-  // proxy, NAT): both sides exchange their verdict, and only one they share counts.
+  // proxy, NAT): both sides exchange their verdict, and only one they share counts. A peer
+  // that sends no verdict (an earlier tensorwire) switches when it finds this side local:
+  // then so does this side on its own verdict.
+  const bool verdicts = peer.host_verdict;
   bool same_host = false;
-  if (peer.same_namespaces()) {
-    same_host = use_direct_endpoint(deadline, local, ours);
+  if (verdicts ? peer.same_namespaces() : local) {
+    same_host = use_direct_endpoint(deadline, local, ours, verdicts);
     retire_first_endpoint(deadline);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -190,13 +197,17 @@ constexpr size_t kMaxWorkerAddress = 16 * 1024;
 // local and their address (null when their UCX_TLS excludes shared memory: then both stay
 // on the first endpoint), switch, confirm over the new endpoint, and only then close the
 // first one, so nothing in flight on it is lost. Returns whether both found the other
-// local: only then does the pipe go without heartbeats (start_liveness).
-bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours) {
+// local: only then does the pipe go without heartbeats (start_liveness). `verdicts`: the
+// peer sends its verdict too (else it sends only its address, and only when local).
+bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours,
+                                   bool verdicts) {
   // A peer of another user is sent null (so both stay), and its address is never parsed.
   Json mine = nullptr;
   if (local && peer_is_ours && ucx::shared_memory_enabled())
     mine = wire::to_hex(worker_->address());
-  send_control({{"same_host", local}, {"worker_address", mine}}, deadline);
+  Json offer = {{"worker_address", mine}};
+  if (verdicts) offer = {{"same_host", local}, {"worker_address", mine}};
+  send_control(offer, deadline);
   Json reply = recv_control(deadline);
   // The peer's confirmation travels on the new endpoint and may overtake its address on
   // the first one: keep it for retire_first_endpoint().
@@ -206,12 +217,12 @@ bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_o
   }
   std::lock_guard<std::mutex> lock(mu_);
   check_open("handshake");
-  if (!reply.is_object() || !reply.contains("worker_address") || !reply.contains("same_host") ||
-      !reply["same_host"].is_boolean())
-    fail("expected the peer's same_host verdict and worker address after the handshake, got " +
-             wire::excerpt(reply),
+  if (!reply.is_object() || !reply.contains("worker_address") ||
+      (verdicts && (!reply.contains("same_host") || !reply["same_host"].is_boolean())))
+    fail(std::string("expected the peer's ") + (verdicts ? "same_host verdict and " : "") +
+             "worker address after the handshake, got " + wire::excerpt(reply),
          Fault::PeerBrokeProtocol);
-  if (!local || !reply["same_host"].get<bool>()) return false;
+  if (!local || (verdicts && !reply["same_host"].get<bool>())) return false;
   const Json& theirs = reply["worker_address"];
   if (theirs.is_null()) return true;
   std::optional<std::vector<std::byte>> address;
@@ -531,7 +542,9 @@ void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   if (resumed) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    post_send(td, /*turn=*/true);  // nothing in flight: the wait above saw to it
+    // Nothing in flight: the wait above saw to it, and only a holder of the turn starts one.
+    if (!post_send(td, /*turn=*/true))
+      throw Error("internal error: a send started while this one held the pipe's turn");
   }
   try {
     wait_until([&] { return !sending_ || step_send(); }, deadline, "send");

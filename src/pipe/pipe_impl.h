@@ -99,6 +99,10 @@ class PipeImpl : public runtime::Beating {
   uint16_t local_port() const { return local_port_; }
   const std::string& peer() const { return ep_->peer(); }
   std::string transports();
+  size_t inline_payload_max() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inline_max_;
+  }
   const PipeOptions& options() const { return options_; }
 
   // Liveness (pipe_liveness.cpp): heartbeats to and from a peer on another host, on the
@@ -140,7 +144,7 @@ class PipeImpl : public runtime::Beating {
   bool peer_is_local() const;
   bool peer_is_ours(bool as_server) const;
   void wait_wireup(Deadline deadline);
-  bool use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours);
+  bool use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours, bool verdicts);
   void retire_first_endpoint(Deadline deadline);
   void send_control(const Json& body, Deadline deadline);
   Json recv_control(Deadline deadline);

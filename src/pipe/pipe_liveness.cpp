@@ -21,8 +21,8 @@ namespace tensorwire::detail {
 void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
   // Same host and namespaces: the kernel tells when the peer dies (its pidfd, or the reset
   // of its connection), and a peer stopped in a debugger is not taken for gone. Heartbeats
-  // only where a silent peer may have vanished. Both sides decide alike: each finds the
-  // other's address local and the same namespaces, or neither does.
+  // only where a silent peer may have vanished. Both sides decide alike: `same_host` is
+  // the verdict both sent in the handshake (use_direct_endpoint), not each side's own.
   if (same_host) return;
   auto period = heartbeats_.start(peer_heartbeat_ms, options_.liveness_timeout);
   if (!period) return;

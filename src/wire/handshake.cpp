@@ -90,6 +90,7 @@ PeerIdentity identity_of(const Json& hello) {
   if (auto it = hello.find("heartbeat_ms"); it != hello.end() && it->is_number_integer())
     p.heartbeat_ms = it->get<int64_t>();  // its range is checked by check_hello
   p.split_payloads = is_true(hello, "split_payloads");
+  p.host_verdict = is_true(hello, "host_verdict");
   return p;
 }
 
@@ -105,6 +106,7 @@ Json hello(const HandshakeConfig& c, const char* role, const std::string& my_non
             {"namespaces", namespaces()}};
   if (c.heartbeat_ms >= 0) h["heartbeat_ms"] = c.heartbeat_ms;
   if (c.split_payloads) h["split_payloads"] = true;
+  if (c.host_verdict) h["host_verdict"] = true;
   return h;
 }
 
@@ -123,8 +125,9 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
       (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxHeartbeatMs))
     return "heartbeat_ms must be an integer from 0 to " + std::to_string(kMaxHeartbeatMs) +
            ", got " + it->dump();
-  if (auto it = h.find("split_payloads"); it != h.end() && !it->is_boolean())
-    return "split_payloads must be a boolean, got " + it->dump();
+  for (const char* flag : {"split_payloads", "host_verdict"})
+    if (auto it = h.find(flag); it != h.end() && !it->is_boolean())
+      return std::string(flag) + " must be a boolean, got " + it->dump();
   if (str_field(h, "mode") != c.mode)
     return "mode mismatch: this side uses consolidated=" +
            std::string(c.mode == "consolidated" ? "True" : "False") + ", the peer consolidated=" +

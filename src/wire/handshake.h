@@ -32,6 +32,9 @@ struct HandshakeConfig {
   // This side takes a payload of any size on its own message (the pipe's split payloads,
   // docs/protocol.md section 9.1): announced as "split_payloads": true.
   bool split_payloads = false;
+  // This side sends its verdict on sharing the peer's host with its worker address (the
+  // pipe, docs/protocol.md section 9.1): announced as "host_verdict": true.
+  bool host_verdict = false;
 };
 
 struct PeerIdentity {
@@ -40,6 +43,7 @@ struct PeerIdentity {
   std::string namespaces;       // its pid and IPC namespaces, as /proc/self/ns names them
   int64_t heartbeat_ms = -1;    // as HandshakeConfig::heartbeat_ms, from the peer's hello
   bool split_payloads = false;  // as HandshakeConfig::split_payloads
+  bool host_verdict = false;    // as HandshakeConfig::host_verdict
   bool same_host() const;
   // On this machine and in this process's pid and IPC namespaces (not another container):
   // shared memory and cross-memory attach between the two work.

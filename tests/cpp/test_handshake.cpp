@@ -159,21 +159,25 @@ TEST(Handshake, AHeartbeatIntervalOutOfRangeIsRefusedNamingIt) {
 
 // The pipe's split payloads (a payload on its own message whatever its size): each side
 // learns whether the peer takes them; anything but a boolean is refused.
-TEST(Handshake, EachSideLearnsWhetherThePeerTakesSplitPayloads) {
-  Outcome o = run({"pipe", "consolidated", "", -1, true}, {"pipe", "consolidated", ""});
+// And whether it sends its verdict on sharing this host (the pipe's host_verdict).
+TEST(Handshake, EachSideLearnsWhetherThePeerTakesSplitPayloadsAndSendsItsVerdict) {
+  Outcome o = run({"pipe", "consolidated", "", -1, true, true}, {"pipe", "consolidated", ""});
   EXPECT_EQ(o.server_error + o.client_error, "");
   EXPECT_FALSE(o.server_saw.split_payloads) << "a side that does not announce takes none";
+  EXPECT_FALSE(o.server_saw.host_verdict);
   EXPECT_TRUE(o.client_saw.split_payloads);
-  for (tw::Json bad : {tw::Json(1), tw::Json("yes"), tw::Json(nullptr)}) {
-    Outcome refused = run({"pipe", "consolidated", "", -1, true},
-                          {"pipe", "consolidated", "", -1, true}, [&](tw::Json& j) {
-                            if (j.contains("split_payloads")) j["split_payloads"] = bad;
-                          });
-    EXPECT_NE(refused.server_error.find("split_payloads must be a boolean, got " + bad.dump()),
-              std::string::npos)
-        << refused.server_error;
-    EXPECT_FALSE(refused.client_error.empty());
-  }
+  EXPECT_TRUE(o.client_saw.host_verdict);
+  for (const std::string flag : {"split_payloads", "host_verdict"})
+    for (tw::Json bad : {tw::Json(1), tw::Json("yes"), tw::Json(nullptr)}) {
+      Outcome refused = run({"pipe", "consolidated", "", -1, true, true},
+                            {"pipe", "consolidated", "", -1, true, true}, [&](tw::Json& j) {
+                              if (j.contains(flag)) j[flag] = bad;
+                            });
+      EXPECT_NE(refused.server_error.find(flag + " must be a boolean, got " + bad.dump()),
+                std::string::npos)
+          << refused.server_error;
+      EXPECT_FALSE(refused.client_error.empty());
+    }
 }
 
 // Regressions found by fuzz_handshake (tests/fuzz/regressions/handshake_*): a scripted peer

@@ -647,3 +647,57 @@ def test_a_blocking_send_of_another_thread_and_asends_take_turns():
     assert sorted(got) == [1] * n + [2] * n
     client.close()
     server.close()
+
+
+def test_an_asend_waiting_for_the_turn_completes_a_send_another_thread_left_in_flight():
+    # A blocking send() of another thread holds the pipe's turn while asend wants to start,
+    # then times out with its 8 MiB still in flight. asend looped on start_send, which never
+    # progresses the pipe: nothing completed that send, and asend waited for ever. Now it
+    # progresses the send in flight between its looks, and both messages arrive.
+    import threading
+    client, server = connected_pipes()
+    big = tw.TensorDict({"x": np.zeros(1 << 21, np.float32)}, batch_size=[])  # a rendezvous
+    small = tw.TensorDict({"x": np.full(4, 7, np.float32)}, batch_size=[])
+    real = client._impl
+    timed_out = []
+
+    def blocking():
+        try:
+            client.send(big, timeout=0.3)
+        except TimeoutError:
+            timed_out.append(True)
+
+    class TurnTakenFirst:
+        """The pipe, but the first start_send finds another thread's send holding the turn."""
+        first = True
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def start_send(self, td):
+            if TurnTakenFirst.first:
+                TurnTakenFirst.first = False
+                threading.Thread(target=blocking).start()
+                deadline = time.monotonic() + 10
+                while not real.sending(big) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            return real.start_send(td)
+
+    client._impl = TurnTakenFirst()
+    got = []
+
+    def receive():
+        time.sleep(1.0)  # after the blocking send timed out
+        got.append(server.recv(timeout=10)["x"].shape)
+        got.append(server.recv(timeout=10)["x"].tolist())
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    try:
+        asyncio.run(asyncio.wait_for(client.asend(small), 20))
+    finally:
+        receiver.join(30)
+        client._impl = real
+    assert timed_out == [True]
+    assert got == [(1 << 21,), [7.0] * 4]
+    client.close()
+    server.close()

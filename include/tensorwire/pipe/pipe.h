@@ -107,7 +107,7 @@ class TensorDictPipe {
   // start_send() returns false, sending nothing, while another send is in flight (one not
   // yet completed by poll_send(), or a blocking send() of another thread): poll_send() and
   // start again.
-  bool start_send(const TensorDict& td);
+  [[nodiscard]] bool start_send(const TensorDict& td);
   // `spin`: keep polling this long before giving up (an event loop that would otherwise
   // pay tens of microseconds per wake-up; a reply on one host is about 1 us away).
   bool poll_send(std::chrono::microseconds spin = std::chrono::microseconds(0));
@@ -147,6 +147,9 @@ class TensorDictPipe {
   // "sysv/memory" between processes of one host, "tcp/lo" over loopback TCP
   // (diagnostics: which path a pipe took). Empty once closed.
   std::string transports() const;
+  // The largest payload a message of this pipe carries inside its frame (64 KiB; 8 KiB
+  // over shared memory to a peer that takes split payloads: docs/pipe.md). Diagnostics.
+  size_t inline_payload_max() const;
 
   TensorDictPipe(TensorDictPipe&&) noexcept;
   TensorDictPipe& operator=(TensorDictPipe&&) noexcept;

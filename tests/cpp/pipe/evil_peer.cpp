@@ -4,7 +4,8 @@
 //                                     short-payload | wrong-schema-id | bad-worker-address |
 //                                     mutated-worker-address | own-worker-address |
 //                                     foreign-tag | stray-heartbeat | claim-pid=PID |
-//                                     not-same-host | unknown-control | inline-and-split)
+//                                     not-same-host | unknown-control | inline-and-split |
+//                                     no-verdict)
 // Prints "REJECTED <reason>" when the receiver reports the error back, exit status 0.
 // mutated-worker-address answers the receiver's worker address with a corrupted copy of it
 // (UCX aborts on parsing one) and then sends a bad-magic frame; own-worker-address hands
@@ -17,7 +18,9 @@
 // a control message that is neither a close nor an error. inline-and-split sends
 // {"x": uint8[48 KiB]} of 1s with the payload in its frame (as a peer that takes no split
 // payloads gets it), then of 2s with the payload on its own message, and stays until the
-// receiver closes.
+// receiver closes. no-verdict speaks as a tensorwire from before the hosts' verdicts
+// ("host_verdict" in the hello): it offers {"worker_address": null} alone, then sends a
+// valid message and stays until the receiver closes.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -99,8 +102,9 @@ int main(int argc, char** argv) {
   std::optional<int64_t> claimed_pid;
   if (kind.rfind("claim-pid=", 0) == 0) claimed_pid = std::atoll(kind.c_str() + 10);
   const bool same_host = kind != "not-same-host";
+  const bool verdict = kind != "no-verdict";
   wire::handshake_as_client(
-      {"pipe", "consolidated", "", same_host ? -1 : 1000},
+      {"pipe", "consolidated", "", same_host ? -1 : 1000, /*split_payloads=*/false, verdict},
       [&](Json j) {
         if (claimed_pid && j.contains("pid")) j["pid"] = *claimed_pid;
         raw.send_control(j);
@@ -132,9 +136,11 @@ int main(int argc, char** argv) {
     raw.send_control({{"same_host", true}, {"worker_address", address}});
     if (kind == "mutated-worker-address") kind = "bad-magic";  // then: is the receiver alive?
   } else {
-    raw.send_control(
-        {{"same_host", same_host},
-         {"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}});
+    Json offer = {
+        {"same_host", same_host},
+        {"worker_address", kind == "bad-worker-address" ? Json("not hex!") : Json(nullptr)}};
+    if (!verdict) offer.erase("same_host");
+    raw.send_control(offer);
     if (!raw.recv_control(std::chrono::seconds(10))) {
       std::printf("NO-ADDRESS\n");
       return 1;
@@ -237,5 +243,9 @@ int main(int argc, char** argv) {
   raw.send(detail::kFrameTag, {{b.data(), b.size()},
                                {reinterpret_cast<const std::byte*>(meta.data()), meta.size()},
                                {payload.data(), payload.size()}});
+  if (kind == "no-verdict") {
+    raw.recv_control(std::chrono::seconds(30));  // until the receiver closes
+    return 0;
+  }
   return raw.told_why();
 }
