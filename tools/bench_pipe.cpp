@@ -42,7 +42,6 @@ TensorDict payload(size_t bytes) {
   return td;
 }
 
-// 4 leaves, 1 KiB in all: the latency case of the issue.
 // The latency dict: four float32 leaves of `bytes` / 4 bytes each (1 KiB: [4, 16] each).
 TensorDict small(size_t bytes) {
   TensorDict td({4});

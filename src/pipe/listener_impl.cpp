@@ -28,7 +28,7 @@ void ListenerImpl::leave_inherited_handshakes() noexcept {
 }
 
 void ListenerImpl::check_not_inherited() const {
-  if (os::fork_generation() != generation_)
+  if (ucx::inherited(generation_))
     throw ucx::inherited_error("this listener on port " + std::to_string(port_), owner_pid_);
 }
 
@@ -101,13 +101,13 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
   return wrap(std::move(accepted));
 }
 
-// The pipe is made here, under mu_: its endpoint comes from the listener's connection
-// request, which belongs to the listener's worker (no other thread progresses it meanwhile).
 ListenerImpl::Outcome ListenerImpl::refused(const std::string& peer, const std::string& why,
                                             std::exception_ptr error) {
   return {nullptr, "client " + peer + ": " + why, std::move(error)};
 }
 
+// The pipe is made here, under mu_: its endpoint comes from the listener's connection
+// request, which belongs to the listener's worker (no other thread progresses it meanwhile).
 void ListenerImpl::start_handshake(ucx::ConnRequest request) {
   const std::string peer = request.address.str();
   std::shared_ptr<PipeImpl> pipe;
@@ -189,7 +189,7 @@ bool ListenerImpl::arm() {
 }
 
 void ListenerImpl::close() {
-  if (os::fork_generation() != generation_) {
+  if (ucx::inherited(generation_)) {
     leave_inherited_handshakes();
     return;
   }
@@ -217,7 +217,7 @@ void ListenerImpl::close() {
 }
 
 bool ListenerImpl::closed() {
-  if (os::fork_generation() != generation_) return true;
+  if (ucx::inherited(generation_)) return true;
   std::lock_guard<std::mutex> lock(mu_);
   return !listener_;
 }

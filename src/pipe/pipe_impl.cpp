@@ -96,7 +96,7 @@ PipeImpl::~PipeImpl() {
 // ---- handshake & control ---------------------------------------------------
 
 void PipeImpl::check_process() const {
-  if (os::fork_generation() == generation_) return;
+  if (!ucx::inherited(generation_)) return;
   throw ucx::inherited_error("this TensorDictPipe (to " + ep_->peer() + ")", owner_pid_);
 }
 
@@ -136,18 +136,19 @@ void PipeImpl::handshake(bool as_server) {
   // that sends no verdict (an earlier tensorwire) switches when it finds this side local:
   // then so does this side on its own verdict.
   const bool verdicts = peer.host_verdict;
-  bool same_host = false;
+  Host host = Host::Apart;
   if (verdicts ? peer.same_namespaces() : local) {
-    same_host = use_direct_endpoint(deadline, local, ours, verdicts);
+    host = use_direct_endpoint(deadline, local, ours, verdicts);
     retire_first_endpoint(deadline);
   }
   std::lock_guard<std::mutex> lock(mu_);
   // A peer that does not announce split payloads expects every payload of at most
   // kInlineMax bytes in its frame. A non-consolidated payload stays inline: one message
   // per leaf would cost more than the copies it saves. So does every payload over TCP.
-  if (direct_ && peer.split_payloads && options_.consolidated) inline_max_ = kInlineSplit;
+  if (host == Host::Direct && peer.split_payloads && options_.consolidated)
+    inline_max_ = kInlineSplit;
   connected_ = true;
-  start_liveness(peer.heartbeat_ms, same_host);
+  start_liveness(peer.heartbeat_ms, host != Host::Apart);
 }
 
 void PipeImpl::check_open(const char* what) const {
@@ -196,17 +197,18 @@ constexpr size_t kMaxWorkerAddress = 16 * 1024;
 // latency 1.2 -> ~0.5 us, 1 MiB throughput x3. Both sides send whether they find the peer
 // local and their address (null when their UCX_TLS excludes shared memory: then both stay
 // on the first endpoint), switch, confirm over the new endpoint, and only then close the
-// first one, so nothing in flight on it is lost. Returns whether both found the other
-// local: only then does the pipe go without heartbeats (start_liveness). `verdicts`: the
-// peer sends its verdict too (else it sends only its address, and only when local).
-bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours,
-                                   bool verdicts) {
+// first one, so nothing in flight on it is lost. Apart unless both found the other local:
+// only then does the pipe go without heartbeats (start_liveness). `verdicts`: the peer
+// sends its verdict too (else it sends only its address, and only when local).
+PipeImpl::Host PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours,
+                                             bool verdicts) {
   // A peer of another user is sent null (so both stay), and its address is never parsed.
   Json mine = nullptr;
   if (local && peer_is_ours && ucx::shared_memory_enabled())
     mine = wire::to_hex(worker_->address());
-  Json offer = {{"worker_address", mine}};
-  if (verdicts) offer = {{"same_host", local}, {"worker_address", mine}};
+  Json offer = Json::object();
+  if (verdicts) offer["same_host"] = local;
+  offer["worker_address"] = mine;
   send_control(offer, deadline);
   Json reply = recv_control(deadline);
   // The peer's confirmation travels on the new endpoint and may overtake its address on
@@ -222,9 +224,9 @@ bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_o
     fail(std::string("expected the peer's ") + (verdicts ? "same_host verdict and " : "") +
              "worker address after the handshake, got " + wire::excerpt(reply),
          Fault::PeerBrokeProtocol);
-  if (!local || (verdicts && !reply["same_host"].get<bool>())) return false;
+  if (!local || (verdicts && !reply["same_host"].get<bool>())) return Host::Apart;
   const Json& theirs = reply["worker_address"];
-  if (theirs.is_null()) return true;
+  if (theirs.is_null()) return Host::Shared;
   std::optional<std::vector<std::byte>> address;
   if (theirs.is_string() && theirs.get_ref<const std::string&>().size() <= 2 * kMaxWorkerAddress)
     address = wire::from_hex(theirs.get<std::string>());
@@ -232,7 +234,7 @@ bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_o
     fail("the peer's worker address is not a hex string of at most " +
              std::to_string(kMaxWorkerAddress) + " bytes",
          Fault::PeerBrokeProtocol);
-  if (mine.is_null()) return true;
+  if (mine.is_null()) return Host::Shared;
   // Our own address handed back would connect the pipe to itself.
   if (*address == worker_->address())
     fail("the peer sent this process's own worker address", Fault::PeerBrokeProtocol);
@@ -250,8 +252,7 @@ bool PipeImpl::use_direct_endpoint(Deadline deadline, bool local, bool peer_is_o
          Fault::LocalFailure);
   }
   first_ep_ = std::move(first);
-  direct_ = true;
-  return true;
+  return Host::Direct;
 }
 
 // After use_direct_endpoint switched: both sides confirm over the new endpoint, then the
@@ -706,7 +707,7 @@ std::unique_lock<runtime::TimedLock> PipeImpl::turn(runtime::TimedLock& one_at_a
 }
 
 bool PipeImpl::failed() {
-  if (os::fork_generation() != generation_) return true;
+  if (ucx::inherited(generation_)) return true;
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return true;
   if (!failure_.empty() || ep_->error() != UCS_OK) return true;
@@ -732,7 +733,7 @@ std::string PipeImpl::transports() {
 // ---- closing ---------------------------------------------------------------
 
 void PipeImpl::close() {
-  if (os::fork_generation() != generation_) {
+  if (ucx::inherited(generation_)) {
     // An inherited pipe in a forked child: its UCX objects are the parent's. Touching them
     // (even to free them) breaks the parent's connection or aborts in UCX, so they are
     // left alone; the ucx:: destructors leak them in this process.

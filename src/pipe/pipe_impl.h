@@ -144,7 +144,10 @@ class PipeImpl : public runtime::Beating {
   bool peer_is_local() const;
   bool peer_is_ours(bool as_server) const;
   void wait_wireup(Deadline deadline);
-  bool use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours, bool verdicts);
+  // What the hosts' verdicts came to: apart (heartbeats), one host on the first endpoint,
+  // or one host on the direct (shared-memory) endpoint.
+  enum class Host { Apart, Shared, Direct };
+  Host use_direct_endpoint(Deadline deadline, bool local, bool peer_is_ours, bool verdicts);
   void retire_first_endpoint(Deadline deadline);
   void send_control(const Json& body, Deadline deadline);
   Json recv_control(Deadline deadline);
@@ -206,7 +209,6 @@ class PipeImpl : public runtime::Beating {
   std::vector<ucp_dt_iov_t> payload_iov_;
   std::vector<ucx::Request> send_reqs_;
   size_t inline_max_ = kInlineMax;  // the largest payload sent inline (set by the handshake)
-  bool direct_ = false;  // on the endpoint made from the peer's worker address (under mu_)
 
   // receive state
   enum class RecvState { Idle, Frame, Payload } state_ = RecvState::Idle;

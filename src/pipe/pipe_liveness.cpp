@@ -13,7 +13,6 @@
 // that does not call the pipe for a while still answers for it. A program waiting on the
 // pipe sees the failure at its next check (within kInterruptSlice); an asyncio waiter is
 // woken through the worker's fd.
-#include "os/fork.h"
 #include "pipe_impl.h"
 
 namespace tensorwire::detail {
@@ -31,7 +30,7 @@ void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
 }
 
 void PipeImpl::beat() noexcept {
-  if (os::fork_generation() != generation_) return;  // the parent's pipe: not ours to beat
+  if (ucx::inherited(generation_)) return;  // the parent's pipe: not ours to beat
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_ || !failure_.empty()) return;
   try {

@@ -33,6 +33,16 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=100, **kw)
 
 
+
+def connected_pipes(**kw):
+    """(client, server): a client's pipe and the listener's pipe to it, in this process (the
+    handshake needs both sides running); `kw` goes to both (consolidated, auth_key, ...)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with tensorwire.PipeListener(0, **kw) as listener, ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept, timeout=30)
+        client = tensorwire.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=30, **kw)
+        return client, accepted.result(timeout=30)
+
 # ---- no leftovers after the whole suite ------------------------------------------------
 # Every process a test starts (peers, workers, servers) must be gone when the suite ends,
 # and so must any shared memory it created. Processes are told apart from others on the

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import PYTHONPATH, ROOT
+from conftest import PYTHONPATH, ROOT, connected_pipes
 
 PY_PEER = os.path.join(os.path.dirname(__file__), "peers", "py_pipe_peer.py")
 
@@ -53,18 +53,6 @@ def _reap_peers():
 
 def py_peer(*args):
     return spawn([sys.executable, PY_PEER, *map(str, args)])
-
-
-def connected_pipes(**kw):
-    """A client's pipe and the listener's pipe to it (the handshake needs both sides)."""
-    import concurrent.futures
-    listener = tw.PipeListener(0, **kw)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        accepted = pool.submit(listener.accept, timeout=10)
-        client = tw.TensorDictPipe.connect("127.0.0.1", listener.port, **kw)
-        server = accepted.result()
-    listener.close()
-    return client, server
 
 
 def finish(proc, timeout=30):

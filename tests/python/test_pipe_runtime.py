@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import PYTHONPATH
+from conftest import PYTHONPATH, connected_pipes
 
 ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
 
@@ -32,13 +32,7 @@ def big():
 
 def both_ends():
     """(accepted, connected): both ends of one pipe, in this process."""
-    with tw.PipeListener(0) as listener:
-        got = {}
-        t = threading.Thread(target=lambda: got.setdefault("pipe", listener.accept(timeout=30)))
-        t.start()
-        connected = tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=30)
-        t.join(30)
-        accepted = got["pipe"]
+    connected, accepted = connected_pipes()
     yield accepted, connected
     accepted.close()
     connected.close()
