@@ -120,13 +120,17 @@ void RemoteServer::reap(bool all) {
 void RemoteServer::free_slot(uint32_t i) {
   slots[i] = RemoteSlot{};
   free_slots.push_back(i);
-  // One starved connection is woken per slot; one gone meanwhile does not use up the wake.
-  while (!starved.empty()) {
+  wake_starved(1);  // one starved connection per slot
+}
+
+void RemoteServer::wake_starved(size_t n) {
+  // One gone meanwhile does not use up a wake.
+  while (n > 0 && !starved.empty()) {
     const uint32_t id = starved.back();
     starved.pop_back();
     if (auto it = conns.find(id); it != conns.end()) {
       it->second->wake();
-      return;
+      --n;
     }
   }
 }
@@ -609,6 +613,10 @@ void RemoteConnection::release_slots() noexcept {
       s_.ready.erase(std::find(s_.ready.begin(), s_.ready.end(), i));
     s_.free_slot(i);
   }
+  // A slot freed before may have woken this connection, which ends without taking it: that
+  // wake passes on, or a starved connection would wait for a slot that is free until its
+  // next turn (up to period_).
+  s_.wake_starved(s_.free_slots.size());
 }
 
 }  // namespace tensorwire::inference::detail

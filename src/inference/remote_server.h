@@ -120,6 +120,8 @@ class RemoteServer {
 
   // Under mu: gives a slot back and wakes a connection that waits for one.
   void free_slot(uint32_t i);
+  // Under mu: wakes up to `n` connections that wait for a free slot.
+  void wake_starved(size_t n);
   // Who sends an answer: the connection's thread (handed over through its outbox), or the
   // calling serving thread itself when that connection's thread is not using its worker
   // (RemoteConnection::send_now). Never Caller from a connection's thread.
