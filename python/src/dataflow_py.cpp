@@ -178,16 +178,22 @@ struct PyRunner {
 
 // An epoch of a runner as a Python iterator; keeps its runner alive.
 struct PyEpoch {
-  nb::object owner;  // the Python object of the runner
+  nb::object owner;  // the Python object of the runner (tensorwire.dataflow's)
+  // The binding's runner, whose C++ runner the epoch points into. Held apart from `owner`:
+  // the garbage collector, breaking a cycle through this iterator, clears the owner's
+  // attributes (dropping the runner) before it clears the iterator.
+  nb::object core;
   std::optional<df::Epoch> epoch;
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(owner.ptr());
+    Py_VISIT(core.ptr());
     return 0;
   }
   void clear() {
-    epoch.reset();
+    epoch.reset();  // first: it ends its epoch in the runner
     owner.reset();
+    core.reset();
   }
 
   nb::object next() {
@@ -216,7 +222,7 @@ struct PyEpoch {
 // `owner`: what the iterator keeps alive (the Python runner object holding this one).
 template <class T>
 PyEpoch epoch_of(nb::handle self, nb::handle owner) {
-  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), std::nullopt};
+  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), std::nullopt};
   e.epoch.emplace(nb::cast<PyRunner<T>&>(self).runner->epoch());
   return e;
 }
@@ -243,7 +249,11 @@ void bind_runner_common(nb::class_<PyRunner<T>>& c) {
   using R = PyRunner<T>;
   c.def("reset_state", [](R& r) { r.runner->reset_state(); })
       .def("epoch", &epoch_of<T>, nb::arg("owner").none() = nb::none())
-      .def("close", [](R& r) { r.runner->close(); })
+      .def("close",
+           [](R& r) {
+             NoGil nogil;  // it waits for an iteration of another thread to leave
+             r.runner->close();
+           })
       .def_prop_ro("closed", [](R& r) { return r.runner->closed(); })
       .def_prop_ro("size", [](R& r) { return r.runner->size(); })
       .def_prop_ro("pids", [](R& r) { return r.runner->pids(); })

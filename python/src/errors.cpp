@@ -153,8 +153,12 @@ void bind_errors(nb::module_& m) {
   // instead of being ended by CPython mid-unwind (std::terminate).
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
     NoGil::exiting() = true;
-    NoGil nogil;  // threads already taking the GIL back get it now (bounded wait)
-    for (int i = 0; i < 1000 && NoGil::restoring().load() > 1; ++i)
+    // Threads already taking the GIL back get it now (bounded wait): such a thread may have
+    // been woken by an atexit hook that ran before this one (tensorwire.dataflow closes its
+    // runners), and finalization would end it mid-unwind. This NoGil counts in restoring()
+    // only once it is destroyed.
+    NoGil nogil;
+    for (int i = 0; i < 1000 && NoGil::restoring().load() > 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }));
 

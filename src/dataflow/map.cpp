@@ -502,6 +502,7 @@ Epoch MultiProcessMapDataZMQ::epoch() {
 detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline deadline) {
   Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
+  ConsumerCall call(m);
   try {
     if (!m.opt.strict) {
       while (true) {
@@ -581,6 +582,7 @@ std::vector<int> MultiProcessMapDataZMQ::pids() const {
 void MultiProcessMapDataZMQ::close() {
   Impl& m = *impl_;
   if (m.link.owner_pid != -1 && m.link.owner_pid != ::getpid()) return;  // a forked copy
+  if (!m.stop_consumer()) return;
   m.tasks.clear();
   m.link.close();
   m.task_sender.reset();
@@ -588,7 +590,7 @@ void MultiProcessMapDataZMQ::close() {
 }
 
 bool MultiProcessMapDataZMQ::closed() const noexcept {
-  return impl_->closed;
+  return impl_->closed || impl_->link.closing.load(std::memory_order_acquire);
 }
 
 }  // namespace tensorwire::dataflow

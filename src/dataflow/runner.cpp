@@ -192,6 +192,7 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadl
   Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
   m.check_started();
+  ConsumerCall call(m);
   try {
     while (true) {
       auto r = m.link.receive(deadline);
@@ -269,12 +270,15 @@ size_t MultiProcessRunnerZMQ::shared_memory_bytes() const {
 }
 
 void MultiProcessRunnerZMQ::close() {
+  const int owner = impl_->link.owner_pid;
+  if (owner != -1 && owner != ::getpid()) return;  // a forked copy: nothing here is ours
+  if (!impl_->stop_consumer()) return;
   impl_->link.close();
   impl_->mark_closed();
 }
 
 bool MultiProcessRunnerZMQ::closed() const noexcept {
-  return impl_->closed;
+  return impl_->closed || impl_->link.closing.load(std::memory_order_acquire);
 }
 
 }  // namespace tensorwire::dataflow

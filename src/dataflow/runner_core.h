@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "dataflow/links.h"
@@ -52,6 +53,27 @@ struct RunnerCore {
   // After link.close(): what any later call raises (in the process that owns the runner).
   void mark_closed() noexcept;
 
+  // The consumer's call (next(), an epoch's step) while it runs. close() may come from
+  // another thread meanwhile (an atexit hook, a finalizer): the call leaves the link at its
+  // next look (MainLink::closing), and close() waits for that (stop_consumer()) before it
+  // takes the link down. ClosedError when the runner is being closed already.
+  class ConsumerCall {
+   public:
+    explicit ConsumerCall(RunnerCore& core);
+    ~ConsumerCall();
+    ConsumerCall(const ConsumerCall&) = delete;
+    ConsumerCall& operator=(const ConsumerCall&) = delete;
+
+   private:
+    RunnerCore& core_;
+  };
+  // Start of close(): tells the consumer's call to leave and waits for it, up to
+  // kConsumerLeaves, when it runs on another thread. False when it did not leave (it is in
+  // the user's code of a map's dataflow, or close() comes from a callback of that call):
+  // the link stays, for that call, until the destructor; every use is a ClosedError.
+  bool stop_consumer() noexcept;
+  static constexpr std::chrono::seconds kConsumerLeaves{5};
+
   // In a worker: its progress slot, or nullptr without a datapoint time limit.
   WorkerProgress* progress(int index) const;
   // Workers replaced so far.
@@ -73,6 +95,8 @@ struct RunnerCore {
   bool closed = false;
   MainLink link;
   std::exception_ptr failed;
+  std::atomic<int> consumer_calls{0};
+  std::atomic<std::thread::id> consumer_thread{};
 
  protected:
   // Around a restart of worker `index`: before the fork (reset shared state the new worker

@@ -101,6 +101,123 @@ def test_every_use_of_a_closed_runner_is_a_closed_error(make):
     assert "closed" in repr(r)
 
 
+class Slow:
+    """Endless, a datapoint every 20 ms: the consumer mostly waits in the runner."""
+
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        i = 0
+        while True:
+            time.sleep(0.02)
+            yield [np.full(16, i % 251, np.uint8), i, f"dp{i}"]
+            i += 1
+
+
+def slow_runner():
+    return twdf.MultiProcessRunnerZMQ(Slow(), num_proc=1)
+
+
+def slow_map():
+    return twdf.MultiProcessMapDataZMQ(Slow(), 1, lambda dp: dp)
+
+
+@pytest.mark.parametrize("make", [slow_runner, slow_map])
+def test_close_from_another_thread_ends_an_iteration_with_closed_error(make):
+    # As tensorwire.dataflow's exit hook does to a daemon thread that iterates: the
+    # iteration ends with ClosedError, the workers are reaped, nothing is used after it is
+    # freed (before: "Socket operation on non-socket", a false WorkerDiedError, a crash).
+    import threading
+
+    r = make()
+    r.reset_state()
+    it = iter(r)
+    check(next(it))
+    ended = []
+
+    def consume():
+        try:
+            for dp in it:
+                check(dp)
+        except BaseException as e:  # noqa: B036 - what ended it is the point
+            ended.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    r.close()
+    t.join(10)
+    assert not t.is_alive()
+    assert time.monotonic() - start < 5
+    assert len(ended) == 1 and isinstance(ended[0], tensorwire.ClosedError), ended
+    assert "closed" in repr(r) and r.pids == []
+    with pytest.raises(tensorwire.ClosedError):
+        next(iter(r))
+
+
+def test_a_daemon_thread_waiting_in_an_iteration_at_exit_ends_quietly():
+    # The exit hook of tensorwire.dataflow closes the runner, which wakes the consumer; the
+    # extension's own hook, which runs next, lets it take the GIL back before finalization
+    # (else CPython ends it mid-unwind: "terminate called without an active exception").
+    import subprocess
+    import sys
+    from conftest import PYTHONPATH
+
+    script = f"""
+import sys, threading, time
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import tensorwire
+from test_dataflow_hardening import Slow
+from tensorwire.dataflow import MultiProcessRunnerZMQ
+r = MultiProcessRunnerZMQ(Slow(), num_proc=1)
+r.reset_state()
+def consume():
+    try:
+        for dp in r:
+            pass
+    except tensorwire.ClosedError:
+        print("closed", flush=True)
+threading.Thread(target=consume, daemon=True).start()
+time.sleep(0.5)
+"""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=PYTHONPATH), timeout=120)
+        assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
+
+
+@pytest.mark.parametrize("kind", ["MultiProcessRunnerZMQ(Counting(5), num_proc=1)",
+                                  "MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp)"])
+def test_an_iterator_in_a_reference_cycle_with_its_runner_is_collected_safely(kind):
+    # The collector breaking the cycle clears the runner object's attributes first; the
+    # iterator ends its epoch afterwards, in a runner it must still hold. Freed memory is
+    # scribbled over (MALLOC_PERTURB_, no tcache), so a use after free crashes.
+    import subprocess
+    import sys
+    from conftest import PYTHONPATH
+
+    script = f"""
+import gc, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from dataflow_helpers import Counting
+from tensorwire.dataflow import MultiProcessRunnerZMQ, MultiProcessMapDataZMQ
+r = {kind}
+r.reset_state()
+r._it = iter(r)
+next(r._it)
+del r
+gc.collect()
+print("collected")
+"""
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH, MALLOC_PERTURB_="90",
+               GLIBC_TUNABLES="glibc.malloc.tcache_count=0")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "collected", (out.returncode, out.stderr)
+
+
 def test_reset_state_after_close_forks_nothing():
     r = twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=2)
     r.close()

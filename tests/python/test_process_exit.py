@@ -87,6 +87,20 @@ ENDING = {
         held = dict(globals())
         threading.Thread(target=lambda: (held, time.sleep(60)), daemon=True).start()
     """,
+    # A daemon thread still uses the system's objects (waiting in a call, or between two)
+    # when the interpreter exits; tensorwire.dataflow's exit hook closes a runner under it.
+    "busy": """
+        import threading, time
+        import tensorwire
+        def use():
+            try:
+                while True:
+                    USE
+            except tensorwire.ClosedError:
+                pass
+        threading.Thread(target=use, daemon=True).start()
+        time.sleep(0.3)
+    """,
     "fork": """
         import multiprocessing as mp
         child = mp.get_context("fork").Process(target=lambda: None)
@@ -97,8 +111,17 @@ ENDING = {
 }
 
 
+# What the "busy" ending's thread does, again and again.
+USE = {
+    "pipe": "server_side.recv(timeout=None)",
+    "inference": 'client({"observation": np.ones(4, np.float32)}, timeout=30)',
+    "torchrl": 'client(TensorDict({"observation": torch.ones(4)}), timeout=30)',
+    "dataflow": "next(it)",
+}
+
+
 def run_script(system, ending):
-    code = textwrap.dedent(SETUP[system]) + textwrap.dedent(ENDING[ending])
+    code = textwrap.dedent(SETUP[system]) + textwrap.dedent(ENDING[ending]).replace("USE", USE[system])
     env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120)

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include <map>
@@ -170,6 +171,40 @@ TEST_F(Runner, AKilledWorkerEndsABlockedWait) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(r.next(), WorkerDiedError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// close() from another thread (an exit hook, a finalizer) while the consumer waits: the
+// consumer's call ends with ClosedError, and only then are the sockets and workers taken
+// down (before, the consumer polled a freed socket).
+TEST_F(Runner, CloseFromAnotherThreadEndsTheConsumersWaitFirst) {
+  class Slow : public DataFlow {
+    std::optional<TensorDict> next() override {
+      std::this_thread::sleep_for(20ms);
+      return testing::make_datapoint(i_++);
+    }
+    uint64_t i_ = 0;
+  };
+  MultiProcessRunnerZMQ r(std::make_shared<Slow>(), {.num_proc = 1});
+  r.reset_state();
+  ASSERT_TRUE(r.next(10s));
+  std::atomic<bool> closed_error{false};
+  std::thread consumer([&] {
+    try {
+      while (r.next(10s)) {
+      }
+    } catch (const ClosedError&) {
+      closed_error = true;
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  r.close();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  consumer.join();
+  EXPECT_TRUE(closed_error);
+  EXPECT_TRUE(r.closed());
+  EXPECT_TRUE(r.pids().empty());
+  EXPECT_THROW(r.next(0ms), ClosedError);
 }
 
 TEST_F(Runner, WorkersDieWithTheirParent) {
