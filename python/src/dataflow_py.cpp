@@ -340,8 +340,15 @@ void bind_dataflow(nb::module_& m) {
           "__init__",
           [](PyRemote* self, std::string addr1, std::string addr2, int hwm, bool bind,
              bool allow_pickle, nb::object on_rejected, std::optional<double> liveness_timeout,
-             nb::object on_silent) {
+             nb::object on_silent, nb::handle max_message_bytes) {
             df::RemoteOptions o;
+            if (!max_message_bytes.is_none()) {
+              const int64_t n = int_arg(max_message_bytes, "max_message_bytes");
+              if (n < 1)
+                throw ValueError("max_message_bytes must be at least 1 (None: the default), got " +
+                                 std::to_string(n));
+              o.limits.max_message_bytes = static_cast<uint64_t>(n);
+            }
             o.hwm = hwm;
             o.bind = bind;
             o.allow_pickle = allow_pickle;
@@ -355,7 +362,8 @@ void bind_dataflow(nb::module_& m) {
           },
           nb::arg("addr1"), nb::arg("addr2"), nb::arg("hwm"), nb::arg("bind"),
           nb::arg("allow_pickle"), nb::arg("on_rejected").none(),
-          nb::arg("liveness_timeout").none(), nb::arg("on_silent").none())
+          nb::arg("liveness_timeout").none(), nb::arg("on_silent").none(),
+          nb::arg("max_message_bytes").none())
       .def("reset_state", [](PyRemote& r) { r.remote->reset_state(); })
       .def("next", &PyRemote::next, nb::arg("timeout").none() = nb::none())
       .def("endpoint", [](PyRemote& r, int which) { return r.remote->endpoint(which); })

@@ -318,17 +318,22 @@ class RemoteDataZMQ(DataFlow):
     iterating again goes on), while the others go on; its connection is kept, so a producer
     whose link comes back goes on without a gap. Time this receiver spends away from
     ``recv``/iteration for longer than a quarter of the timeout does not count as silence.
+
+    ``max_message_bytes`` (``None``: 16 GiB) bounds a datapoint's storage: a frame larger
+    than it (or than the 64 MiB metadata limit, whichever is larger) drops its producer's
+    connection before it is buffered. Set it when producers are not trusted; up to ``hwm``
+    messages per connection are buffered.
     """
 
     def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn",
-                 liveness_timeout=None):
+                 liveness_timeout=None, max_message_bytes=None):
         if errors not in ("warn", "raise"):
             raise ValueError(f"errors must be 'warn' or 'raise', got {errors!r}")
         self._errors = errors
         warn = errors == "warn"
         self._core = _C._RemoteData(addr1, addr2 or "", hwm, bind, allow_pickle,
                                     _warn_rejected if warn else None, liveness_timeout,
-                                    _warn_silent if warn else None)
+                                    _warn_silent if warn else None, max_message_bytes)
         self._guard = threading.Lock()
 
     def reset_state(self):

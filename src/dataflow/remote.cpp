@@ -99,14 +99,20 @@ struct RemoteDataZMQ::Impl {
   int next_first = 0;  // alternate which socket is read first, for fairness
   wire::Decoder decoder;
   std::vector<zmq::message_t> frames;
-  // The layout of the last schema seen (messages of one producer repeat it), whose
-  // datapoint structure was checked.
+  // The layout of the last schema seen (messages of one producer repeat it), and its
+  // datapoint structure (null for a TensorDict that is not a datapoint), checked once; the
+  // values each message holds are checked against it.
   std::shared_ptr<const Json> last_meta;
   std::shared_ptr<const wire::ConsolidatedLayout> layout;
+  std::unique_ptr<const wire::DatapointNode> structure;
 
   Impl(std::string a1, std::string a2, RemoteOptions o)
       : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
   int num() const { return addr[1].empty() ? 1 : 2; }
+  // reset_state(): the context, the sockets bound (or connected) and their monitors;
+  // unopen() takes down what a failed open() made.
+  void open();
+  void unopen() noexcept;
   RawDatapoint decode(int which);
   void read_events();
   void check_silence(ProducerTable::Clock::time_point now);
@@ -146,17 +152,26 @@ RawDatapoint RemoteDataZMQ::Impl::decode(int which) {
     wire::Decoder::fill(in, bytes(2));
     // A copy sharing the storage: the next message allocates anew.
     TensorDict td = decoder.finish(in);
-    if (!is_consolidated_root(td)) td = consolidate(td);  // a NonConsolidated message
+    if (!is_consolidated_root(td)) {  // a NonConsolidated message
+      try {
+        td = consolidate(td);
+      } catch (const ValueError& e) {  // a key consolidate() reserves, too deep a nesting
+        throw ProtocolError(std::string("a NonConsolidated message that cannot be laid out: ") +
+                            e.what());
+      }
+    }
     const auto& c = td.consolidated();
     // Each message carries its schema: compared by value, it is parsed again only when
     // it changes.
     if (c->metadata != last_meta && !(last_meta && *c->metadata == *last_meta)) {
       auto l = std::make_shared<const wire::ConsolidatedLayout>(
           wire::ConsolidatedLayout::parse(*c->metadata, opt.limits, c->storage.nbytes()));
-      (void)wire::DatapointDecoder::structure(*l, opt.allow_pickle);
+      auto st = wire::DatapointDecoder::structure(*l, opt.allow_pickle);
       layout = std::move(l);
+      structure = std::move(st);
       last_meta = c->metadata;
     }
+    if (structure) wire::DatapointDecoder::check_values(*structure, c->storage);
     ++counts[which];
     return RawDatapoint{c->storage, layout};
   } catch (const ProtocolError& e) {
@@ -211,25 +226,51 @@ void RemoteDataZMQ::reset_state() {
   Impl& m = *impl_;
   if (m.closed) throw ClosedError("RemoteDataZMQ is closed");
   if (m.reset_done) throw StateError("RemoteDataZMQ: reset_state() was called twice");
+  try {
+    m.open();
+  } catch (...) {
+    m.unopen();  // nothing half-made: a later reset_state() may try again
+    throw;
+  }
   m.reset_done = true;
-  m.owner_pid = ::getpid();
-  m.ctx = std::make_unique<zmqio::Context>();
-  for (int i = 0; i < m.num(); ++i) {
-    m.socks[i] = std::make_unique<zmqio::Socket>(*m.ctx, zmq::socket_type::pull,
-                                                 zmqio::SocketOptions{.rcvhwm = m.opt.hwm});
+}
+
+void RemoteDataZMQ::Impl::unopen() noexcept {
+  for (int i = 0; i < 2; ++i) {
+    monitors[i].reset();
+    socks[i].reset();
+    bound[i].clear();
+    marks[i] = {};
+  }
+  ctx.reset();
+  owner_pid = -1;
+}
+
+void RemoteDataZMQ::Impl::open() {
+  owner_pid = ::getpid();
+  ctx = std::make_unique<zmqio::Context>();
+  // A frame is refused (its connection dropped) before libzmq buffers it, when it is larger
+  // than anything decode() accepts: the header, the metadata or the storage frame.
+  const uint64_t largest = std::max<uint64_t>(
+      {wire::kHeaderBytes, opt.limits.max_metadata_bytes, opt.limits.max_message_bytes});
+  const zmqio::SocketOptions options{
+      .rcvhwm = opt.hwm,
+      .max_frame_bytes = static_cast<int64_t>(std::min<uint64_t>(largest, INT64_MAX))};
+  for (int i = 0; i < num(); ++i) {
+    socks[i] = std::make_unique<zmqio::Socket>(*ctx, zmq::socket_type::pull, options);
     // Before bind/connect: the first connection's event is not missed.
-    m.monitors[i] = std::make_unique<zmqio::Monitor>(*m.ctx, *m.socks[i]);
-    if (m.opt.bind)
-      m.socks[i]->bind(m.addr[i]);
+    monitors[i] = std::make_unique<zmqio::Monitor>(*ctx, *socks[i]);
+    if (opt.bind)
+      socks[i]->bind(addr[i]);
     else
-      m.socks[i]->connect(m.addr[i]);
-    m.bound[i] = m.socks[i]->last_endpoint();
-    if (m.opt.bind && m.bound[i].rfind("tcp://", 0) == 0) {  // tcp://ip:port, tcp://[ip6]:port
-      const auto colon = m.bound[i].rfind(':');
-      std::string ip = m.bound[i].substr(6, colon - 6);
+      socks[i]->connect(addr[i]);
+    bound[i] = socks[i]->last_endpoint();
+    if (opt.bind && bound[i].rfind("tcp://", 0) == 0) {  // tcp://ip:port, tcp://[ip6]:port
+      const auto colon = bound[i].rfind(':');
+      std::string ip = bound[i].substr(6, colon - 6);
       if (ip.size() > 1 && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
-      m.marks[i] = os::ListenerMark::tcp(
-          ip, static_cast<uint16_t>(std::stoul(m.bound[i].substr(colon + 1))));
+      marks[i] =
+          os::ListenerMark::tcp(ip, static_cast<uint16_t>(std::stoul(bound[i].substr(colon + 1))));
     }
   }
 }

@@ -374,6 +374,13 @@ std::unique_ptr<const DatapointNode> DatapointDecoder::structure(const Consolida
   return r.node(layout.metadata(), "", 0);
 }
 
+void DatapointDecoder::check_values(const DatapointNode& root, const Storage& s) {
+  for (const DatapointElement& e : root.elements) {
+    if (e.kind == ElementKind::Str) (void)read_str(s, e);
+    if (e.child) check_values(*e.child, s);
+  }
+}
+
 bool DatapointDecoder::read_bool(const Storage& s, const DatapointElement& e) noexcept {
   return std::to_integer<uint8_t>(s.data()[e.offset]) != 0;
 }

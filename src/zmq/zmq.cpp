@@ -47,6 +47,7 @@ Socket::Socket(Context& ctx, zmq::socket_type type, const SocketOptions& o)
     if (o.sndhwm >= 0) sock_->set(zmq::sockopt::sndhwm, o.sndhwm);
     if (o.rcvhwm >= 0) sock_->set(zmq::sockopt::rcvhwm, o.rcvhwm);
     sock_->set(zmq::sockopt::reconnect_ivl, o.reconnect_ivl_ms);
+    if (o.max_frame_bytes >= 0) sock_->set(zmq::sockopt::maxmsgsize, o.max_frame_bytes);
   } catch (const zmq::error_t& e) {
     fail("socket", e);
   }

@@ -41,6 +41,9 @@ struct SocketOptions {
   int rcvhwm = -1;
   int linger_ms = 0;  // pending messages are dropped on close: peers are gone or going
   int reconnect_ivl_ms = 10;
+  // The largest frame a peer may send; one larger drops its connection before libzmq
+  // allocates it. -1: no limit.
+  int64_t max_frame_bytes = -1;
 };
 
 class Socket {

@@ -191,6 +191,12 @@ CASES = [
      TypeError, ["map_func"]),
     ("negative remote receive timeout",
      lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input").recv(timeout=-1), ValueError, ["timeout"]),
+    ("a remote receiver's message limit of 0",
+     lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input", max_message_bytes=0), ValueError,
+     ["max_message_bytes", "at least 1"]),
+    ("a remote receiver's message limit that is not an int",
+     lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input", max_message_bytes="1M"), TypeError,
+     ["max_message_bytes"]),
 ]
 
 

@@ -138,3 +138,22 @@ send_dataflow_zmq(TD(), {r.endpoint()!r}, max_datapoints=1)
     assert (td["obs"] == 1).all()
     p.communicate(timeout=60)
     r.close()
+
+
+def test_a_datapoint_over_max_message_bytes_is_rejected_and_the_stream_goes_on():
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*", max_message_bytes=4096)
+    r.reset_state()
+    p = python(f"""
+from dataflow_helpers import Counting
+from tensorwire.dataflow import send_dataflow_zmq
+send_dataflow_zmq(Counting(1, n=10000), {r.endpoint()!r}, max_datapoints=1)
+send_dataflow_zmq(Counting(1, n=16), {r.endpoint()!r}, max_datapoints=1)
+""")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert check(r.recv(timeout=20)) == 0
+    msgs = [str(w.message) for w in caught if issubclass(w.category, twdf.MalformedMessageWarning)]
+    assert len(msgs) == 1 and "exceeds max_message_bytes 4096" in msgs[0], msgs
+    assert r.rejected == 1
+    p.communicate(timeout=60)
+    r.close()

@@ -111,6 +111,11 @@ class DatapointDecoder {
   static std::unique_ptr<const DatapointNode> structure(const ConsolidatedLayout& layout,
                                                         bool allow_pickle);
 
+  // ProtocolError when a value of this datapoint breaks a rule its structure cannot
+  // (a Str whose bytes are not UTF-8), so that a receiver rejects the whole message before
+  // converting any of it. `storage` holds at least the layout's total_bytes().
+  static void check_values(const DatapointNode& root, const Storage& storage);
+
   // Values of one datapoint; `storage` holds at least the layout's total_bytes().
   static bool read_bool(const Storage& storage, const DatapointElement& e) noexcept;
   static int64_t read_int(const Storage& storage, const DatapointElement& e) noexcept;

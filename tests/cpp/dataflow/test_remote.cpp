@@ -139,6 +139,131 @@ TEST(Remote, AMalformedMessageIsRejectedAndTheStreamGoesOn) {
   EXPECT_EQ(recv.count(1), 0u);
 }
 
+// The three frames of one message.
+std::array<zmq::message_t, 3> frames_of(const wire::OutMessage& m) {
+  return {zmq::message_t(m.header_bytes.data(), m.header_bytes.size()),
+          zmq::message_t(m.metadata.data(), m.metadata.size()),
+          zmq::message_t(m.payload[0].data(), m.payload[0].size())};
+}
+
+// What a message holds is checked before the message is taken: a value its schema cannot
+// rule out (a str whose bytes are not UTF-8), and a non-consolidated message whose layout
+// the receiver cannot make, are each a rejected message, and the stream goes on.
+TEST(Remote, AMessageWhoseValuesOrLayoutBreakARuleIsRejectedWhole) {
+  RemoteDataZMQ recv("tcp://127.0.0.1:*");
+  recv.reset_state();
+  zmq::context_t ctx;
+  zmq::socket_t rogue(ctx, zmq::socket_type::push);
+  rogue.set(zmq::sockopt::linger, 1000);
+  rogue.connect(recv.endpoint(0));
+
+  wire::DatapointEncoder dp(wire::Container::Dict);
+  dp.add_str("name", "MARKER");
+  wire::Encoder enc(wire::Mode::Consolidated);
+  const wire::OutMessage& good = enc.encode(std::move(dp).finish());
+  auto sent = frames_of(good);
+  zmq::send_multipart(rogue, sent);
+  auto bad = frames_of(good);
+  std::string_view payload(static_cast<const char*>(bad[2].data()), bad[2].size());
+  const size_t at = payload.find("MARKER");
+  ASSERT_NE(at, std::string_view::npos);
+  std::memcpy(static_cast<char*>(bad[2].data()) + at, "\xff\xfe\xfd\xfc\xfb\xfa", 6);
+  zmq::send_multipart(rogue, bad);
+
+  TensorDict reserved;  // "cls" names a field of the consolidated metadata
+  reserved.set(Key{"cls", "x"}, Tensor::zeros({2}, DType::Float32));
+  wire::Encoder loose(wire::Mode::NonConsolidated);
+  auto unlaid = frames_of(loose.encode(reserved));
+  zmq::send_multipart(rogue, unlaid);
+  auto again = frames_of(good);
+  zmq::send_multipart(rogue, again);
+
+  auto name_of = [](const TensorDict& d) {
+    const Tensor& t = d.get(d.keys(true, true).front());
+    return std::string(static_cast<const char*>(t.data()), static_cast<size_t>(t.nbytes()));
+  };
+  auto first = recv.next(10s);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(name_of(*first), "MARKER");
+  EXPECT_THAT([&] { (void)recv.next(10s); },
+              ::testing::ThrowsMessage<ProtocolError>(HasSubstr("not UTF-8")));
+  EXPECT_THAT([&] { (void)recv.next(10s); },
+              ::testing::ThrowsMessage<ProtocolError>(HasSubstr("cannot be laid out")));
+  auto last = recv.next(10s);
+  ASSERT_TRUE(last);
+  EXPECT_EQ(name_of(*last), "MARKER");
+  EXPECT_EQ(recv.rejected(), 2u);
+  EXPECT_EQ(recv.count(0), 2u);
+}
+
+// Sends `n` datapoints 0 .. n-1 to `endpoint` from this process (a fork after the receiver
+// made its threads is refused under ThreadSanitizer).
+void send_datapoints(zmq::context_t& ctx, const std::string& endpoint, int n) {
+  zmq::socket_t push(ctx, zmq::socket_type::push);
+  push.set(zmq::sockopt::linger, 5000);
+  push.connect(endpoint);
+  for (int i = 0; i < n; ++i) {
+    wire::Encoder enc(wire::Mode::Consolidated);  // each message carries its schema
+    auto frames = frames_of(enc.encode(testing::make_datapoint(static_cast<uint64_t>(i))));
+    zmq::send_multipart(push, frames);
+  }
+}
+
+// A frame larger than anything the limits let through drops its connection before ZeroMQ
+// buffers it: it is never delivered, nor counted as rejected, and a producer that keeps to
+// the limits goes on.
+TEST(Remote, AFrameOverTheLimitsDropsItsConnectionBeforeItIsBuffered) {
+  RemoteOptions o;
+  o.limits.max_metadata_bytes = 64 << 10;
+  o.limits.max_message_bytes = 1 << 20;
+  RemoteDataZMQ recv("tcp://127.0.0.1:*", "", o);
+  recv.reset_state();
+  zmq::context_t ctx;
+  zmq::socket_t rogue(ctx, zmq::socket_type::push);
+  rogue.set(zmq::sockopt::linger, 0);
+  rogue.connect(recv.endpoint(0));
+  std::array<zmq::message_t, 3> huge = {zmq::message_t(size_t{8} << 20), zmq::message_t(size_t{1}),
+                                        zmq::message_t(size_t{0})};
+  zmq::send_multipart(rogue, huge);
+  send_datapoints(ctx, recv.endpoint(0), 3);
+  for (int i = 0; i < 3; ++i) {
+    auto dp = recv.next(10s);
+    ASSERT_TRUE(dp);
+    EXPECT_EQ(index_of(*dp), i);
+  }
+  EXPECT_FALSE(recv.next(500ms));  // the 8 MiB message never comes
+  EXPECT_EQ(recv.rejected(), 0u);
+}
+
+// A reset_state() that fails (an address taken) makes nothing: the receiver is as before,
+// and a later reset_state() binds.
+TEST(Remote, AFailedResetStateLeavesNothingHalfMadeAndCanBeRetried) {
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string addr = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  RemoteDataZMQ recv("tcp://127.0.0.1:*", addr);
+  EXPECT_THROW(recv.reset_state(), SystemError);
+  EXPECT_THROW((void)recv.next(0ms), StateError);
+  EXPECT_THROW(recv.reset_state(), SystemError);  // tried again, not "called twice"
+  ::close(taken);
+  recv.reset_state();
+  EXPECT_EQ(recv.endpoint(1), addr);
+  zmq::context_t ctx;
+  send_datapoints(ctx, recv.endpoint(1), 2);
+  for (int i = 0; i < 2; ++i) {
+    auto dp = recv.next(10s);
+    ASSERT_TRUE(dp);
+    EXPECT_EQ(index_of(*dp), i);
+  }
+  EXPECT_EQ(recv.count(1), 2u);
+}
+
 TEST(Remote, TwoProducersFeedOneReceiver) {
   const std::string addr1 = free_tcp_address(), addr2 = free_tcp_address();
   const int a = spawn_producer(addr1, counting(std::nullopt, 16), 30);
