@@ -96,7 +96,6 @@ RemoteLink::~RemoteLink() {
   }
   std::lock_guard<std::mutex> lock(mu);
   for (auto& o : orphans) o->recv.cancel(worker->handle());
-  orphans.clear();
   heartbeats_.drop();
   try {
     if (ep->error() == UCS_OK && failure.empty()) {
@@ -109,6 +108,10 @@ RemoteLink::~RemoteLink() {
     ep->discard_unexpected();
   } catch (const Error&) {
   }
+  // Only now: a receive cancelled too late (its message was arriving) writes into an
+  // orphan's buffer until the endpoint is closed.
+  ep.reset();
+  orphans.clear();
 }
 
 void RemoteLink::fail(const std::string& why, bool protocol) {
@@ -248,11 +251,7 @@ class RemotePending final : public Pending {
       return;
     }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (!link_->failure.empty()) {
-      r_->recv.cancel(link_->worker->handle());
-      return;
-    }
-    link_->orphans.push_back(std::move(r_));  // reaped once its answer arrives
+    orphan();
   }
 
   bool ready() override {
@@ -313,12 +312,21 @@ class RemotePending final : public Pending {
     } catch (const ProtocolError& e) {
       link_->fail(e.what(), true);
       closed_ = e.what();
-      done_ = true;
+      orphan();
     } catch (const Error& e) {
       closed_ = e.what();
-      done_ = true;
+      orphan();
     }
     return done_;
+  }
+  // Under link mu: the request is dropped, or its link failed, before its answer came. Its
+  // receive may still be posted (or be receiving), writing into its buffer: the link keeps
+  // the buffers, as an orphan, until the answer comes or, on a failed link, until its
+  // endpoint is closed (the receive cancelled first).
+  void orphan() {
+    if (!link_->failure.empty()) r_->recv.cancel(link_->worker->handle());
+    link_->orphans.push_back(std::move(r_));
+    done_ = true;
   }
   bool finish() {
     done_ = true;

@@ -146,6 +146,61 @@ def test_deleting_a_transport_while_it_logs_a_refusal_does_not_hang():
     assert "deleted after 1 refusal" in out.stdout, out.stderr
 
 
+# A server that stops (SIGSTOP) with a request in flight: the client's liveness check fails
+# the request; the server, continued, answers it; the client is closed. The answer (32 KiB)
+# landed in the freed buffer of the failed request (a crash in UCX's copy at the close).
+_STOPPED_SERVER = """
+import sys, time, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+t = inf.RemoteTransport({"x": np.zeros(4, np.float32)}, {"y": np.zeros(8192, np.float32)},
+                        num_slots=4, host="127.0.0.1", liveness_timeout=30)
+def policy(b):
+    n = len(b["x"])
+    return tw.TensorDict({"y": np.full((n, 8192), 7.0, np.float32)}, batch_size=[n])
+server = inf.InferenceServer(policy, t).start()
+print(t.port, flush=True)
+sys.stdin.read()
+"""
+_CLIENT_OF_A_STOPPED_SERVER = """
+import os, signal, sys, time, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+pid, port = int(sys.argv[1]), int(sys.argv[2])
+c = inf.connect("127.0.0.1", port, liveness_timeout=1.0)
+x = {"x": np.ones(4, np.float32)}
+assert (c(x, timeout=30)["y"] == 7).all()
+os.kill(pid, signal.SIGSTOP)
+f = c.submit(x)
+try:
+    f.result(timeout=30)
+except tw.ClosedError as e:
+    print("failed:", e, flush=True)
+del f
+os.kill(pid, signal.SIGCONT)
+time.sleep(1.0)  # the answer arrives
+c.close()
+junk = [np.full(8192, 1.0) for _ in range(500)]  # reuses the freed memory
+print("closed", flush=True)
+"""
+
+
+def test_an_answer_to_a_request_its_link_failed_never_lands_in_freed_memory():
+    server = subprocess.Popen([sys.executable, "-c", _STOPPED_SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        env = dict(os.environ, MALLOC_PERTURB_="90", GLIBC_TUNABLES="glibc.malloc.tcache_count=0")
+        out = subprocess.run([sys.executable, "-c", _CLIENT_OF_A_STOPPED_SERVER, str(server.pid),
+                              str(port)], capture_output=True, text=True, timeout=90, env=env)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert "no heartbeat" in out.stdout and out.stdout.rstrip().endswith("closed"), out.stdout
+
+
 # Threads making their first call on one fresh client at once: the first call connects (the
 # GIL released) and stores the request keys, which another thread may read meanwhile. The
 # process crashed (a segfault in reading freed keys) in most runs.
