@@ -117,7 +117,13 @@ void bind_inference_server(nb::module_& m) {
           nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(), nb::arg("timeout"),
           nb::arg("stats_window").none(), nb::arg("policy_version_key").none(),
           nb::arg("policy_version"))
-      .def("start", [](PyServer& s) { s.get().start(); })
+      .def("start",
+           [](PyServer& s) {
+             inf::InferenceServer& server = s.get();
+             // It joins a serving thread that ended before, which takes the GIL as it ends.
+             NoGil nogil;
+             server.start();
+           })
       .def(
           "shutdown",
           [](PyServer& s, std::optional<double> timeout) {

@@ -265,6 +265,41 @@ def test_start_twice_is_an_error_and_a_second_server_is_refused(transport):
         assert float(transport.client()(observation(1), timeout=5)["action"][0]) == 2
 
 
+# A shutdown that timed out (the policy was busy), then start() once the serving thread has
+# ended: start() joined that thread with the GIL held, while the thread, ending, took the GIL
+# back (its thread state): the process hung in 2 runs of 3.
+_START_AFTER_A_TIMED_OUT_SHUTDOWN = """
+import time, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+t = inf.ThreadTransport()
+def policy(b):
+    time.sleep(0.3)
+    return b
+server = inf.InferenceServer(policy, t, max_batch_size=4).start()
+c = t.client()
+x = tw.TensorDict({"x": np.zeros(3, np.float32)}, batch_size=[])
+for _ in range(3):
+    f = c.submit(x)
+    time.sleep(0.1)
+    assert server.shutdown(timeout=0.05) is False
+    while server.is_alive:
+        pass  # start() right as it ends: its thread state is being released
+    server.start()
+print("started again", flush=True)
+server.shutdown()
+"""
+
+
+def test_a_server_whose_shutdown_timed_out_starts_again_once_its_thread_ended():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _START_AFTER_A_TIMED_OUT_SHUTDOWN],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "started again" in out.stdout, out.stderr
+
+
 def test_invalid_batch_sizes_are_rejected(transport):
     with pytest.raises(ValueError):
         tw.InferenceServer(double_policy, transport, max_batch_size=0)
