@@ -96,10 +96,9 @@ void MultiTransport::open_server() {
       parts_[opened]->open_server();
     }
   } catch (...) {
-    // As the serving thread's last call would: each part's claim is given up (with false,
-    // a socket or thread transport stayed claimed for good).
-    for (size_t i = 0; i < opened; ++i)
-      parts_[i]->close_server("InferenceServer failed to start", true);
+    // Each part opened is as it was: its claim given up, its requests kept (a close_server
+    // failed them and left the part refusing submits, though no server ever ran).
+    for (size_t i = 0; i < opened; ++i) parts_[i]->release_server();
     throw;
   }
   // The server sleeps on the parts that cannot tell it of their work (or on the first, when
@@ -115,6 +114,10 @@ void MultiTransport::open_server() {
       for (const auto& w : wake)
         if (auto s = w.lock()) s->interrupt();
     });
+}
+
+void MultiTransport::release_server() noexcept {
+  for (auto& p : parts_) p->release_server();
 }
 
 void MultiTransport::close_server(const std::string& reason, bool fail_pending) {

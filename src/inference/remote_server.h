@@ -110,6 +110,7 @@ class RemoteServer {
   std::deque<uint32_t> ready;
   bool serving = false;
   bool stopped = false;  // the server was shut down: requests are answered with ClosedError
+  bool stopped_before_open = false;  // for RemoteTransport::release_server()
   std::string stop_reason;
   std::unordered_map<uint32_t, std::shared_ptr<RemoteConnection>> conns;  // live ones
   std::vector<uint32_t> starved;  // connections waiting for a free slot

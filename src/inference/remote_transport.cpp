@@ -89,7 +89,14 @@ void RemoteTransport::open_server() {
   std::lock_guard<std::mutex> lock(s_->mu);
   if (s_->serving) throw Error("another InferenceServer already serves this transport");
   s_->serving = true;
+  s_->stopped_before_open = s_->stopped;
   s_->stopped = false;
+}
+
+void RemoteTransport::release_server() noexcept {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->serving = false;
+  s_->stopped = s_->stopped_before_open;
 }
 
 void RemoteTransport::close_server(const std::string& reason, bool fail_pending) {

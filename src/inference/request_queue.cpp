@@ -8,7 +8,14 @@ void RequestQueue::open_server() {
   std::lock_guard<std::mutex> lock(mu_);
   if (serving_) throw Error("another InferenceServer already serves this transport");
   serving_ = true;
+  stopped_before_open_ = stopped_;
   stopped_ = false;
+}
+
+void RequestQueue::release_server() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  serving_ = false;
+  stopped_ = stopped_before_open_;
 }
 
 void RequestQueue::close_server(const std::string& reason, bool fail_pending) {

@@ -39,6 +39,8 @@ class RequestQueue {
   // Refuses new requests from now on; with `fail_pending`, also fails every queued one
   // with ClosedError(reason) and lets a new server open it.
   void close_server(const std::string& reason, bool fail_pending);
+  // Undoes open_server(): unclaimed, and refusing requests again only if it did before.
+  void release_server() noexcept;
   // Queues `r`. When the server was shut down, returns why (r is not queued).
   std::optional<std::string> push(std::shared_ptr<QueuedRequest> r);
 
@@ -59,6 +61,7 @@ class RequestQueue {
   WorkNotifier notifier_;
   std::deque<std::shared_ptr<QueuedRequest>> queue_;
   bool serving_ = false, stopped_ = false;
+  bool stopped_before_open_ = false;  // for release_server()
   std::string stop_reason_ = "the inference server was shut down";
   uint64_t wakeups_ = 0;  // interrupt() count, so a wait can tell it was interrupted
   std::vector<std::shared_ptr<QueuedRequest>> inflight_;  // serving thread only: ids index it

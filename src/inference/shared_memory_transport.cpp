@@ -106,9 +106,22 @@ void SharedMemoryTransport::open_server() {
         std::to_string(region_->header->owner_pid) + ") can serve it");
   if (owner_->claimed.exchange(true))
     throw Error("another InferenceServer already serves this transport");
-  region_->header->server_state.store(kServing, std::memory_order_seq_cst);
-  if (!owner_->batch.staging.defined())
-    owner_->batch.staging = Storage::allocate(region_->request.bank_bytes(), 64);
+  try {
+    if (!owner_->batch.staging.defined())
+      owner_->batch.staging = Storage::allocate(region_->request.bank_bytes(), 64);
+  } catch (...) {
+    owner_->claimed.store(false);
+    throw;
+  }
+  owner_->state_before_open =
+      region_->header->server_state.exchange(kServing, std::memory_order_seq_cst);
+}
+
+void SharedMemoryTransport::release_server() noexcept {
+  if (!is_owner()) return;
+  region_->header->server_state.store(owner_->state_before_open, std::memory_order_seq_cst);
+  region_->header->freed.notify_all();  // clients waiting for a slot re-check the state
+  owner_->claimed.store(false);
 }
 
 void SharedMemoryTransport::close_server(const std::string& reason, bool fail_pending) {

@@ -37,6 +37,7 @@ class ShmOwner {
   // ended yet (close_server with fail_pending): the shared server state says kStopped from
   // the start of a shutdown, while that thread may still run (a shutdown that timed out).
   std::atomic<bool> claimed{false};
+  uint32_t state_before_open = 0;  // the shared server state open_server() replaced
 
   // Serving-thread scratch, allocated once.
   uint32_t cursor = 0;

@@ -555,6 +555,9 @@ void SocketTransport::open_server() {
         "created it can serve it");
   o_->queue.open_server();
 }
+void SocketTransport::release_server() noexcept {
+  if (o_->generation == os::fork_generation()) o_->queue.release_server();
+}
 void SocketTransport::close_server(const std::string& reason, bool fail_pending) {
   if (o_->generation != os::fork_generation()) return;  // a forked copy: the queue is the parent's
   o_->queue.close_server(reason, fail_pending);

@@ -127,6 +127,9 @@ void ThreadTransport::open_server() {
   s_->check_here();
   s_->queue.open_server();
 }
+void ThreadTransport::release_server() noexcept {
+  s_->queue.release_server();
+}
 void ThreadTransport::close_server(const std::string& reason, bool fail_pending) {
   s_->queue.close_server(reason, fail_pending);
 }

@@ -98,6 +98,7 @@ class RemoteTransport : public Transport {
 
   void open_server() override;
   void close_server(const std::string& reason, bool fail_pending) override;
+  void release_server() noexcept override;
   void wait_for_work(Deadline deadline) override;
   void interrupt() override;
   bool has_work() override;

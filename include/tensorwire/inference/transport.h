@@ -82,6 +82,10 @@ class Transport {
   // server's claim (the serving thread does this once it has stopped; until then
   // open_server() refuses another server, also after a shutdown that timed out).
   virtual void close_server(const std::string& reason, bool fail_pending) = 0;
+  // Undoes open_server() when the server does not start after all (another of its
+  // transports refused it): the claim is given up and the transport is as it was before,
+  // its pending requests kept for a server to come.
+  virtual void release_server() noexcept = 0;
   // Returns when a drain may find work, at `deadline`, or after interrupt().
   virtual void wait_for_work(Deadline deadline) = 0;
   virtual void interrupt() = 0;

@@ -408,15 +408,23 @@ TEST_P(TransportTest, AServerAfterAShutdownThatTimedOutStartsOnceTheOldOneEnded)
 
 // A server of several transports that fails to start (one of them is served already)
 // gives up its claim on the others: each can be served again.
-TEST_P(TransportTest, AFailedStartOfSeveralTransportsLeavesEachFreeToServe) {
+// A request made before, and one made after, a start that failed are served by the next
+// server (the failed start failed them: "InferenceServer failed to start", and every
+// later submit raised ClosedError although no server had run).
+TEST_P(TransportTest, AFailedStartOfSeveralTransportsLeavesEachAsItWas) {
   auto taken = ThreadTransport::create();
   InferenceServer other(double_policy, taken);
   other.start();
+  Client c = transport->client();
+  Future before = c.submit(observation(1));
   InferenceServer both(double_policy, std::vector<std::shared_ptr<Transport>>{transport, taken});
   EXPECT_THROW(both.start(), Error);
+  Future after = c.submit(observation(2));
   InferenceServer alone(double_policy, transport);
   alone.start();
-  EXPECT_EQ(action0(transport->client()(observation(2), 5s)), 4);
+  EXPECT_EQ(action0(before.result(5s)), 2);
+  EXPECT_EQ(action0(after.result(5s)), 4);
+  EXPECT_EQ(action0(c(observation(3), 5s)), 6);
 }
 
 // The server side by hand, as a server of several transports uses it: has_work() says
