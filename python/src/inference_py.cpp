@@ -53,12 +53,13 @@ struct PyClient {
   // Called with the GIL, which serialises the threads sharing this client: the keys are
   // fetched without it (the first call connects: a handshake) into a local, and stored once
   // the GIL is back (threads that wrote them together, with another reading, crashed).
-  const std::optional<std::vector<Key>>& request_keys() {
+  // `connect_by`: the deadline of the call that needs them.
+  const std::optional<std::vector<Key>>& request_keys(Deadline connect_by = Deadline::never()) {
     if (!keys_known) {
       std::optional<std::vector<Key>> fetched;
       {
         NoGil nogil;
-        fetched = client.request_keys();
+        fetched = client.request_keys(connect_by.remaining());
       }
       if (!keys_known) {
         keys = std::move(fetched);
@@ -144,21 +145,21 @@ void bind_inference(nb::module_& m) {
       .def(
           "submit",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = Timeout::seconds(timeout);
+            const Deadline d = Deadline::after(Timeout::seconds(timeout));
             TensorDict holder;
-            const TensorDict& request = request_from(td, self.request_keys(), holder);
+            const TensorDict& request = request_from(td, self.request_keys(d), holder);
             NoGil nogil;
-            return new inf::Future(self.client.submit(request, t));
+            return new inf::Future(self.client.submit(request, d.remaining()));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Timeout t = Timeout::seconds(timeout);
+            const Deadline d = Deadline::after(Timeout::seconds(timeout));
             TensorDict holder;
-            const TensorDict& request = request_from(td, self.request_keys(), holder);
+            const TensorDict& request = request_from(td, self.request_keys(d), holder);
             NoGil nogil;
-            return PyTensorDict(self.client(request, t));
+            return PyTensorDict(self.client(request, d.remaining()));
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def_prop_ro("kind", [](const PyClient& self) { return std::string(self.client.kind()); })

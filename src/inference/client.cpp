@@ -116,8 +116,8 @@ const char* Client::kind() const {
 std::string Client::address() const {
   return impl_ ? impl_->address() : std::string();
 }
-std::optional<std::vector<Key>> Client::request_keys() const {
-  return checked(impl_, "request_keys()").request_keys();
+std::optional<std::vector<Key>> Client::request_keys(Timeout timeout) const {
+  return checked(impl_, "request_keys()").request_keys(Deadline::after(timeout));
 }
 void Client::close() noexcept {
   if (impl_) impl_->close();

@@ -370,8 +370,8 @@ std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
   });
 }
 
-std::optional<std::vector<Key>> RemoteClient::request_keys() {
-  return link()->request.keys();
+std::optional<std::vector<Key>> RemoteClient::request_keys(Deadline connect_by) {
+  return link(connect_by)->request.keys();
 }
 
 void RemoteClient::close() noexcept {

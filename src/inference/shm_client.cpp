@@ -172,8 +172,8 @@ std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
   });
 }
 
-std::optional<std::vector<Key>> ShmClient::request_keys() {
-  return connection()->region->request.keys();
+std::optional<std::vector<Key>> ShmClient::request_keys(Deadline connect_by) {
+  return connection(connect_by)->region->request.keys();
 }
 
 void ShmClient::close() noexcept {

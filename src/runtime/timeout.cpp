@@ -45,6 +45,10 @@ Clock::duration Deadline::left() const noexcept {
   return when_ > now ? when_ - now : Clock::duration::zero();
 }
 
+Timeout Deadline::remaining() const {
+  return is_never() ? Timeout::forever() : Timeout(left());
+}
+
 int Deadline::poll_ms() const noexcept {
   if (is_never()) return -1;
   const auto left_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left()).count();

@@ -235,6 +235,20 @@ def test_attaching_to_a_name_nobody_listens_on_fails():
         tw.SharedMemoryTransport.attach("tensorwire-test-nobody-listens", timeout=0.1)
 
 
+@pytest.mark.parametrize("call", ["call", "submit"])
+def test_a_calls_timeout_bounds_its_first_connect(call):
+    # The first call of a client connects: within the call's timeout, as in C++ (it took
+    # the transport's 3 s connect timeout from Python, whatever the call's).
+    c = tw.SharedMemoryTransport.client_for("tensorwire-test-nobody-listens")
+    start = time.monotonic()
+    with pytest.raises(ConnectionRefusedError, match="tensorwire-test-nobody-listens"):
+        if call == "call":
+            c(observation(1), timeout=0)
+        else:
+            c.submit(observation(1), timeout=0)
+    assert time.monotonic() - start < 2.0
+
+
 def test_a_thread_transport_client_cannot_be_pickled():
     import pickle
 

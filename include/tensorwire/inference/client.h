@@ -87,9 +87,9 @@ class Client {
   // The name another process attaches to; empty for a ThreadTransport's clients.
   std::string address() const;
   // The leaf keys a request must carry (depth-first, insertion order) when the transport
-  // has a fixed request layout (SharedMemoryTransport; connects on first use);
-  // std::nullopt when any structure goes.
-  std::optional<std::vector<Key>> request_keys() const;
+  // has a fixed request layout (shared memory, remote: the first use connects, within
+  // `timeout`); std::nullopt when any structure goes.
+  std::optional<std::vector<Key>> request_keys(Timeout timeout = Timeout::forever()) const;
   // Disconnects this client and every copy of it; later calls throw ClosedError. Futures
   // already made keep their requests.
   void close() noexcept;

@@ -64,6 +64,9 @@ class Deadline {
   Clock::time_point when() const noexcept { return when_; }
   // Time left, never negative; Clock::duration::max() for never.
   Clock::duration left() const noexcept;
+  // The time left as a Timeout (forever for never): for a call that takes a Timeout, made
+  // within a deadline others share.
+  Timeout remaining() const;
   // Milliseconds for poll()/epoll_wait()/zmq_poll(): rounded up so a wait never ends just
   // before the deadline and spins; -1 for never.
   int poll_ms() const noexcept;
