@@ -2,7 +2,8 @@
 // producer controls), through the datapoint decoder (wire/datapoint.h):
 //
 //   parse_untrusted_json -> ConsolidatedLayout::parse (storage of kStorageBytes) ->
-//   DatapointDecoder::structure (with and without allow_pickle) -> every value read.
+//   DatapointDecoder::structure (with and without allow_pickle) -> check_values (what a
+//   receiver runs on each message) -> every value read.
 //
 // A bad input may only be refused with tensorwire::ProtocolError; another tensorwire::Error
 // is a finding, anything else escapes and libFuzzer reports it. Reading every value of an
@@ -73,7 +74,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (bool allow_pickle : {true, false}) {
       try {
         auto root = wire::DatapointDecoder::structure(layout, allow_pickle);
-        if (root) read_all(storage, *root);
+        if (!root) continue;
+        try {
+          wire::DatapointDecoder::check_values(*root, storage);
+        } catch (const tw::ProtocolError&) {
+        }
+        read_all(storage, *root);
       } catch (const tw::ProtocolError&) {
       }
     }
