@@ -467,6 +467,15 @@ class SocketClient final : public detail::ClientImpl {
     };
     bool sent = false;
     try {
+      // The rest of an earlier request given up half-written goes first; until it has,
+      // this one is not started (then it was not sent, and it is not taken for a dropped one).
+      if (!c->socket.flush(deadline))
+        throw TimeoutError(
+            not_taken("the rest of an earlier request is still being written", false));
+    } catch (const ClosedError&) {
+      throw ClosedError("the inference server closed the connection");
+    }
+    try {
       sent = c->socket.send(bytes, {}, deadline);
     } catch (const ClosedError&) {
       throw ClosedError("the inference server closed the connection");
