@@ -171,12 +171,37 @@ Tensor Tensor::clone() const {
   return out;
 }
 
+namespace {
+
+// Whether the bytes two tensors' elements span intersect (strides may be negative).
+bool spans_overlap(const Tensor& a, const Tensor& b) {
+  auto span = [](const Tensor& t) {
+    const auto* base = static_cast<const std::byte*>(t.data());
+    const auto item = static_cast<int64_t>(t.itemsize());
+    int64_t lo = 0, hi = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t reach = (t.shape()[d] - 1) * t.strides()[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    return std::pair(base + lo * item, base + (hi + 1) * item);
+  };
+  const auto [a_lo, a_hi] = span(a);
+  const auto [b_lo, b_hi] = span(b);
+  return a_lo < b_hi && b_lo < a_hi;
+}
+
+}  // namespace
+
 void Tensor::copy_(const Tensor& src) {
   if (src.shape_ != shape_ || src.dtype_ != dtype_)
     throw ValueError("copy_: source " + std::string(dtype_name(src.dtype_)) +
                      shape_str(src.shape_) + " does not match destination " +
                      std::string(dtype_name(dtype_)) + shape_str(shape_));
-  if (numel_ == 0 || src.data() == data()) return;
+  if (numel_ == 0) return;
+  if (src.data() == data() && src.strides_ == strides_) return;  // the very same elements
+  // A source that shares bytes with this tensor (a flipped or transposed view of it) is
+  // read whole before anything is written, as torch's copy_ does.
+  if (spans_overlap(src, *this)) return copy_(src.clone());
   if (is_contiguous()) {
     src.copy_to(static_cast<std::byte*>(data()));
   } else {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "bytes.h"
 #include "tensorwire/wire/decoder.h"
@@ -27,6 +28,20 @@ void write_all(int fd, const void* data, size_t n, const std::string& where) {
   }
 }
 
+// The process's umask, read without changing it (umask() sets it, racing other threads
+// that create files): /proc/self/status says it (Linux 4.7+); 022 when it cannot be read.
+mode_t current_umask() {
+  FILE* f = std::fopen("/proc/self/status", "re");
+  unsigned mask = 022;
+  if (f) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
+    std::fclose(f);
+  }
+  return static_cast<mode_t>(mask);
+}
+
 }  // namespace
 
 void save(const TensorDict& td, const std::string& path, const ConsolidateOptions& options) {
@@ -41,10 +56,13 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
   if (path.empty()) throw ValueError("save: the path is empty");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw SystemError(where, EISDIR);
-  // Write beside the target and rename: readers never see a half-written file.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Write beside the target and rename: readers never see a half-written file. The
+  // temporary name is this call's own (mkstemp): saves to one path from two threads or
+  // processes each write a file of their own, and the last rename wins whole.
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) throw SystemError(where + " (creating '" + tmp + "')", errno);
+  ::fchmod(fd, 0644 & ~current_umask());  // mkstemp makes it 0600; a file saved is 0644
   try {
     write_all(fd, storage.data(), storage.nbytes(), where);
     write_all(fd, json.data(), json.size(), where);

@@ -209,6 +209,31 @@ TEST(Tensor, CopyIntoAStridedDestination) {
   EXPECT_TRUE(base.equal(iota_f32({2, 3})));
 }
 
+// A source sharing bytes with the destination (a flipped, transposed or shifted view of
+// it) is read whole before anything is written, as torch's copy_ does (before: a flip gave
+// [7 6 5 4 4 5 6 7], a transpose of a square matrix was skipped, a shift was an
+// overlapping memcpy).
+TEST(Tensor, CopyFromAViewOfTheDestinationItselfReadsItWholeFirst) {
+  Tensor a = iota_f32({8});
+  a.copy_(Tensor::view(a.storage(), 7 * sizeof(float), {8}, DType::Float32, {-1}));
+  EXPECT_TRUE(a.equal(Tensor::from_vector(std::vector<float>{7, 6, 5, 4, 3, 2, 1, 0}, {8})));
+
+  Tensor m = iota_f32({3, 3});
+  m.copy_(Tensor::view(m.storage(), 0, {3, 3}, DType::Float32, {1, 3}));
+  EXPECT_TRUE(m.equal(Tensor::from_vector(std::vector<float>{0, 3, 6, 1, 4, 7, 2, 5, 8}, {3, 3})));
+
+  Tensor base = iota_f32({10});
+  Tensor head = Tensor::view(base.storage(), 0, {8}, DType::Float32);
+  Tensor tail = Tensor::view(base.storage(), sizeof(float), {8}, DType::Float32);
+  tail.copy_(head);
+  EXPECT_TRUE(
+      base.equal(Tensor::from_vector(std::vector<float>{0, 0, 1, 2, 3, 4, 5, 6, 7, 9}, {10})));
+
+  Tensor same = iota_f32({4});
+  same.copy_(same);  // the very same elements: nothing to do
+  EXPECT_TRUE(same.equal(iota_f32({4})));
+}
+
 TEST(Tensor, CopyRejectsAShapeOrDtypeMismatch) {
   Tensor dst = Tensor::zeros({2, 3}, DType::Float32);
   EXPECT_THROW(dst.copy_(iota_f32({3, 2})), ValueError);
