@@ -189,8 +189,27 @@ nb::object from_json(const Json& v) {
   }
 }
 
+namespace {
+
+// A torch tensor whose conjugate or negative bit is set (x.conj(), x.conj().imag) views
+// the values before that operation: resolved (a copy), as torch does when it reads one.
+// A null object for anything else. Only once the program imported torch.
+nb::object resolved_torch_bits(nb::handle value) {
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (!torch) return {};
+  nb::object tensor_type = nb::getattr(torch, "Tensor", nb::none());
+  if (tensor_type.is_none() || PyObject_IsInstance(value.ptr(), tensor_type.ptr()) != 1) return {};
+  if (!nb::cast<bool>(value.attr("is_conj")()) && !nb::cast<bool>(value.attr("is_neg")()))
+    return {};
+  return value.attr("resolve_conj")().attr("resolve_neg")();
+}
+
+}  // namespace
+
 std::optional<Tensor> to_tensor(nb::handle value) {
   using Array = nb::ndarray<nb::device::cpu>;
+  nb::object resolved = resolved_torch_bits(value);
+  if (resolved.is_valid()) value = resolved;
   Array a;
   if (!nb::try_cast(value, a, /*convert=*/false)) {
     // Read-only arrays (np.frombuffer on bytes, ...) are copied: tensorwire writes into

@@ -24,17 +24,39 @@ bool is_number_tree(nb::handle v) {
   return false;
 }
 
-// Python numbers become 0-dim tensors the way torch.tensor() types them: bool -> bool,
-// int -> int64, float -> float32 (lists of numbers likewise).
-Tensor number_tensor(nb::handle v) {
+// ValueError naming the first int of a number tree that int64 cannot hold (torch.tensor()
+// refuses it too; numpy would make it uint64 or an object, and a cast would wrap it).
+void check_ints_fit(nb::handle v, const Key& key) {
+  if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+    int overflow = 0;
+    (void)PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0)
+      throw ValueError("key " + key.str() + ": the int " + nb::cast<std::string>(nb::repr(v)) +
+                       " does not fit int64, the dtype Python ints are stored as");
+  } else if (nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v)) {
+    for (nb::handle x : v) check_ints_fit(x, key);
+  }
+}
+
+// Python numbers become tensors the way torch.tensor() types them: bool -> bool, int ->
+// int64, float -> float32 (lists of numbers likewise). A numpy float64 scalar (a float to
+// Python) keeps its dtype, as in torch.as_tensor and tensordict.
+Tensor number_tensor(nb::handle v, const Key& key) {
+  check_ints_fit(v, key);
   nb::module_ np = nb::module_::import_("numpy");
   nb::object arr = np.attr("asarray")(v);
-  std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
-  if (kind == "f")
-    arr = arr.attr("astype")(np.attr("float32"));
-  else if (kind == "i" || kind == "u")
-    arr = arr.attr("astype")(np.attr("int64"));
-  return *to_tensor(arr);
+  if (!nb::isinstance(v, np.attr("generic"))) {
+    std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+    if (kind == "f")
+      arr = arr.attr("astype")(np.attr("float32"));
+    else if (kind == "i" || kind == "u")
+      arr = arr.attr("astype")(np.attr("int64"));
+  }
+  std::optional<Tensor> t = to_tensor(arr);
+  if (!t)
+    throw TypeError("key " + key.str() + ": cannot store " + nb::cast<std::string>(nb::repr(v)) +
+                    " as a tensor");
+  return *t;
 }
 
 TensorDict dict_to_td(nb::handle d, const Shape& batch, const std::optional<Device>& device,
@@ -119,7 +141,7 @@ Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>
   if (nb::isinstance<nb::dict>(value)) return Entry(dict_to_td(value, batch, device, key));
   if (value.is_none() || nb::isinstance<nb::str>(value))
     return Entry(NonTensor{to_json(value, "key " + key.str())});
-  if (is_number_tree(value)) return Entry(number_tensor(value));
+  if (is_number_tree(value)) return Entry(number_tensor(value, key));
   if (is_tensordict_lib(value)) return Entry(tensordict_from(value, batch, device, ""));
   if (std::optional<Tensor> t = leaf_tensor(value, "key " + key.str())) return Entry(std::move(*t));
   if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value))

@@ -28,12 +28,14 @@ namespace {
 
 namespace inf = tensorwire::inference;
 
-// A request as a C++ TensorDict: a tensorwire one as it is (no copy); with a fixed layout,
-// a mapping (a dict, a tensordict.TensorDict) read at the declared keys; otherwise converted
-// whole by the TensorDict rule. One rule for every transport.
+// A request as a C++ TensorDict: a tensorwire one as it is (a copy of its structure, its
+// leaves shared: the submit reads it with the GIL released, while another thread may change
+// the dict); with a fixed layout, a mapping (a dict, a tensordict.TensorDict) read at the
+// declared keys; otherwise converted whole by the TensorDict rule. One rule for every
+// transport.
 const TensorDict& request_from(nb::handle obj, const std::optional<std::vector<Key>>& keys,
                                TensorDict& holder) {
-  if (nb::isinstance<PyTensorDict>(obj)) return nb::cast<PyTensorDict&>(obj).td();
+  if (nb::isinstance<PyTensorDict>(obj)) return holder = nb::cast<PyTensorDict&>(obj).td();
   const bool mapping = nb::isinstance<nb::dict>(obj) || is_tensordict_lib(obj) ||
                        (keys && nb::hasattr(obj, "keys") && nb::hasattr(obj, "__getitem__"));
   if (!mapping)

@@ -42,6 +42,18 @@ std::optional<Device> device_arg(nb::handle v) {
   throw TypeError("device must be None, a str or a torch.device, got " + py_type(v));
 }
 
+// What a call that releases the GIL works on: a copy of the structure (the leaves share
+// their storages), since another thread may add or remove entries meanwhile.
+TensorDict snapshot(const PyTensorDict& td) {
+  return td.td();
+}
+
+bool only_tensors(const TensorDict& td) {
+  for (const Key& k : td.keys(true, true))
+    if (!td.entry(k).is_tensor()) return false;
+  return true;
+}
+
 size_t alignment_arg(nb::handle v) {
   const int64_t a = int_arg(v, "alignment");
   if (a <= 0 || (a & (a - 1)) != 0)
@@ -214,7 +226,7 @@ void bind_tensordict(nb::module_& m) {
       .def(
           "consolidate",
           [](const PyTensorDict& self, nb::handle alignment) {
-            const TensorDict& td = self.td();
+            const TensorDict td = snapshot(self);
             ConsolidateOptions options{.alignment = alignment_arg(alignment)};
             NoGil nogil;
             return PyTensorDict(consolidate(td, options));
@@ -255,7 +267,7 @@ void bind_tensordict(nb::module_& m) {
       .def(
           "save",
           [](const PyTensorDict& self, nb::handle path, nb::handle alignment) {
-            const TensorDict& td = self.td();
+            const TensorDict td = snapshot(self);
             std::string p = path_arg(path);
             ConsolidateOptions options{.alignment = alignment_arg(alignment)};
             NoGil nogil;
@@ -266,7 +278,7 @@ void bind_tensordict(nb::module_& m) {
           "(tensordict's consolidated-file layout, docs/protocol.md section 8), atomically.")
       .def("clone",
            [](const PyTensorDict& self) {
-             const TensorDict& td = self.td();
+             const TensorDict td = snapshot(self);
              NoGil nogil;
              return PyTensorDict(td.clone());
            })
@@ -275,9 +287,16 @@ void bind_tensordict(nb::module_& m) {
            [](PyTensorDict& self, nb::handle other) {
              TensorDict& td = self.td();
              if (nb::isinstance<PyTensorDict>(other)) {
-               const TensorDict& src = nb::cast<PyTensorDict&>(other).td();
+               const TensorDict src = snapshot(nb::cast<PyTensorDict&>(other));
+               if (!only_tensors(src)) {
+                 td.update_(src);  // its non-tensor values replace entries of `td`
+                 return self;
+               }
+               // The tensors are written through a copy of the structure: their storages
+               // are this dict's.
+               TensorDict into = td;
                NoGil nogil;
-               td.update_(src);
+               into.update_(src);
              } else {
                td.update_(tensordict_from(other, td.batch_size(), td.device(), "update_"));
              }

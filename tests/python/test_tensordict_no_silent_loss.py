@@ -1,5 +1,6 @@
 """What a TensorDict holds comes back exactly, or is refused where it is set."""
 import json
+import os
 import pickle
 
 import numpy as np
@@ -112,3 +113,117 @@ def test_an_unpickled_value_deeper_than_the_limit_is_refused():
     crafted = pickle.dumps(_CraftedPickle(metadata_with_value(deep_list(257))))
     with pytest.raises(tw.ProtocolError, match="more than 256 levels deep"):
         pickle.loads(crafted)
+
+
+# ---- numbers, torch views, overlapping updates, concurrent use (found by a review) -----
+
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1, 2**70, -(2**63) - 1, [1, 2**63], [[0], [2**70]]])
+def test_an_int_that_int64_cannot_hold_is_refused_not_wrapped(value):
+    # Before: 2**63 became -2**63 and 2**64 - 1 became -1 (a wrapping cast); 2**70 crashed.
+    td = tw.TensorDict()
+    with pytest.raises(ValueError, match="does not fit int64"):
+        td["x"] = value
+    assert "x" not in td
+
+
+def test_python_numbers_follow_torch_and_numpy_scalars_keep_their_dtype():
+    td = tw.TensorDict({"f": 0.1, "i": 2**63 - 1, "b": True, "n": np.float64(1e300),
+                        "l": [1.5, 2], "n32": np.float32(0.5)})
+    assert td["f"].dtype == np.float32 and td["i"] == 2**63 - 1 and td["b"].dtype == np.bool_
+    assert td["n"].dtype == np.float64 and td["n"] == 1e300  # was float32 inf
+    assert td["l"].dtype == np.float32 and td["n32"].dtype == np.float32
+
+
+def test_torch_conjugate_and_negative_views_are_stored_with_their_values():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([1 + 2j, 3 + 4j])
+    td = tw.TensorDict({"c": x.conj(), "n": x.conj().imag})
+    np.testing.assert_array_equal(td["c"], x.conj().resolve_conj().numpy())  # was x
+    np.testing.assert_array_equal(td["n"], [-2.0, -4.0])  # was [2, 4]
+    tensordict = pytest.importorskip("tensordict")
+    back = tw.TensorDict.from_tensordict(tensordict.TensorDict({"c": x.conj()}, batch_size=[]))
+    np.testing.assert_array_equal(back["c"], [1 - 2j, 3 - 4j])
+
+
+def test_update_from_a_view_of_the_same_memory_reads_it_whole_first():
+    a = np.arange(8.0)
+    td = tw.TensorDict({"a": a, "m": np.arange(9.0).reshape(3, 3)})
+    td.update_({"a": a[::-1]})
+    np.testing.assert_array_equal(td["a"], [7, 6, 5, 4, 3, 2, 1, 0])  # was [7 6 5 4 4 5 6 7]
+    m = td["m"]
+    td.update_({"m": m.T})
+    np.testing.assert_array_equal(td["m"], np.arange(9.0).reshape(3, 3).T)  # was unchanged
+
+
+def test_saves_to_one_path_from_two_threads_leave_one_whole_file(tmp_path):
+    # Both wrote the same temporary file (path.tmp.<pid>): a mix of the two, a rename of a
+    # file the other had removed, or an error.
+    import threading
+
+    path = str(tmp_path / "td.bin")
+    big = tw.TensorDict({"x": np.full(1 << 20, 2.0, np.float32)})
+    small = tw.TensorDict({"x": np.full(1 << 18, 1.0, np.float32)})
+    errors = []
+
+    def save(td):
+        try:
+            for _ in range(10):
+                td.save(path)
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(td,)) for td in (big, small)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == []
+    x = tw.load(path)["x"]
+    assert (x == x[0]).all() and ((x[0] == 2.0 and len(x) == 1 << 20) or (x[0] == 1.0 and len(x) == 1 << 18))
+    assert [p.name for p in tmp_path.iterdir()] == ["td.bin"]  # no temporary left
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_MUTATED_WHILE_COPIED = """
+import threading, numpy as np, tensorwire as tw, os
+td = tw.TensorDict({f"k{i}": np.ones(200_000, np.float32) for i in range(20)})
+stop = False
+def mutate():
+    i = 0
+    while not stop:
+        td[f"n{i}"] = np.ones(10, np.float32)
+        if i % 50 == 49:
+            for j in range(i - 49, i + 1):
+                del td[f"n{j}"]
+        i += 1
+t = threading.Thread(target=mutate)
+t.start()
+try:
+    for n in range(300):
+        td.clone()
+        td.consolidate()
+        td.update_(tw.TensorDict({"k0": np.zeros(200_000, np.float32)}))
+        if n % 30 == 0:
+            td.save(os.path.join(TMP, "td.bin"))
+finally:
+    stop = True
+    t.join()
+print("survived")
+"""
+
+
+def test_a_dict_changed_by_another_thread_while_it_is_copied_or_saved_does_not_crash(tmp_path):
+    # clone, consolidate, save and update_ release the GIL: they read the dict's entries,
+    # which another thread could reallocate meanwhile (a segfault in Tensor::clone).
+    import subprocess
+    import sys
+    from conftest import PYTHONPATH
+
+    out = subprocess.run([sys.executable, "-c", _MUTATED_WHILE_COPIED.replace("TMP", repr(str(tmp_path)))],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=PYTHONPATH))
+    assert out.returncode == 0 and "survived" in out.stdout, (out.returncode, out.stderr[-2000:])
