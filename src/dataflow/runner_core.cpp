@@ -231,9 +231,12 @@ void RunnerCore::begin_epoch() {
 }
 
 RunnerCore::ConsumerCall::ConsumerCall(RunnerCore& core) : core_(core) {
-  core_.consumer_calls.fetch_add(1, std::memory_order_acq_rel);
+  // seq_cst here and in stop_consumer(): each side writes one flag, then reads the other's
+  // (a Dekker pair). With release/acquire alone both reads may miss the other write (a store
+  // may wait in a store buffer past a later load): close() would go on while a call enters.
+  core_.consumer_calls.fetch_add(1, std::memory_order_seq_cst);
   core_.consumer_thread.store(std::this_thread::get_id(), std::memory_order_release);
-  if (core_.link.closing.load(std::memory_order_acquire)) {
+  if (core_.link.closing.load(std::memory_order_seq_cst)) {
     core_.consumer_calls.fetch_sub(1, std::memory_order_acq_rel);
     throw ClosedError(std::string(core_.name) + " is closed");
   }
@@ -244,8 +247,8 @@ RunnerCore::ConsumerCall::~ConsumerCall() {
 }
 
 bool RunnerCore::stop_consumer() noexcept {
-  link.closing.store(true, std::memory_order_release);
-  if (consumer_calls.load(std::memory_order_acquire) == 0) return true;
+  link.closing.store(true, std::memory_order_seq_cst);
+  if (consumer_calls.load(std::memory_order_seq_cst) == 0) return true;
   // A close() from a callback of the consumer's own call: that call uses the link once the
   // callback returns, and leaves it with ClosedError; the destructor takes it down.
   if (consumer_thread.load(std::memory_order_acquire) == std::this_thread::get_id()) return false;
