@@ -74,17 +74,21 @@ inf::Policy make_policy(nb::object adapter, std::optional<std::vector<Key>> keys
 // The server and the GIL: a destructor that joins the serving thread must not hold the
 // GIL (the thread may be waiting for it to call the policy).
 struct PyServer {
-  std::unique_ptr<inf::InferenceServer> server;
+  // Shared with the calls that release the GIL (start, shutdown, update_model): a close()
+  // from another thread meanwhile leaves the server to the last of them, whose release
+  // destroys it (a shutdown and a join) without the GIL.
+  std::shared_ptr<inf::InferenceServer> server;
   void close() {
+    std::shared_ptr<inf::InferenceServer> doomed = std::move(server);  // under the GIL
     NoGil nogil;
-    server.reset();
+    doomed.reset();
   }
   ~PyServer() {
     if (server && Py_IsInitialized() && PyGILState_Check()) close();
   }
-  inf::InferenceServer& get() {
+  std::shared_ptr<inf::InferenceServer> get() {
     if (!server) throw ClosedError("the InferenceServer was closed");
-    return *server;
+    return server;
   }
 };
 
@@ -110,8 +114,8 @@ void bind_inference_server(nb::module_& m) {
               keys.emplace();
               for (nb::handle k : response_keys) keys->push_back(to_key(k));
             }
-            new (self) PyServer{std::make_unique<inf::InferenceServer>(
-                make_policy(std::move(adapter), std::move(keys)), std::move(transports), o)};
+            new (self) PyServer{released_without_gil(std::make_shared<inf::InferenceServer>(
+                make_policy(std::move(adapter), std::move(keys)), std::move(transports), o))};
           },
           nb::arg("adapter"), nb::arg("response_keys").none(), nb::arg("transports"),
           nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(), nb::arg("timeout"),
@@ -119,31 +123,31 @@ void bind_inference_server(nb::module_& m) {
           nb::arg("policy_version"))
       .def("start",
            [](PyServer& s) {
-             inf::InferenceServer& server = s.get();
+             std::shared_ptr<inf::InferenceServer> server = s.get();
              // It joins a serving thread that ended before, which takes the GIL as it ends.
              NoGil nogil;
-             server.start();
+             server->start();
            })
       .def(
           "shutdown",
           [](PyServer& s, std::optional<double> timeout) {
             const Timeout t = Timeout::seconds(timeout, "timeout");
-            inf::InferenceServer& server = s.get();
+            std::shared_ptr<inf::InferenceServer> server = s.get();
             NoGil nogil;
-            return server.shutdown(t);
+            return server->shutdown(t);
           },
           nb::arg("timeout").none() = 5.0)
       .def_prop_ro("is_alive", [](PyServer& s) { return s.server && s.server->running(); })
       .def_prop_ro("is_closed", [](PyServer& s) { return !s.server; })
-      .def_prop_ro("policy_version", [](PyServer& s) { return s.get().policy_version(); })
+      .def_prop_ro("policy_version", [](PyServer& s) { return s.get()->policy_version(); })
       .def(
           "update_model",
           [](PyServer& s, nb::callable fn, bool mark) {
-            inf::InferenceServer& server = s.get();
+            std::shared_ptr<inf::InferenceServer> server = s.get();
             nb::object result;
             {
               NoGil nogil;
-              server.update_model(
+              server->update_model(
                   [&] {
                     nb::gil_scoped_acquire gil;
                     result = fn();
@@ -156,7 +160,7 @@ void bind_inference_server(nb::module_& m) {
       .def(
           "stats",
           [](PyServer& s, bool reset) {  // in the order of inference.py's _STATS
-            inf::ServerStats st = s.get().stats(reset);
+            inf::ServerStats st = s.get()->stats(reset);
             return nb::make_tuple(st.requests, st.batches, st.requests_per_s, st.batches_per_s,
                                   st.avg_batch_size, st.p50_queue_ms, st.p95_queue_ms,
                                   st.p50_forward_ms, st.p95_forward_ms, st.policy_version,

@@ -489,6 +489,7 @@ class InferenceServer:
 
     def close(self) -> None:
         """Shuts down (if running) and releases the server: every later use raises ClosedError."""
+        _live_servers.discard(self)  # nothing left for the exit hook to shut down
         self._server.close()
 
     def __repr__(self) -> str:

@@ -56,12 +56,16 @@ struct InferenceServer::State {
   std::shared_ptr<Transport> transport;
   ServerOptions options;
 
+  // start() and shutdown() one at a time, whichever threads call them (the worker below is
+  // theirs); shutdown() waits for it no longer than its timeout.
+  std::timed_mutex lifecycle_mu;
   std::thread worker;
-  uint64_t worker_generation = 0;
   std::atomic<bool> stop{false};
   std::mutex done_mu;
   std::condition_variable done_cv;
   bool finished = true;
+  bool started = false;            // under done_mu: a worker was started and not joined yet
+  uint64_t worker_generation = 0;  // under done_mu
 
   std::mutex model_mu;  // held during each batch's policy calls and by update_model
   std::atomic<int64_t> version{0};
@@ -245,22 +249,42 @@ InferenceServer::~InferenceServer() {
 }
 
 void InferenceServer::start() {
+  std::lock_guard<std::timed_mutex> life(s_->lifecycle_mu);
   if (running()) throw Error("the InferenceServer is already running");
-  if (s_->worker.joinable()) s_->worker.join();  // finished earlier
+  if (s_->worker.joinable()) join_worker();  // finished earlier
   if (s_->transport->closed())
     throw ClosedError(std::string("cannot start an InferenceServer on a closed ") +
                       s_->transport->kind() + " transport");
   s_->transport->open_server();
   s_->stop = false;
-  {
+  auto set_started = [&](bool started) {
     std::lock_guard<std::mutex> lock(s_->done_mu);
-    s_->finished = false;
+    s_->finished = !started;  // before the thread runs: it sets finished when it ends
+    s_->started = started;
+    s_->worker_generation = os::fork_generation();
+  };
+  set_started(true);
+  try {
+    s_->worker = std::thread([s = s_.get()] { s->run(); });
+  } catch (...) {
+    set_started(false);
+    s_->transport->release_server();  // no thread: the transport is as it was
+    throw;
   }
-  s_->worker_generation = os::fork_generation();
-  s_->worker = std::thread([s = s_.get()] { s->run(); });
+}
+
+void InferenceServer::join_worker() {
+  s_->worker.join();
+  std::lock_guard<std::mutex> lock(s_->done_mu);
+  s_->started = false;
 }
 
 bool InferenceServer::shutdown(Timeout timeout) {
+  const Deadline deadline = Deadline::after(timeout);
+  std::unique_lock<std::timed_mutex> life(s_->lifecycle_mu, std::defer_lock);
+  if (!runtime::wait_until(deadline,
+                           [&](Deadline slice) { return life.try_lock_until(slice.when()); }))
+    return false;  // a start() or another shutdown() holds the server that long
   if (!s_->worker.joinable()) return true;
   if (s_->worker_generation != os::fork_generation()) return false;
   s_->stop = true;
@@ -268,18 +292,18 @@ bool InferenceServer::shutdown(Timeout timeout) {
   s_->transport->interrupt();
   // Interruptible: a policy call in progress may take long. An interrupted shutdown
   // leaves the server stopping; calling shutdown() again waits for it.
-  const bool stopped = runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+  const bool stopped = runtime::wait_until(deadline, [&](Deadline slice) {
     std::unique_lock<std::mutex> lock(s_->done_mu);
     return s_->done_cv.wait_until(lock, slice.when(), [&] { return s_->finished; });
   });
   if (!stopped) return false;
-  s_->worker.join();
+  join_worker();
   return true;
 }
 
 bool InferenceServer::running() const noexcept {
   std::lock_guard<std::mutex> lock(s_->done_mu);
-  return s_->worker.joinable() && !s_->finished && s_->worker_generation == os::fork_generation();
+  return s_->started && !s_->finished && s_->worker_generation == os::fork_generation();
 }
 
 void InferenceServer::update_model(const std::function<void()>& fn, bool mark) {

@@ -300,6 +300,48 @@ def test_a_server_whose_shutdown_timed_out_starts_again_once_its_thread_ended():
     assert out.returncode == 0 and "started again" in out.stdout, out.stderr
 
 
+# start() releases the GIL (it may join an earlier serving thread): a close() from another
+# thread meanwhile destroyed the server under it (a segfault in InferenceServer::start, 3
+# runs of 3); a closed server kept alive to the exit was shut down again by the exit hook,
+# which printed "Exception ignored in atexit callback ... ClosedError".
+_START_AND_CLOSE_TOGETHER = """
+import threading
+import tensorwire as tw
+from tensorwire import inference as inf
+outcomes = set()
+kept = []
+for _ in range(500):
+    t = inf.ThreadTransport()
+    server = inf.InferenceServer(lambda b: b, t, max_batch_size=4)
+    barrier = threading.Barrier(2)
+    def start():
+        barrier.wait()
+        try:
+            server.start()
+            outcomes.add("started")
+        except tw.ClosedError:
+            outcomes.add("closed first")
+    th = threading.Thread(target=start)
+    th.start()
+    barrier.wait()
+    server.close()
+    th.join()
+    t.close()
+    kept.append(server)
+print(sorted(outcomes), flush=True)
+"""
+
+
+def test_start_and_close_from_two_threads_and_a_closed_server_at_exit():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _START_AND_CLOSE_TOGETHER], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr[-2000:])
+    assert "closed first" in out.stdout or "started" in out.stdout
+
+
 def test_invalid_batch_sizes_are_rejected(transport):
     with pytest.raises(ValueError):
         tw.InferenceServer(double_policy, transport, max_batch_size=0)

@@ -96,6 +96,7 @@ class InferenceServer {
   const ServerOptions& options() const noexcept;
 
  private:
+  void join_worker();  // under the start/shutdown lock
   struct State;
   std::unique_ptr<State> s_;
 };
