@@ -387,7 +387,10 @@ void bind_dataflow(nb::module_& m) {
                      return std::chrono::duration<double>(r.remote->liveness_timeout()).count();
                    })
       .def_prop_ro("closed", [](PyRemote& r) { return r.remote->closed(); })
-      .def("close", [](PyRemote& r) { r.remote->close(); });
+      .def("close", [](PyRemote& r) {
+        NoGil nogil;  // it waits for a recv() of another thread to leave
+        r.remote->close();
+      });
 
   m.def(
       "_send_dataflow_zmq",

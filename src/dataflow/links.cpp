@@ -105,7 +105,7 @@ std::optional<ShmReceiver::Received> MainLink::receive(Deadline deadline) {
   std::vector<zmqio::PollItem> items;
   runtime::wait_until(deadline, [&](Deadline slice) {
     while (true) {
-      if (closing.load(std::memory_order_acquire)) throw ClosedError(owner + " is closed");
+      if (gate.closing()) throw ClosedError(owner + " is closed");
       const auto now = clock::now();
       // Checked on a clock, not per message: a pidfd poll per datapoint would cost a syscall.
       if (now >= next_check) {

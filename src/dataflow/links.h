@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "dataflow/consumer_gate.h"
 #include "dataflow/shm_channel.h"
 #include "dataflow/workers.h"
 #include "tensorwire/runtime/timeout.h"
@@ -92,10 +93,9 @@ struct MainLink {
   std::unique_ptr<ShmReceiver> receiver;
   std::chrono::steady_clock::time_point next_check{};
   int owner_pid = -1;
-  // Set by close() from another thread than the consumer's: receive() throws ClosedError
-  // at its next look (within `liveness`), so that the consumer leaves the link before it
-  // is taken down (RunnerCore::stop_consumer).
-  std::atomic<bool> closing{false};
+  // The consumer's call and close() from another thread: receive() throws ClosedError at
+  // its next look (within `liveness`) once close() began.
+  ConsumerGate gate;
 
  private:
   shm::Segment fetch_segment(uint16_t sender, uint32_t index);

@@ -492,6 +492,7 @@ void MultiProcessMapDataZMQ::reset_state() {
       [&m](uint32_t index, const shm::Segment& s) { m.send_new_segment(index, s); });
   m.ds->reset_state();
   m.ds->start();
+  Impl::ConsumerCall call(m);  // a close() from another thread waits for this first fill
   m.fill();
 }
 
@@ -590,7 +591,7 @@ void MultiProcessMapDataZMQ::close() {
 }
 
 bool MultiProcessMapDataZMQ::closed() const noexcept {
-  return impl_->closed || impl_->link.closing.load(std::memory_order_acquire);
+  return impl_->closed || impl_->link.gate.closing();
 }
 
 }  // namespace tensorwire::dataflow

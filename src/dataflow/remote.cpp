@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include "dataflow/consumer_gate.h"
 #include "dataflow/producers.h"
 #include "dataflow/raw_datapoint.h"
 #include "os/listeners.h"
@@ -105,6 +106,9 @@ struct RemoteDataZMQ::Impl {
   std::shared_ptr<const Json> last_meta;
   std::shared_ptr<const wire::ConsolidatedLayout> layout;
   std::unique_ptr<const wire::DatapointNode> structure;
+  // next() and close() from another thread (an exit hook, a finalizer): the sockets go
+  // only once next() has left them.
+  detail::ConsumerGate gate;
 
   Impl(std::string a1, std::string a2, RemoteOptions o)
       : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
@@ -118,7 +122,7 @@ struct RemoteDataZMQ::Impl {
   void check_silence(ProducerTable::Clock::time_point now);
   int owner_pid = -1;  // the process that called reset_state()
   void check_usable() const {
-    if (closed) throw ClosedError("RemoteDataZMQ is closed");
+    if (closed || gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
     if (owner_pid != -1 && owner_pid != ::getpid())
       throw ClosedError("RemoteDataZMQ was started by process " + std::to_string(owner_pid) +
                         "; this forked child cannot use it (make a new one here)");
@@ -278,6 +282,7 @@ void RemoteDataZMQ::Impl::open() {
 std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeout timeout) {
   RemoteDataZMQ::Impl& m = *remote.impl_;
   m.check_usable();
+  detail::ConsumerGate::Call call(m.gate, "RemoteDataZMQ");
   using Clock = ProducerTable::Clock;
   const auto live = m.opt.liveness_timeout;
   if (m.last_return && live.count() > 0) {
@@ -294,6 +299,7 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
   std::optional<RawDatapoint> out;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
     while (true) {
+      if (m.gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
       // The events and the silence check on a clock, not per datapoint: each read of the
       // monitors is a ZeroMQ call per socket.
       if (const auto now = Clock::now(); now >= m.next_check) {
@@ -361,6 +367,9 @@ std::vector<ProducerInfo> RemoteDataZMQ::producers() const {
 }
 
 void RemoteDataZMQ::close() {
+  // A next() of another thread leaves first (within a poll: at most a twentieth of the
+  // liveness timeout, or 100 ms).
+  if (!impl_->gate.stop(std::chrono::milliseconds(5000), "RemoteDataZMQ")) return;
   impl_->closed = true;
   impl_->monitors[0].reset();
   impl_->monitors[1].reset();
@@ -372,7 +381,7 @@ void RemoteDataZMQ::close() {
 }
 
 bool RemoteDataZMQ::closed() const noexcept {
-  return impl_->closed;
+  return impl_->closed || impl_->gate.closing();
 }
 
 }  // namespace tensorwire::dataflow

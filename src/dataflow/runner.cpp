@@ -278,7 +278,7 @@ void MultiProcessRunnerZMQ::close() {
 }
 
 bool MultiProcessRunnerZMQ::closed() const noexcept {
-  return impl_->closed || impl_->link.closing.load(std::memory_order_acquire);
+  return impl_->closed || impl_->link.gate.closing();
 }
 
 }  // namespace tensorwire::dataflow

@@ -210,8 +210,7 @@ int RunnerCore::replace(int index, uint16_t& sender) {
 }
 
 void RunnerCore::check_open() const {
-  if (closed || link.closing.load(std::memory_order_acquire))
-    throw ClosedError(std::string(name) + " is closed");
+  if (closed || link.gate.closing()) throw ClosedError(std::string(name) + " is closed");
   // A forked child holds a copy whose sockets and workers belong to its parent.
   if (link.owner_pid != -1 && link.owner_pid != ::getpid())
     throw ClosedError(std::string(name) + " was started by process " +
@@ -228,42 +227,6 @@ void RunnerCore::begin_epoch() {
   check_started();
   if (in_epoch) throw StateError("This DataFlow is not reentrant!");
   in_epoch = true;
-}
-
-RunnerCore::ConsumerCall::ConsumerCall(RunnerCore& core) : core_(core) {
-  // seq_cst here and in stop_consumer(): each side writes one flag, then reads the other's
-  // (a Dekker pair). With release/acquire alone both reads may miss the other write (a store
-  // may wait in a store buffer past a later load): close() would go on while a call enters.
-  core_.consumer_calls.fetch_add(1, std::memory_order_seq_cst);
-  core_.consumer_thread.store(std::this_thread::get_id(), std::memory_order_release);
-  if (core_.link.closing.load(std::memory_order_seq_cst)) {
-    core_.consumer_calls.fetch_sub(1, std::memory_order_acq_rel);
-    throw ClosedError(std::string(core_.name) + " is closed");
-  }
-}
-
-RunnerCore::ConsumerCall::~ConsumerCall() {
-  core_.consumer_calls.fetch_sub(1, std::memory_order_acq_rel);
-}
-
-bool RunnerCore::stop_consumer() noexcept {
-  link.closing.store(true, std::memory_order_seq_cst);
-  if (consumer_calls.load(std::memory_order_seq_cst) == 0) return true;
-  // A close() from a callback of the consumer's own call: that call uses the link once the
-  // callback returns, and leaves it with ClosedError; the destructor takes it down.
-  if (consumer_thread.load(std::memory_order_acquire) == std::this_thread::get_id()) return false;
-  const auto until = std::chrono::steady_clock::now() + kConsumerLeaves;
-  while (consumer_calls.load(std::memory_order_acquire) > 0) {
-    if (std::chrono::steady_clock::now() >= until) {
-      log_message(LogLevel::Warning,
-                  std::string(name) +
-                      ": close(): the iteration of another thread did not end within 5 s; the "
-                      "workers and sockets stay until the runner is destroyed");
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
 }
 
 void RunnerCore::mark_closed() noexcept {

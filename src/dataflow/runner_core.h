@@ -53,26 +53,14 @@ struct RunnerCore {
   // After link.close(): what any later call raises (in the process that owns the runner).
   void mark_closed() noexcept;
 
-  // The consumer's call (next(), an epoch's step) while it runs. close() may come from
-  // another thread meanwhile (an atexit hook, a finalizer): the call leaves the link at its
-  // next look (MainLink::closing), and close() waits for that (stop_consumer()) before it
-  // takes the link down. ClosedError when the runner is being closed already.
-  class ConsumerCall {
-   public:
-    explicit ConsumerCall(RunnerCore& core);
-    ~ConsumerCall();
-    ConsumerCall(const ConsumerCall&) = delete;
-    ConsumerCall& operator=(const ConsumerCall&) = delete;
-
-   private:
-    RunnerCore& core_;
+  // The consumer's call (next(), an epoch's step, the map's first fill) while it runs:
+  // close() from another thread waits for it to leave the link (link.gate).
+  struct ConsumerCall : ConsumerGate::Call {
+    explicit ConsumerCall(RunnerCore& core) : ConsumerGate::Call(core.link.gate, core.name) {}
   };
-  // Start of close(): tells the consumer's call to leave and waits for it, up to
-  // kConsumerLeaves, when it runs on another thread. False when it did not leave (it is in
-  // the user's code of a map's dataflow, or close() comes from a callback of that call):
-  // the link stays, for that call, until the destructor; every use is a ClosedError.
-  bool stop_consumer() noexcept;
-  static constexpr std::chrono::seconds kConsumerLeaves{5};
+  // Start of close(): false when the link must stay until the destructor (ConsumerGate).
+  bool stop_consumer() noexcept { return link.gate.stop(kConsumerLeaves, name); }
+  static constexpr std::chrono::milliseconds kConsumerLeaves{5000};
 
   // In a worker: its progress slot, or nullptr without a datapoint time limit.
   WorkerProgress* progress(int index) const;
@@ -95,8 +83,6 @@ struct RunnerCore {
   bool closed = false;
   MainLink link;
   std::exception_ptr failed;
-  std::atomic<int> consumer_calls{0};
-  std::atomic<std::thread::id> consumer_thread{};
 
  protected:
   // Around a restart of worker `index`: before the fork (reset shared state the new worker

@@ -188,6 +188,32 @@ time.sleep(0.5)
         assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
 
 
+def test_close_of_a_remote_from_another_thread_ends_its_recv_with_closed_error():
+    # The same for RemoteDataZMQ (before: OSError 'zmq poll: Socket operation on
+    # non-socket', 9 runs of 9).
+    import threading
+
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    ended = []
+
+    def wait():
+        try:
+            r.recv()
+        except BaseException as e:  # noqa: B036 - what ended it is the point
+            ended.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    r.close()
+    t.join(10)
+    assert not t.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], tensorwire.ClosedError), ended
+    with pytest.raises(tensorwire.ClosedError):
+        r.recv(timeout=0)
+
+
 @pytest.mark.parametrize("kind", ["MultiProcessRunnerZMQ(Counting(5), num_proc=1)",
                                   "MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp)"])
 def test_an_iterator_in_a_reference_cycle_with_its_runner_is_collected_safely(kind):

@@ -1,0 +1,39 @@
+#include "dataflow/consumer_gate.h"
+
+#include "tensorwire/core/error.h"
+#include "tensorwire/runtime/log.h"
+
+namespace tensorwire::dataflow::detail {
+
+ConsumerGate::Call::Call(ConsumerGate& gate, const char* name) : gate_(gate) {
+  gate_.calls_.fetch_add(1, std::memory_order_seq_cst);
+  gate_.thread_.store(std::this_thread::get_id(), std::memory_order_release);
+  if (gate_.closing()) {
+    gate_.calls_.fetch_sub(1, std::memory_order_seq_cst);
+    throw ClosedError(std::string(name) + " is closed");
+  }
+}
+
+ConsumerGate::Call::~Call() {
+  gate_.calls_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+bool ConsumerGate::stop(std::chrono::milliseconds wait, const char* name) noexcept {
+  closing_.store(true, std::memory_order_seq_cst);
+  if (calls_.load(std::memory_order_seq_cst) == 0) return true;
+  if (thread_.load(std::memory_order_acquire) == std::this_thread::get_id()) return false;
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (calls_.load(std::memory_order_seq_cst) > 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      log_message(LogLevel::Warning,
+                  std::string(name) + ": close(): the call of another thread did not end within " +
+                      std::to_string(wait.count()) +
+                      " ms; its sockets (and workers) stay until the object is destroyed");
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace tensorwire::dataflow::detail
