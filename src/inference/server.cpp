@@ -9,6 +9,7 @@
 
 #include "multi_transport.h"
 #include "os/fork.h"
+#include "runtime/timed_lock.h"
 #include "runtime/wait.h"
 #include "tensorwire/runtime/log.h"
 
@@ -58,7 +59,7 @@ struct InferenceServer::State {
 
   // start() and shutdown() one at a time, whichever threads call them (the worker below is
   // theirs); shutdown() waits for it no longer than its timeout.
-  std::timed_mutex lifecycle_mu;
+  runtime::TimedLock lifecycle_mu;
   std::thread worker;
   std::atomic<bool> stop{false};
   std::mutex done_mu;
@@ -249,7 +250,7 @@ InferenceServer::~InferenceServer() {
 }
 
 void InferenceServer::start() {
-  std::lock_guard<std::timed_mutex> life(s_->lifecycle_mu);
+  std::lock_guard<runtime::TimedLock> life(s_->lifecycle_mu);
   if (running()) throw Error("the InferenceServer is already running");
   if (s_->worker.joinable()) join_worker();  // finished earlier
   if (s_->transport->closed())
@@ -281,7 +282,7 @@ void InferenceServer::join_worker() {
 
 bool InferenceServer::shutdown(Timeout timeout) {
   const Deadline deadline = Deadline::after(timeout);
-  std::unique_lock<std::timed_mutex> life(s_->lifecycle_mu, std::defer_lock);
+  std::unique_lock<runtime::TimedLock> life(s_->lifecycle_mu, std::defer_lock);
   if (!runtime::wait_until(deadline,
                            [&](Deadline slice) { return life.try_lock_until(slice.when()); }))
     return false;  // a start() or another shutdown() holds the server that long
