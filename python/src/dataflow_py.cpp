@@ -6,17 +6,14 @@
 //  - fork hooks (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the
 //    worker's Python exception report.
 //
-// The GIL: blocking calls run without it (the runtime's interrupt check takes it to look
-// for Ctrl-C). A worker process releases it right after the fork and takes it only to run
+// The GIL: blocking calls and close() (which waits for an iteration of another thread) run
+// without it. A worker process releases it right after the fork and takes it only to run
 // Python code (the dataflow, the map function, conversions).
-#include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "bindings.h"
-#include "convert.h"
+#include "bindings.h"  // and convert.h, nanobind
 #include "gc_slots.h"
 #include "gil.h"
 #include "tensorwire/dataflow/map.h"
@@ -179,10 +176,7 @@ struct PyRunner {
 // An epoch of a runner as a Python iterator; keeps its runner alive.
 struct PyEpoch {
   nb::object owner;  // the Python object of the runner (tensorwire.dataflow's)
-  // The binding's runner, whose C++ runner the epoch points into. Held apart from `owner`:
-  // the garbage collector, breaking a cycle through this iterator, clears the owner's
-  // attributes (dropping the runner) before it clears the iterator.
-  nb::object core;
+  nb::object core;   // the binding's: a collected cycle clears owner's attributes first
   std::optional<df::Epoch> epoch;
 
   int traverse(visitproc visit, void* arg) {
@@ -233,11 +227,7 @@ struct PyRemote {
 
   nb::object next(std::optional<double> timeout) {
     const Timeout t = Timeout::seconds(timeout, "timeout");
-    std::optional<df::RawDatapoint> dp;
-    {
-      NoGil nogil;
-      dp = df::detail::RawAccess::next(*remote, t);
-    }
+    std::optional<df::RawDatapoint> dp = (NoGil(), df::detail::RawAccess::next(*remote, t));
     if (!dp) return nb::none();
     return raw_to_py(*dp, allow_pickle);
   }
@@ -249,11 +239,8 @@ void bind_runner_common(nb::class_<PyRunner<T>>& c) {
   using R = PyRunner<T>;
   c.def("reset_state", [](R& r) { r.runner->reset_state(); })
       .def("epoch", &epoch_of<T>, nb::arg("owner").none() = nb::none())
-      .def("close",
-           [](R& r) {
-             NoGil nogil;  // it waits for an iteration of another thread to leave
-             r.runner->close();
-           })
+      .def(
+          "close", [](R& r) { r.runner->close(); }, nb::call_guard<NoGil>())
       .def_prop_ro("closed", [](R& r) { return r.runner->closed(); })
       .def_prop_ro("size", [](R& r) { return r.runner->size(); })
       .def_prop_ro("pids", [](R& r) { return r.runner->pids(); })
@@ -342,13 +329,9 @@ void bind_dataflow(nb::module_& m) {
              bool allow_pickle, nb::object on_rejected, std::optional<double> liveness_timeout,
              nb::object on_silent, nb::handle max_message_bytes) {
             df::RemoteOptions o;
-            if (!max_message_bytes.is_none()) {
-              const int64_t n = int_arg(max_message_bytes, "max_message_bytes");
-              if (n < 1)
-                throw ValueError("max_message_bytes must be at least 1 (None: the default), got " +
-                                 std::to_string(n));
-              o.limits.max_message_bytes = static_cast<uint64_t>(n);
-            }
+            if (!max_message_bytes.is_none())  // a negative one is 0, refused as such
+              o.limits.max_message_bytes = static_cast<uint64_t>(
+                  std::max<int64_t>(0, int_arg(max_message_bytes, "max_message_bytes")));
             o.hwm = hwm;
             o.bind = bind;
             o.allow_pickle = allow_pickle;
@@ -387,10 +370,8 @@ void bind_dataflow(nb::module_& m) {
                      return std::chrono::duration<double>(r.remote->liveness_timeout()).count();
                    })
       .def_prop_ro("closed", [](PyRemote& r) { return r.remote->closed(); })
-      .def("close", [](PyRemote& r) {
-        NoGil nogil;  // it waits for a recv() of another thread to leave
-        r.remote->close();
-      });
+      .def(
+          "close", [](PyRemote& r) { r.remote->close(); }, nb::call_guard<NoGil>());
 
   m.def(
       "_send_dataflow_zmq",

@@ -222,6 +222,8 @@ RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, RemoteOptions
                      std::to_string(impl_->opt.hwm));
   if (impl_->opt.liveness_timeout.count() < 0)
     throw ValueError("RemoteDataZMQ: liveness_timeout must be >= 0 (0: no checks)");
+  if (impl_->opt.limits.max_message_bytes == 0)
+    throw ValueError("RemoteDataZMQ: max_message_bytes must be at least 1");
 }
 
 RemoteDataZMQ::~RemoteDataZMQ() = default;
