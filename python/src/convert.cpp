@@ -189,16 +189,27 @@ nb::object from_json(const Json& v) {
   }
 }
 
+nb::object imported_module(const char* name) {
+  PyObject* m = PyDict_GetItemString(PyImport_GetModuleDict(), name);  // borrowed
+  return m ? nb::borrow(m) : nb::object();
+}
+
+PyTypeObject* torch_tensor_type() {
+  static PyTypeObject* type = nullptr;  // leaked on purpose: lives as long as the interpreter
+  if (!type)
+    if (nb::object torch = imported_module("torch"); torch.is_valid())
+      type = reinterpret_cast<PyTypeObject*>(nb::object(torch.attr("Tensor")).release().ptr());
+  return type;
+}
+
 namespace {
 
 // A torch tensor whose conjugate or negative bit is set (x.conj(), x.conj().imag) views
 // the values before that operation: resolved (a copy), as torch does when it reads one.
-// A null object for anything else. Only once the program imported torch.
+// A null object for anything else.
 nb::object resolved_torch_bits(nb::handle value) {
-  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
-  if (!torch) return {};
-  nb::object tensor_type = nb::getattr(torch, "Tensor", nb::none());
-  if (tensor_type.is_none() || PyObject_IsInstance(value.ptr(), tensor_type.ptr()) != 1) return {};
+  PyTypeObject* tensor = torch_tensor_type();
+  if (!tensor || !PyObject_TypeCheck(value.ptr(), tensor)) return {};
   if (!nb::cast<bool>(value.attr("is_conj")()) && !nb::cast<bool>(value.attr("is_neg")()))
     return {};
   return value.attr("resolve_conj")().attr("resolve_neg")();

@@ -74,6 +74,12 @@ nb::list key_list(const std::vector<Key>& keys);
 Json to_json(nb::handle value, const std::string& where);
 nb::object from_json(const Json& value);
 
+// A module the program imported already (sys.modules), or a null object: tensorwire never
+// imports torch or tensordict itself, and their objects exist only once the program has.
+nb::object imported_module(const char* name);
+// torch.Tensor once torch is imported (kept from then on), else nullptr.
+PyTypeObject* torch_tensor_type();
+
 // Any object exposing DLPack or the buffer protocol on the CPU -> a Tensor viewing it.
 // std::nullopt when `value` is not array-like; TypeError for a dtype with no DType.
 std::optional<Tensor> to_tensor(nb::handle value);

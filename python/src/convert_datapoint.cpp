@@ -25,13 +25,9 @@ struct PyTypes {
   PyTypeObject *ndarray = nullptr, *generic = nullptr, *tensor = nullptr;
   nb::object asarray, dumps, loads;
   // torch is never imported here: its tensors can only be in a datapoint once the user
-  // imported it, and a dict lookup in sys.modules tells.
+  // imported it (torch_tensor_type()).
   void refresh_torch() {
-    if (tensor) return;
-    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
-    if (torch)
-      tensor = reinterpret_cast<PyTypeObject*>(
-          nb::object(nb::borrow(torch).attr("Tensor")).release().ptr());
+    if (!tensor) tensor = torch_tensor_type();
   }
 };
 

@@ -72,8 +72,7 @@ TensorDict dict_to_td(nb::handle d, const Shape& batch, const std::optional<Devi
 
 // The tensordict module when the program imported it (a tensordict object exists only then).
 nb::object tensordict_lib() {
-  PyObject* m = PyDict_GetItemString(PyImport_GetModuleDict(), "tensordict");  // borrowed
-  return m ? nb::borrow(m) : nb::object();
+  return imported_module("tensordict");
 }
 
 bool is_instance(nb::handle value, const nb::object& lib, const char* cls) {

@@ -87,7 +87,6 @@ struct RemoteDataZMQ::Impl {
   os::ListenerMark marks[2];
   RemoteOptions opt;
   bool reset_done = false;
-  bool closed = false;
   std::unique_ptr<zmqio::Context> ctx;
   std::unique_ptr<zmqio::Socket> socks[2];
   std::unique_ptr<zmqio::Monitor> monitors[2];  // declared after socks: closed before them
@@ -114,15 +113,17 @@ struct RemoteDataZMQ::Impl {
       : addr{std::move(a1), std::move(a2)}, opt(std::move(o)), decoder(opt.limits) {}
   int num() const { return addr[1].empty() ? 1 : 2; }
   // reset_state(): the context, the sockets bound (or connected) and their monitors;
-  // unopen() takes down what a failed open() made.
+  // unopen() takes down what a failed open() made and forgets the addresses bound;
+  // take_down() (close()) keeps them.
   void open();
   void unopen() noexcept;
+  void take_down() noexcept;
   RawDatapoint decode(int which);
   void read_events();
   void check_silence(ProducerTable::Clock::time_point now);
   int owner_pid = -1;  // the process that called reset_state()
   void check_usable() const {
-    if (closed || gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
+    if (gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
     if (owner_pid != -1 && owner_pid != ::getpid())
       throw ClosedError("RemoteDataZMQ was started by process " + std::to_string(owner_pid) +
                         "; this forked child cannot use it (make a new one here)");
@@ -230,7 +231,7 @@ RemoteDataZMQ::~RemoteDataZMQ() = default;
 
 void RemoteDataZMQ::reset_state() {
   Impl& m = *impl_;
-  if (m.closed) throw ClosedError("RemoteDataZMQ is closed");
+  if (m.gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
   if (m.reset_done) throw StateError("RemoteDataZMQ: reset_state() was called twice");
   try {
     m.open();
@@ -241,14 +242,19 @@ void RemoteDataZMQ::reset_state() {
   m.reset_done = true;
 }
 
-void RemoteDataZMQ::Impl::unopen() noexcept {
+void RemoteDataZMQ::Impl::take_down() noexcept {
   for (int i = 0; i < 2; ++i) {
     monitors[i].reset();
     socks[i].reset();
-    bound[i].clear();
     marks[i] = {};
   }
   ctx.reset();
+}
+
+void RemoteDataZMQ::Impl::unopen() noexcept {
+  take_down();
+  bound[0].clear();
+  bound[1].clear();
   owner_pid = -1;
 }
 
@@ -364,26 +370,18 @@ std::chrono::milliseconds RemoteDataZMQ::liveness_timeout() const {
 std::vector<ProducerInfo> RemoteDataZMQ::producers() const {
   Impl& m = *impl_;
   // Connections made since the last next() are listed too.
-  if (m.reset_done && !m.closed && m.owner_pid == ::getpid()) m.read_events();
+  if (m.reset_done && !m.gate.closing() && m.owner_pid == ::getpid()) m.read_events();
   return m.producers.list();
 }
 
 void RemoteDataZMQ::close() {
   // A next() of another thread leaves first (within a poll: at most a twentieth of the
   // liveness timeout, or 100 ms).
-  if (!impl_->gate.stop(std::chrono::milliseconds(5000), "RemoteDataZMQ")) return;
-  impl_->closed = true;
-  impl_->monitors[0].reset();
-  impl_->monitors[1].reset();
-  impl_->socks[0].reset();
-  impl_->socks[1].reset();
-  impl_->ctx.reset();
-  impl_->marks[0] = {};
-  impl_->marks[1] = {};
+  if (impl_->gate.stop(std::chrono::milliseconds(5000), "RemoteDataZMQ")) impl_->take_down();
 }
 
 bool RemoteDataZMQ::closed() const noexcept {
-  return impl_->closed || impl_->gate.closing();
+  return impl_->gate.closing();
 }
 
 }  // namespace tensorwire::dataflow

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
-#include <cstdio>
 
 #include "bytes.h"
 #include "tensorwire/wire/decoder.h"
@@ -28,18 +28,18 @@ void write_all(int fd, const void* data, size_t n, const std::string& where) {
   }
 }
 
-// The process's umask, read without changing it (umask() sets it, racing other threads
-// that create files): /proc/self/status says it (Linux 4.7+); 022 when it cannot be read.
-mode_t current_umask() {
-  FILE* f = std::fopen("/proc/self/status", "re");
-  unsigned mask = 022;
-  if (f) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
-    std::fclose(f);
+// A temporary file beside `path`, this call's own: saves to one path from two threads or
+// processes each write a file of their own, and the last rename wins whole. Created with
+// O_EXCL under a name no other call of this process uses (pid and a counter); a name left
+// by a crashed process of the same pid is skipped. Mode 0644 less the umask, as open()
+// applies it.
+int create_temporary(const std::string& path, std::string& tmp) {
+  static std::atomic<uint64_t> next{0};
+  while (true) {
+    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(next++);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) return fd;
   }
-  return static_cast<mode_t>(mask);
 }
 
 }  // namespace
@@ -56,13 +56,10 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
   if (path.empty()) throw ValueError("save: the path is empty");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw SystemError(where, EISDIR);
-  // Write beside the target and rename: readers never see a half-written file. The
-  // temporary name is this call's own (mkstemp): saves to one path from two threads or
-  // processes each write a file of their own, and the last rename wins whole.
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  // Write beside the target and rename: readers never see a half-written file.
+  std::string tmp;
+  int fd = create_temporary(path, tmp);
   if (fd < 0) throw SystemError(where + " (creating '" + tmp + "')", errno);
-  ::fchmod(fd, 0644 & ~current_umask());  // mkstemp makes it 0600; a file saved is 0644
   try {
     write_all(fd, storage.data(), storage.nbytes(), where);
     write_all(fd, json.data(), json.size(), where);
