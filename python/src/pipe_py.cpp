@@ -72,9 +72,45 @@ struct PyPipe {
     TensorDict& td() const { return nb::cast<PyTensorDict&>(obj).td(); }
   };
   std::vector<Target> targets;
-  // What start_send() sends: UCX reads it until the send completes, even when the poll loop
-  // that started it is abandoned (a cancelled asend) and the caller drops it.
-  nb::object sent;
+  // What a send sends is a copy of the dict's structure (its leaves shared), taken under the
+  // GIL: while the send runs without it (a blocking send, or UCX reading after start_send),
+  // other threads may add, replace or remove the dict's entries; the copy keeps what is sent
+  // whole and its leaves alive. The send in flight (one that timed out, was interrupted, or
+  // whose poll loop was abandoned) keeps its copy here with the dict it was taken from:
+  // that dict sent again, with the same leaves, gives the pipe that same copy, and the pipe
+  // resumes the send instead of sending the message twice.
+  struct Sent {
+    nb::object obj;
+    std::shared_ptr<const TensorDict> copy;
+  } sent;
+
+  // Whether the send in flight is `obj`'s.
+  bool sending(nb::handle obj) {
+    // pipe.sending first: it tells same_leaves that the copy is within the nesting limit.
+    return sent.obj.is_valid() && sent.obj.is(obj) && pipe.sending(*sent.copy) &&
+           same_leaves(nb::cast<const PyTensorDict&>(obj).td(), *sent.copy);
+  }
+  // What sending `obj` gives the pipe: the copy in flight when it is `obj`'s, else a new one,
+  // kept at once when no other send is in flight (so sending(obj) sees it while a blocking
+  // send of it runs).
+  std::shared_ptr<const TensorDict> to_send(nb::handle obj) {
+    if (sending(obj)) return sent.copy;
+    auto copy = std::make_shared<const TensorDict>(nb::cast<const PyTensorDict&>(obj).td());
+    forget_finished();
+    if (!sent.copy) sent = {nb::borrow(obj), copy};
+    return copy;
+  }
+  // After a send call, under the GIL: keeps the copy of the send in flight, if any.
+  void after_send(nb::handle obj, const std::shared_ptr<const TensorDict>& copy) {
+    if (pipe.sending(*copy))
+      sent = {nb::borrow(obj), copy};
+    else
+      forget_finished();
+  }
+  // Drops the kept copy once its send is over (not another thread's send started since).
+  void forget_finished() {
+    if (sent.copy && !pipe.sending(*sent.copy)) sent = {};
+  }
 
   Target* target_of(nb::handle obj) {
     for (Target& t : targets)
@@ -189,14 +225,16 @@ void bind_pipe(nb::module_& m) {
   nb::class_<PyPipe>(m, "_Pipe")
       .def(
           "send",
-          [](PyPipe& self, const PyTensorDict& td, Seconds timeout) {
+          [](PyPipe& self, nb::handle td, Seconds timeout) {
             Timeout t = Timeout::seconds(timeout);
-            (NoGil(), self.pipe.send(td.td(), t));
-            // The send before it completed first, unless the event loop's asend started one
-            // since this thread let go of the pipe: that one's dict stays kept.
-            if (self.sent.is_valid() &&
-                !self.pipe.sending(nb::cast<const PyTensorDict&>(self.sent).td()))
-              self.sent.reset();
+            const std::shared_ptr<const TensorDict> copy = self.to_send(td);
+            try {
+              (NoGil(), self.pipe.send(*copy, t));
+            } catch (...) {
+              self.after_send(td, copy);
+              throw;
+            }
+            self.after_send(td, copy);
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(
@@ -208,19 +246,19 @@ void bind_pipe(nb::module_& m) {
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
       .def("start_send",
            [](PyPipe& self, nb::handle td) {
-             if (!self.pipe.start_send(nb::cast<const PyTensorDict&>(td).td())) return false;
-             self.sent = nb::borrow(td);
+             const std::shared_ptr<const TensorDict> copy = self.to_send(td);
+             if (!self.pipe.start_send(*copy)) return false;
+             self.after_send(td, copy);
              return true;
            })
-      .def("sending",
-           [](PyPipe& self, const PyTensorDict& td) { return self.pipe.sending(td.td()); })
+      .def("sending", [](PyPipe& self, nb::handle td) { return self.sending(td); })
       // The asyncio forms spin up to spin_us (a reply may be microseconds away) before the
       // caller arms the wake-up fd (a trip through epoll costs tens of microseconds).
       .def(
           "poll_send",
           [](PyPipe& self, int64_t spin) {
             const bool done = (NoGil(), self.pipe.poll_send(us(spin)));
-            if (done) self.sent.reset();
+            if (done) self.forget_finished();
             return done;
           },
           nb::arg("spin_us") = 0)

@@ -1,4 +1,5 @@
-// equal(), all_true() and describe(): comparing and printing TensorDicts (tests and tools).
+// equal(), same_leaves(), all_true() and describe(): comparing and printing TensorDicts (tests and
+// tools).
 #include <algorithm>
 #include <functional>
 #include <sstream>
@@ -87,6 +88,23 @@ void describe_into(const TensorDict& td, int depth, std::ostringstream& os) {
 
 bool equal(const TensorDict& a, const TensorDict& b, std::string* why) {
   return equal_at(a, b, "", why);
+}
+
+bool same_leaves(const TensorDict& a, const TensorDict& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const auto& [ka, ea] = a.items()[i];
+    const auto& [kb, eb] = b.items()[i];
+    if (ka != kb) return false;
+    if (eb.is_tensor()) {
+      if (!ea.is_tensor() || !ea.tensor().storage().same(eb.tensor().storage()) ||
+          ea.tensor().data() != eb.tensor().data())
+        return false;
+    } else if (eb.is_tensordict()) {
+      if (!ea.is_tensordict() || !same_leaves(ea.tensordict(), eb.tensordict())) return false;
+    }
+  }
+  return true;
 }
 
 bool all_true(const TensorDict& td) {

@@ -490,28 +490,6 @@ bool PipeImpl::poll_send(std::chrono::microseconds spin) {
   return spin.count() > 0 && os::spin_for(spin, once);
 }
 
-namespace {
-// Whether `a` has the tensors of `b` (the same storages and bytes, in the same places): a
-// dict sent again, not another one that took a dropped dict's address. Recursion follows
-// `b`, a copy of a dict the encoder accepted (so within the nesting limit).
-bool same_leaves(const TensorDict& a, const TensorDict& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const auto& [ka, ea] = a.items()[i];
-    const auto& [kb, eb] = b.items()[i];
-    if (ka != kb) return false;
-    if (eb.is_tensor()) {
-      if (!ea.is_tensor() || !ea.tensor().storage().same(eb.tensor().storage()) ||
-          ea.tensor().data() != eb.tensor().data())
-        return false;
-    } else if (eb.is_tensordict()) {
-      if (!ea.is_tensordict() || !same_leaves(ea.tensordict(), eb.tensordict())) return false;
-    }
-  }
-  return true;
-}
-}  // namespace
-
 std::optional<TensorDict> PipeImpl::taken_in_flight() {
   if (sending_) return std::nullopt;
   return std::exchange(in_flight_, std::nullopt);
@@ -524,6 +502,8 @@ bool PipeImpl::receiving_into(const TensorDict& td) {
 
 bool PipeImpl::sending(const TensorDict& td) {
   std::lock_guard<std::mutex> lock(mu_);
+  // The address alone could be another dict's that took a dropped one's place. in_flight_
+  // is a copy of a dict the encoder accepted, within the nesting limit same_leaves needs.
   return sending_ && sending_td_ == &td && (!in_flight_ || same_leaves(td, *in_flight_));
 }
 

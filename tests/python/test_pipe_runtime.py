@@ -221,6 +221,71 @@ def test_a_dict_dropped_after_its_send_timed_out_still_arrives_whole(pair):
     assert got[1] == [5.0, 5.0]
 
 
+def _wait_until_sending(pipe, td):
+    deadline = time.monotonic() + 30
+    while not pipe._impl.sending(td):
+        assert time.monotonic() < deadline, "the send never started"
+        time.sleep(0.001)
+
+
+def _change_every_entry(td, rounds=50):
+    # Each round replaces the leaf (its old array had no other reference: it is freed) and
+    # adds and removes entries, so the dict's entry list is rebuilt under the send.
+    for i in range(rounds):
+        td["x"] = np.full(1 << 20, float(i))
+        td[f"k{i}"] = np.zeros(3)
+        td[("n", f"k{i}")] = np.zeros(3)
+        del td[f"k{i}"]
+
+
+def test_a_dict_changed_by_another_thread_during_its_blocking_send_arrives_as_sent(pair):
+    # The send runs without the GIL: it reads its own copy of the dict's structure, which
+    # keeps the sent leaves alive, so the peer gets the dict as it was when send() began.
+    accepted, connected = pair
+    td = tw.TensorDict({"x": np.arange(1 << 20, dtype=np.float64)})
+    errors = []
+    sender = threading.Thread(target=_send, args=(connected, td, errors))
+    sender.start()
+    _wait_until_sending(connected, td)
+    _change_every_entry(td)
+    got = accepted.recv(timeout=30)
+    sender.join(30)
+    assert not sender.is_alive() and errors == []
+    assert list(got.keys()) == ["x"]
+    assert np.array_equal(got["x"], np.arange(1 << 20, dtype=np.float64))
+    again = []
+    t = threading.Thread(target=lambda: again.append(accepted.recv(timeout=30)))
+    t.start()
+    connected.send(td, timeout=30)  # the dict as it is now: a new message
+    t.join(30)
+    assert float(again[0]["x"][0]) == 49.0 and list(again[0].keys()) == ["x", "n"]
+
+
+def _send(pipe, td, errors):
+    try:
+        pipe.send(td, timeout=30)
+    except Exception as e:  # noqa: BLE001 -- the test reports it
+        errors.append(e)
+
+
+def test_a_dict_changed_after_its_asend_was_cancelled_arrives_as_sent_then_as_changed(pair):
+    accepted, connected = pair
+    td = tw.TensorDict({"x": np.arange(1 << 20, dtype=np.float64)})
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(asyncio.wait_for(connected.asend(td), 0.05))  # nobody receives yet
+    _change_every_entry(td)
+    got = []
+    t = threading.Thread(target=lambda: got.extend(
+        [accepted.recv(timeout=30)["x"].copy(), accepted.recv(timeout=30)["x"].copy()]))
+    t.start()
+    # Its leaves changed: no longer the send in flight, which completes first.
+    asyncio.run(asyncio.wait_for(connected.asend(td), 30))
+    t.join(30)
+    assert len(got) == 2
+    assert np.array_equal(got[0], np.arange(1 << 20, dtype=np.float64))
+    assert np.array_equal(got[1], np.full(1 << 20, 49.0))
+
+
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
     # A send lets go of what it sent with the pipe's lock released: a dict over numpy
     # memory takes the GIL to go, and a thread holding the GIL (repr() asks the pipe

@@ -164,6 +164,12 @@ class TensorDict {
 // On a difference, `why` (if given) names the first one found.
 bool equal(const TensorDict& a, const TensorDict& b, std::string* why = nullptr);
 
+// Whether `a` holds the very tensors of `b`: the same keys in the same order, each tensor
+// viewing the same bytes of the same storage (a dict given again, with none of its leaves
+// replaced; not another dict with equal values). Recursion follows `b`: pass as `b` a
+// dict known to be within kMaxDepth.
+bool same_leaves(const TensorDict& a, const TensorDict& b);
+
 // True when every element of every tensor leaf is nonzero (for (a == b).all() on a dict
 // of bool leaves); non-tensor entries are ignored.
 bool all_true(const TensorDict& td);
