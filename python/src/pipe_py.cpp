@@ -104,6 +104,8 @@ struct PyPipe {
   void after_send(nb::handle obj, const std::shared_ptr<const TensorDict>& copy) {
     if (pipe.sending(*copy))
       sent = {nb::borrow(obj), copy};
+    else if (sent.copy == copy)
+      sent = {};
     else
       forget_finished();
   }
