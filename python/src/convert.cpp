@@ -70,6 +70,22 @@ TypeError unsupported_dtype(nb::handle value, const std::string& where) {
                                    letter("byteorder"));
 }
 
+// Why an array of a supported dtype could not be viewed: numpy strides (in bytes) that are
+// not multiples of the item size, which no element-strided view (DLPack's, a Tensor's) can
+// express. Empty when that is not the reason.
+std::string unviewable_strides(nb::handle value) {
+  if (!nb::hasattr(value, "strides") || !nb::hasattr(value, "itemsize")) return {};
+  nb::object strides = value.attr("strides");
+  const int64_t itemsize = nb::cast<int64_t>(value.attr("itemsize"));
+  if (!nb::isinstance<nb::tuple>(strides) || itemsize <= 0) return {};
+  for (nb::handle s : strides)
+    if (nb::cast<int64_t>(s) % itemsize != 0)
+      return ": an array whose strides " + nb::cast<std::string>(nb::repr(strides)) +
+             " are not multiples of its item size (" + std::to_string(itemsize) +
+             " bytes) cannot be viewed; pass a copy (numpy.ascontiguousarray)";
+  return {};
+}
+
 }  // namespace
 
 std::string py_type(nb::handle value) {
@@ -244,8 +260,10 @@ std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
     if (std::optional<Tensor> t = to_tensor(value)) return t;
   } catch (const TypeError&) {  // an array-like of a dtype with no DType: said below
   }
-  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape"))
+  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape")) {
+    if (std::string why = unviewable_strides(value); !why.empty()) throw ValueError(where + why);
     throw unsupported_dtype(value, where);
+  }
   return std::nullopt;
 }
 
