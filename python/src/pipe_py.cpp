@@ -104,8 +104,6 @@ struct PyPipe {
   void after_send(nb::handle obj, const std::shared_ptr<const TensorDict>& copy) {
     if (pipe.sending(*copy))
       sent = {nb::borrow(obj), copy};
-    else if (sent.copy == copy)
-      sent = {};
     else
       forget_finished();
   }
@@ -236,7 +234,12 @@ void bind_pipe(nb::module_& m) {
               self.after_send(td, copy);
               throw;
             }
-            self.after_send(td, copy);
+            // Sent: its copy is no longer in flight (no look at the pipe, whose lock a
+            // progressing thread may hold, on this path of every message).
+            if (self.sent.copy == copy)
+              self.sent = {};
+            else
+              self.forget_finished();
           },
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(
