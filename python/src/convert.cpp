@@ -63,7 +63,7 @@ Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
 TypeError unsupported_dtype(nb::handle value, const std::string& where) {
   nb::object dt = value.attr("dtype");
   auto letter = [&](const char* attr) {
-    std::string s = nb::hasattr(dt, attr) ? nb::cast<std::string>(nb::str(dt.attr(attr))) : "";
+    std::string s = nb::hasattr(dt, attr) ? str_of_obj(dt.attr(attr)) : "";
     return s.empty() ? '\0' : s[0];
   };
   return detail::unsupported_dtype(where, nb::cast<std::string>(nb::str(dt)), letter("kind"),
@@ -89,7 +89,11 @@ std::string unviewable_strides(nb::handle value) {
 }  // namespace
 
 std::string py_type(nb::handle value) {
-  return nb::cast<std::string>(nb::str(value.type().attr("__name__")));
+  return str_of_obj(value.type().attr("__name__"));
+}
+
+std::string str_of_obj(nb::handle value) {
+  return nb::cast<std::string>(nb::str(value));
 }
 
 int64_t int_arg(nb::handle value, const char* name) {
@@ -251,7 +255,7 @@ std::optional<Tensor> to_tensor(nb::handle value) {
 std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
   if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") &&
       nb::hasattr(value, "is_cuda")) {
-    std::string dev = nb::cast<std::string>(nb::str(value.attr("device").attr("type")));
+    std::string dev = str_of_obj(value.attr("device").attr("type"));
     if (dev != "cpu")
       throw ValueError(where + ": tensor on device '" + dev +
                        "'; tensorwire only accepts CPU tensors (call .cpu() first)");

@@ -50,6 +50,9 @@ struct PyNonTensorStack {
 
 // The name of the value's type, for messages.
 std::string py_type(nb::handle value);
+// str(value). Takes a handle on purpose: nb::str(obj.attr("x")) wraps the attribute as a
+// str without converting it (a torch.device stays one, and casting it fails).
+std::string str_of_obj(nb::handle value);
 // An int (not a bool): TypeError "`name` must be an integer, got <type>" otherwise.
 int64_t int_arg(nb::handle value, const char* name);
 // A str (or None when `none_ok`; then std::nullopt): TypeError naming `name` otherwise.

@@ -83,8 +83,7 @@ bool is_instance(nb::handle value, const nb::object& lib, const char* cls) {
 // and NonTensorStack entries become non-tensor entries (JSON values, as anywhere).
 TensorDict from_tensordict_lib(nb::handle td, const nb::object& lib) {
   std::optional<Device> device;
-  if (!td.attr("device").is_none())
-    device = parse_device(nb::cast<std::string>(nb::str(td.attr("device"))));
+  if (!td.attr("device").is_none()) device = parse_device(str_of_obj(td.attr("device")));
   TensorDict out(nb::cast<Shape>(nb::list(td.attr("batch_size"))), device);
   if (nb::cast<bool>(td.attr("_has_names")()))
     out.set_names(nb::cast<std::vector<std::optional<std::string>>>(nb::list(td.attr("names"))));
@@ -258,7 +257,7 @@ TensorDict torchrl_result(nb::handle result, const std::vector<Key>& keys) {
       throw KeyError("the policy output has no key " +
                      nb::cast<std::string>(nb::repr(from_key(k))) +
                      " (declared in the response spec)");
-    if (nb::cast<std::string>(nb::str(v.attr("device").attr("type"))) != "cpu") v = v.attr("cpu")();
+    if (str_of_obj(v.attr("device").attr("type")) != "cpu") v = v.attr("cpu")();
     response.set(k, to_entry(v, {}, {}, k));
   }
   return response;

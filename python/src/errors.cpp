@@ -179,7 +179,7 @@ void bind_errors(nb::module_& m) {
   g_remote_traceback.attr("__module__") = "tensorwire";
   g_remote_traceback.attr("__doc__") = "The traceback of an exception raised in another process.";
   g_remote_traceback.attr("__str__") = nb::cpp_function(
-      [](nb::handle self) { return nb::str(self.attr("args")[0]); }, nb::is_method());
+      [](nb::handle self) { return nb::str(nb::handle(self.attr("args")[0])); }, nb::is_method());
   m.attr("RemoteTraceback") = g_remote_traceback;
   // Module attributes keep both classes alive; these statics only borrow them until the
   // module is gone (nanobind warns about leaks otherwise).

@@ -63,6 +63,16 @@ def test_torchrls_server_serves_through_it():
         assert server.stats()["requests"] == 3
 
 
+def test_specs_and_requests_with_a_device_are_served():
+    # What env.reset() and env.fake_tensordict() give: dicts with device="cpu".
+    req = TensorDict({"observation": torch.zeros(4)}, device="cpu")
+    resp = TensorDict({"action": torch.zeros(2)}, device="cpu")
+    t = SharedMemoryTransport(req, resp, num_slots=2)
+    with InferenceServer(sum_policy(), t, max_batch_size=2):
+        obs = TensorDict({"observation": torch.ones(4)}, device="cpu")
+        assert t.client()(obs, timeout=10)["action"].tolist() == [4.0, 4.0]
+
+
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_actors_in_child_processes(method):
     ctx = mp.get_context(method)

@@ -76,6 +76,28 @@ def test_non_json_non_tensor_raises_valueerror_before_sending(tls):
     asyncio.run(run())
 
 
+def test_dicts_with_a_device_are_sent_as_tensordicts_pipe_sends_them(tls):
+    async def run():
+        server = TensorDictServer(0)
+        pipes = []
+        task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
+        client = await TensorDictPipe.connect("127.0.0.1", server.port)
+        sent = [TensorDict({"a": torch.ones(3)}, [3], device="cpu").consolidate(),
+                TensorDict({"a": torch.full((3,), 2.0)}, [3], device="cpu"),
+                TensorDict({"a": torch.full((3,), 3.0)}, [3]).to("cpu")]
+        for td in sent:
+            await client.asend(td)
+        while not pipes:
+            await asyncio.sleep(0.02)
+        for i in range(3):
+            got = await asyncio.wait_for(pipes[0].arecv(), 30)
+            assert got["a"].tolist() == [i + 1.0] * 3 and got.device == torch.device("cpu")
+        await client.aclose()
+        server.close()
+        await asyncio.wait_for(task, 10)
+    asyncio.run(run())
+
+
 def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
     async def run():
         server = TensorDictServer(0)

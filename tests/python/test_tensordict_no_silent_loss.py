@@ -145,6 +145,19 @@ def test_torch_conjugate_and_negative_views_are_stored_with_their_values():
     np.testing.assert_array_equal(back["c"], [1 - 2j, 3 - 4j])
 
 
+@pytest.mark.parametrize("device", ["cpu", "torch.device"])
+def test_a_tensordict_with_a_device_keeps_it(device):
+    # td.device is a torch.device: converting it once failed with std::bad_cast.
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    dev = torch.device("cpu") if device == "torch.device" else "cpu"
+    td = tensordict.TensorDict({"x": torch.arange(3.0)}, batch_size=[3], device=dev)
+    for source in (td, td.consolidate()):
+        tw_td = tw.TensorDict.from_tensordict(source)
+        assert tw_td.device == "cpu" and tw_td["x"].tolist() == [0.0, 1.0, 2.0]
+        assert tw_td.to_tensordict().device == torch.device("cpu")
+
+
 def test_update_from_a_view_of_the_same_memory_reads_it_whole_first():
     a = np.arange(8.0)
     td = tw.TensorDict({"a": a, "m": np.arange(9.0).reshape(3, 3)})
