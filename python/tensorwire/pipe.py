@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from . import _C
@@ -211,9 +212,19 @@ class TensorDictPipe:
             return listener.accept(timeout=timeout, _single=True)
 
     @classmethod
-    async def alisten(cls, port: int = 0, **kwargs) -> "TensorDictPipe":
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: cls.listen(port, **kwargs))
+    async def alisten(cls, port: int = 0, *, consolidated: bool = True,
+                      auth_key: Optional[str] = None,
+                      on_listening: Optional[Callable[[int], None]] = None,
+                      timeout: Optional[float] = None,
+                      max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
+                      liveness_timeout: Optional[float] = None) -> "TensorDictPipe":
+        """``listen`` in the event loop: cancelling it (or a ``wait_for`` around it) closes
+        the listener and frees the port."""
+        with PipeListener(port, consolidated=consolidated, auth_key=auth_key,
+                          max_message_bytes=max_message_bytes, liveness_timeout=liveness_timeout) as listener:
+            if on_listening is not None:
+                on_listening(listener.port)
+            return await listener.aaccept(timeout, _single=True)
 
     # -- data ---------------------------------------------------------------------
     def send(self, td: TensorDict, *, timeout: Optional[float] = None) -> None:
@@ -422,9 +433,41 @@ class TensorDictPipe:
 
 
 class _Acceptor:
-    """What PipeListener and TensorDictServer share: a C++ acceptor in ``self._impl``."""
+    """What PipeListener and TensorDictServer share: a C++ acceptor in ``self._impl``, and
+    ``self._waiter`` on its wake-up fd."""
 
     _impl: "_C._PipeListener"
+    _waiter: _FdWaiter
+
+    async def _aaccept(self, accept_now: Callable[[], Optional[TensorDictPipe]],
+                       timeout: Optional[float], what: str) -> TensorDictPipe:
+        """Waits on the listener's wake-up fd in the event loop. Each client's handshake runs
+        on a thread of the listener's own, apart from the others' (a client that stalls in
+        it holds up nobody else), and wakes the fd when it ends: ``accept_now`` (an
+        ``accept(0)``) only starts handshakes and hands out a pipe whose handshake is over,
+        so it runs on the loop. Cancelling leaves the acceptor as it was."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._impl.arm():  # nothing to do: sleep until the listener's fd wakes us
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{what} timed out after {timeout} s")
+                try:
+                    await asyncio.wait_for(self._waiter.wait(), left)
+                except asyncio.TimeoutError:
+                    continue  # the deadline: said above unless a client came meanwhile
+            else:  # something to do: after the loop's other ready tasks had their turn
+                await asyncio.sleep(0)
+            pipe = accept_now()
+            if pipe is not None:
+                return pipe
+
+    def close(self) -> None:
+        self._waiter.on_loop(self._close_here)
+
+    def _close_here(self) -> None:
+        self._waiter.detach()
+        self._impl.close()
 
     @property
     def port(self) -> int:
@@ -448,6 +491,7 @@ class PipeListener(_Acceptor):
                  liveness_timeout: Optional[float] = None):
         self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes,
                                       liveness_timeout)
+        self._waiter = _FdWaiter([self._impl.fd])
 
     def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
         """Waits for the next client and returns its connected pipe.
@@ -461,8 +505,12 @@ class PipeListener(_Acceptor):
             raise TimeoutError(f"PipeListener.accept() timed out after {timeout} s")
         return TensorDictPipe(impl)
 
-    def close(self) -> None:
-        self._impl.close()
+    async def aaccept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
+        """``accept`` in the event loop (see TensorDictServer.aaccept)."""
+        def accept_now() -> Optional[TensorDictPipe]:
+            impl = self._impl.accept(0, _single)
+            return None if impl is None else TensorDictPipe(impl)
+        return await self._aaccept(accept_now, timeout, "PipeListener.aaccept()")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "listening"
@@ -502,27 +550,18 @@ class TensorDictServer(_Acceptor):
         return self._accepted(self._impl.refused, self._impl.accept(timeout))
 
     def _accepted(self, refused_before: int, impl) -> Optional[TensorDictPipe]:
-        if self._impl.refused != refused_before:
-            _log.debug("TensorDictServer on port %d refused a client: %s", self.port, self._impl.last_refusal)
+        refused = self._impl.refused - refused_before  # one accept may reap several
+        if refused:
+            _log.debug("TensorDictServer on port %d refused %d client(s), the last: %s", self.port,
+                       refused, self._impl.last_refusal)
         return TensorDictPipe(impl) if impl is not None else None
 
     async def aaccept(self) -> TensorDictPipe:
-        """The next client; ClosedError once the server is closed.
-
-        Waits on the listener's wake-up fd in the event loop. Each client's handshake runs
-        on a thread of the listener's own, apart from the others' (a client that stalls in
-        it holds up nobody else), and wakes the fd when it ends: ``accept(0)`` only starts
-        handshakes and hands out a pipe whose handshake is over, so it runs on the loop."""
-        while True:
-            if self._impl.arm():  # nothing to do: sleep until the listener's fd wakes us
-                await self._waiter.wait()
-            else:  # something to do: after the loop's other ready tasks had their turn
-                await asyncio.sleep(0)
+        """The next client; ClosedError once the server is closed."""
+        def accept_now() -> Optional[TensorDictPipe]:
             refused = self._impl.refused
-            impl = self._impl.accept(0)
-            pipe = self._accepted(refused, impl)
-            if pipe is not None:
-                return pipe
+            return self._accepted(refused, self._impl.accept(0))
+        return await self._aaccept(accept_now, None, "TensorDictServer.aaccept()")
 
     async def serve(self, handler: Callable[[TensorDictPipe], Awaitable[None]]) -> None:
         try:
@@ -558,9 +597,6 @@ class TensorDictServer(_Acceptor):
                     return
                 raise
 
-    def close(self) -> None:
-        self._waiter.on_loop(self._close_here)
-
     def _close_here(self) -> None:
         # The handlers first: cancelled, as the end of serve() cancels them, before their
         # pipes close under them (a handler still reading would get ClosedError, reported
@@ -572,8 +608,7 @@ class TensorDictServer(_Acceptor):
         for t in list(self._tasks):
             if t.get_loop() is loop:
                 t.cancel()
-        self._waiter.detach()
-        self._impl.close()
+        super()._close_here()
 
     async def aclose(self) -> None:
         self.close()

@@ -286,6 +286,39 @@ def test_a_dict_changed_after_its_asend_was_cancelled_arrives_as_sent_then_as_ch
     assert np.array_equal(got[1], np.full(1 << 20, 49.0))
 
 
+def test_a_cancelled_or_timed_out_alisten_frees_its_port_and_leaves_nothing_running():
+    # alisten waits in the event loop: cancelled, it closes its listener (it used to leave
+    # a blocking accept on an executor thread, the port bound and asyncio.run() waiting).
+    async def run():
+        ports = []
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(tw.TensorDictPipe.alisten(0, on_listening=ports.append), 0.2)
+        with pytest.raises(TimeoutError, match="timed out after 0.1 s"):
+            await tw.TensorDictPipe.alisten(ports[0], timeout=0.1)
+        task = asyncio.ensure_future(tw.TensorDictPipe.alisten(ports[0]))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with tw.PipeListener(ports[0]) as again:  # the port is free
+            assert again.port == ports[0]
+        # and it still accepts a client
+        listening = asyncio.Event()
+        listen = asyncio.ensure_future(tw.TensorDictPipe.alisten(
+            ports[0], timeout=30, on_listening=lambda _: listening.set()))
+        await asyncio.wait_for(listening.wait(), 30)
+        client = await tw.TensorDictPipe.aconnect("127.0.0.1", ports[0], timeout=30)
+        server = await listen
+        await client.asend(small(4.0))
+        assert (await server.arecv())["v"].tolist() == [4.0, 4.0]
+        client.close()
+        server.close()
+
+    start = time.monotonic()
+    asyncio.run(run())
+    assert time.monotonic() - start < 20
+
+
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
     # A send lets go of what it sent with the pipe's lock released: a dict over numpy
     # memory takes the GIL to go, and a thread holding the GIL (repr() asks the pipe
@@ -550,8 +583,9 @@ def test_clients_that_give_up_mid_handshake_never_stop_serve_and_are_logged(capl
             return server.refused
 
     refused = asyncio.run(main())
-    logged = [r for r in caplog.records if "refused a client" in r.getMessage()]
-    assert len(logged) == refused and all(r.levelno == logging.DEBUG for r in logged)
+    logged = [r for r in caplog.records if "client(s), the last:" in r.getMessage()]
+    assert sum(r.args[1] for r in logged) == refused
+    assert all(r.levelno == logging.DEBUG for r in logged)
 
 
 def test_a_listener_goes_on_accepting_after_clients_give_up_mid_handshake():
