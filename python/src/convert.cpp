@@ -271,12 +271,35 @@ std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
   return std::nullopt;
 }
 
+namespace {
+
+// numpy's own int64 / uint64 dtype. nanobind exports 64-bit ints with the buffer format
+// 'q' / 'Q', which numpy reads as longlong; arrays numpy makes (and tensorpack's pickles
+// bring back) are long ('l' on Linux): np.int64 is that type, and isinstance(x[0],
+// np.int64) holds only for it. Kept for the interpreter's life (leaked on purpose).
+nb::handle numpy_dtype(DType t) {
+  static PyObject* i64 = nullptr;
+  static PyObject* u64 = nullptr;
+  PyObject*& d = t == DType::Int64 ? i64 : u64;
+  if (!d)
+    d = nb::module_::import_("numpy")
+            .attr("dtype")(t == DType::Int64 ? "int64" : "uint64")
+            .release()
+            .ptr();
+  return d;
+}
+
+}  // namespace
+
 nb::object to_numpy(const Tensor& t) {
   switch (t.dtype()) {
     case DType::BFloat16:
     case DType::Float8E4M3FN:
     case DType::Float8E5M2:
       return to_torch(t);  // numpy has no such dtype
+    case DType::Int64:
+    case DType::UInt64:
+      return export_as<nb::numpy>(t).attr("view")(numpy_dtype(t.dtype()));
     default:
       return export_as<nb::numpy>(t);
   }

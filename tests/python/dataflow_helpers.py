@@ -60,7 +60,8 @@ def same_structure(a, b):
         for k in a:
             same_structure(a[k], b[k])
     elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+        # The dtype's type too: int64 as numpy makes it (long), not an equal longlong.
+        assert a.dtype.type is b.dtype.type and a.shape == b.shape and (a == b).all()
     else:
         assert a == b
 

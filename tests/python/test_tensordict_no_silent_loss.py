@@ -158,6 +158,15 @@ def test_a_tensordict_with_a_device_keeps_it(device):
         assert tw_td.to_tensordict().device == torch.device("cpu")
 
 
+def test_64_bit_integer_leaves_come_back_as_numpys_own_int64_and_uint64():
+    # nanobind exports them as longlong ('q'), equal to int64 but another type.
+    td = tw.TensorDict({"i": np.arange(3), "u": np.arange(3, dtype=np.uint64)})
+    assert td["i"].dtype.type is np.int64 and isinstance(td["i"][0], np.int64)
+    assert td["u"].dtype.type is np.uint64 and isinstance(td["u"][0], np.uint64)
+    td["i"][0] = 7  # still a writable view of the leaf
+    assert td["i"].tolist() == [7, 1, 2]
+
+
 def test_update_from_a_view_of_the_same_memory_reads_it_whole_first():
     a = np.arange(8.0)
     td = tw.TensorDict({"a": a, "m": np.arange(9.0).reshape(3, 3)})
