@@ -76,6 +76,15 @@ class RemoteDataZMQ(_df.RemoteDataZMQ, _TensorpackDataFlow):
 
     def __init__(self, addr1, addr2=None, hwm=50, bind=True, **kwargs):
         _df.RemoteDataZMQ.__init__(self, addr1, addr2, hwm, bind, **kwargs)
+        self._bound = False
+
+    def reset_state(self):
+        """tensorpack's may be called again (it binds in ``__iter__``): here the first call
+        binds, and a later one does nothing (the counters go on). ClosedError once closed."""
+        if self._bound and not self._core.closed:
+            return
+        super().reset_state()
+        self._bound = True
 
 
 send_dataflow_zmq = _df.send_dataflow_zmq

@@ -105,3 +105,19 @@ def test_aliases():
     assert twtp.PrefetchDataZMQ is twtp.MultiProcessRunnerZMQ
     assert twtp.MultiProcessMapData is twtp.MultiProcessMapDataZMQ
     assert issubclass(twtp.RemoteDataZMQ, tp.DataFlow)
+
+
+def test_remote_data_may_be_reset_again_as_tensorpacks_and_then_still_receives():
+    # tensorpack's RemoteDataZMQ binds in __iter__, so reset_state() may come again.
+    remote = twtp.RemoteDataZMQ("tcp://127.0.0.1:*")
+    try:
+        remote.reset_state()
+        remote.reset_state()
+        twtp.send_dataflow_zmq(tp.DataFromList([[np.arange(3)]], shuffle=False),
+                               remote.endpoint(), max_datapoints=1)
+        dp = remote.recv(timeout=30)
+        same_structure(dp, [np.arange(3)])
+    finally:
+        remote.close()
+    with pytest.raises(ConnectionError):  # tensorwire.ClosedError
+        remote.reset_state()
