@@ -115,6 +115,7 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   } else {
     w.pid =
         fork_process(hooks, &info, owner_ + ": fork of worker " + std::to_string(info.index), body);
+    w.forker_tid = static_cast<pid_t>(::syscall(SYS_gettid));
     try {
       w.watch = os::ProcessWatch(w.pid);
     } catch (...) {
@@ -133,6 +134,14 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   return pid;
 }
 
+namespace {
+// Whether thread `tid` of this process has exited.
+bool thread_gone(pid_t tid) {
+  const std::string task = "/proc/self/task/" + std::to_string(tid);
+  return ::access(task.c_str(), F_OK) != 0 && errno == ENOENT;
+}
+}  // namespace
+
 std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
   for (Worker& w : workers_) {
     if (w.reaped || w.watch.alive()) continue;
@@ -150,8 +159,13 @@ std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
     }
     w.reaped = true;
     w.status = status.value_or(-1);
-    return Death{w.index, w.pid, w.status,
-                 status ? os::describe_exit(*status) : "ended (exit status unavailable)"};
+    std::string how = status ? os::describe_exit(*status) : "ended (exit status unavailable)";
+    if (status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL && !w.by_server &&
+        w.forker_tid >= 0 && thread_gone(w.forker_tid))
+      how +=
+          " (the thread that started it has exited, and a worker is killed with the thread "
+          "that forked it: call reset_state() from a thread that lives as long as the runner)";
+    return Death{w.index, w.pid, w.status, std::move(how)};
   }
   return std::nullopt;
 }

@@ -179,6 +179,17 @@ def test_a_killed_worker_ends_a_blocked_wait():
         assert time.monotonic() - t0 < 5
 
 
+def test_workers_killed_with_the_thread_that_forked_them_say_so():
+    # PDEATHSIG fires when the forking thread exits: the error says that, not just SIGKILL.
+    import threading
+    with twdf.MultiProcessRunnerZMQ(Idle(), num_proc=1) as r:
+        t = threading.Thread(target=r.reset_state)
+        t.start()
+        t.join(30)
+        with pytest.raises(twdf.WorkerDiedError, match="SIGKILL.*thread that started it has exited"):
+            next(iter(r))
+
+
 def test_workers_die_with_a_killed_parent():
     p = python("""
 import sys, time
