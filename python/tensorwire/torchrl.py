@@ -17,7 +17,10 @@ What changes against torchrl's own transport: requests and responses cross proce
 through shared memory with futex wake-ups instead of ``multiprocessing`` queues; clients
 can also be made after the actors start (``SharedMemoryTransport.client_for(name)``);
 a dropped future gives its slot back; a dead actor's slots are reclaimed; a timeout
-raises ``TimeoutError`` (torchrl raises ``queue.Empty``).
+raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
+process that created it, so torchrl's ``service_backend="process"`` is refused with a
+TypeError saying so; a policy's exception of a type that is not a builtin reaches the
+client as ``RuntimeError("module.Type: message")``.
 
 ``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
 :class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``
@@ -48,6 +51,14 @@ class _SlotBankTransport(InferenceTransport):
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable."""
         return self._tw.client()
+
+    def __reduce__(self):
+        # What torchrl's service_backend="process" does with a transport: its server side
+        # serves only in the process that made it.
+        raise TypeError(
+            f"tensorwire.torchrl.{type(self).__name__} cannot be pickled: it serves from the "
+            "process that created it. Run torchrl's InferenceServer there (service_backend="
+            "'thread', the default) and hand transport.client() to the actor processes")
 
     def submit(self, td):
         """Submits through a transport-wide client; returns a future."""

@@ -137,6 +137,15 @@ def test_shutdown_fails_pending_requests_like_torchrl():
         queued.result(timeout=10)
 
 
+def test_torchrls_process_backend_is_refused_with_a_clear_error():
+    # Its server side serves only in the process that made it; torchrl would pickle it.
+    t = SharedMemoryTransport(*specs(), num_slots=2)
+    with pytest.raises(TypeError, match="serves from the process that created it"):
+        with InferenceServer(transport=t, policy_factory=sum_policy, service_backend="process"):
+            pass
+    t.close()
+
+
 def test_the_dropin_has_a_repr_with_state_and_closes():
     t = SharedMemoryTransport(*specs(), num_slots=2)
     assert repr(t) == f"<tensorwire.torchrl.SharedMemoryTransport {t.name!r} open>"
