@@ -306,6 +306,17 @@ void bind_pipe(nb::module_& m) {
       nb::arg("timeout").none(), nb::arg("max_message_bytes"),
       nb::arg("liveness_timeout").none() = nb::none());
 
+  // The timeout rule (Timeout::seconds) for the asyncio forms, which wait in the event loop:
+  // None for no limit, else the seconds; ValueError for a negative or NaN value.
+  m.def(
+      "_timeout_seconds",
+      [](Seconds s) -> Seconds {
+        const Timeout t = Timeout::seconds(s);
+        if (t.is_forever()) return std::nullopt;
+        return std::chrono::duration<double>(t.duration()).count();
+      },
+      nb::arg("timeout").none());
+
   bind_acceptor<PipeListener>(m, "_PipeListener");
   bind_acceptor<TensorDictServer>(m, "_Server");
 }

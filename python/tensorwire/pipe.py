@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from typing import AsyncIterator, Awaitable, Callable, Optional
@@ -94,14 +95,25 @@ class _FdWaiter:
         self._fds = [fd for fd in fds if fd >= 0]
         self._waiters: set = set()
         self._loop = None
+        self._pid = os.getpid()  # the process whose loop the readers are registered with
+
+    def _own_loop(self):
+        """The loop the fds are registered with, or None. In a forked child, that loop (and
+        its epoll instance, which the child shares with its parent) is the parent's: it is
+        forgotten without a remove_reader, which would unregister the parent's fds."""
+        if self._loop is not None and self._pid != os.getpid():
+            self._loop = None
+            self._waiters = set()
+        return self._loop
 
     def on_loop(self, fn) -> None:
         """Runs ``fn`` (a close) on the loop that waits on the fds, and waits for it, when
-        called from another thread (``close()`` may be called from any thread): a future set
-        from another thread, with the fd's reader gone, never wakes the loop, and a waiter
-        woken before the close is over would wait again, for ever. Else runs it here."""
-        loop = self._loop
-        if loop is not None and not _running_here(loop):
+        called from another thread while that loop runs (``close()`` may be called from any
+        thread): a future set from another thread, with the fd's reader gone, never wakes
+        the loop, and a waiter woken before the close is over would wait again, for ever.
+        Else runs it here: a loop that is not running is in no selector call."""
+        loop = self._own_loop()
+        if loop is not None and not _running_here(loop) and loop.is_running():
             done = threading.Event()
 
             def run() -> None:
@@ -121,9 +133,10 @@ class _FdWaiter:
 
     def detach(self) -> None:
         """Unregisters the fds now (before their owner closes them) and wakes every waiter."""
-        if self._loop is not None:
+        loop = self._own_loop()
+        if loop is not None:
             for fd in self._fds:
-                self._loop.remove_reader(fd)
+                loop.remove_reader(fd)
             self._loop = None
         self._fds = []
         self.wake()
@@ -133,6 +146,7 @@ class _FdWaiter:
         fut = loop.create_future()
         if not self._waiters:
             self._loop = loop
+            self._pid = os.getpid()
             for fd in self._fds:
                 loop.add_reader(fd, self.wake)
         self._waiters.add(fut)
@@ -446,6 +460,7 @@ class _Acceptor:
         it holds up nobody else), and wakes the fd when it ends: ``accept_now`` (an
         ``accept(0)``) only starts handshakes and hands out a pipe whose handshake is over,
         so it runs on the loop. Cancelling leaves the acceptor as it was."""
+        timeout = _C._timeout_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._impl.arm():  # nothing to do: sleep until the listener's fd wakes us

@@ -759,6 +759,9 @@ void PipeImpl::close() {
   // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
   ep_->close(/*force=*/!wired_up_ || sends_in_flight, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
+  // Whoever sleeps on the pipe's fds looks again and meets ClosedError: an event loop's
+  // coroutine on a pipe that its TensorDictServer closed has no other way to hear of it.
+  waiting_.wake_all(*worker_);
 }
 
 }  // namespace tensorwire::detail

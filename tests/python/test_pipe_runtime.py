@@ -147,6 +147,8 @@ def test_a_negative_or_nan_timeout_is_a_valueerror_everywhere(pair, bad):
     with tw.PipeListener(0) as listener, tw.TensorDictServer(0) as server:
         calls["PipeListener.accept"] = lambda: listener.accept(timeout=bad)
         calls["TensorDictServer.accept"] = lambda: server.accept(timeout=bad)
+        calls["PipeListener.aaccept"] = lambda: asyncio.run(listener.aaccept(timeout=bad))
+        calls["alisten"] = lambda: asyncio.run(tw.TensorDictPipe.alisten(0, timeout=bad))
         for name, call in calls.items():
             with pytest.raises(ValueError, match="timeout"):
                 call()
@@ -317,6 +319,75 @@ def test_a_cancelled_or_timed_out_alisten_frees_its_port_and_leaves_nothing_runn
     start = time.monotonic()
     asyncio.run(run())
     assert time.monotonic() - start < 20
+
+
+def test_a_servers_close_ends_an_arecv_on_a_pipe_it_handed_out():
+    # `async for pipe in server` with handlers of the user's own: nothing but the C++ close
+    # reaches their pipes, which must wake the coroutine sleeping on the pipe's fd.
+    async def run():
+        server = tw.TensorDictServer(0)
+        ended = asyncio.get_running_loop().create_future()
+
+        async def handler(pipe):
+            try:
+                async for _ in pipe:
+                    pass
+                ended.set_result(None)
+            except Exception as e:  # noqa: BLE001 -- the test looks at it
+                ended.set_result(e)
+
+        async def accepting():
+            async for pipe in server:
+                asyncio.ensure_future(handler(pipe))
+
+        accepting_task = asyncio.ensure_future(accepting())
+        client = await tw.TensorDictPipe.aconnect("127.0.0.1", server.port, timeout=30)
+        await client.asend(small())
+        await asyncio.sleep(0.3)  # the handler now sleeps in arecv
+        server.close()
+        assert isinstance(await asyncio.wait_for(ended, 10), tw.ClosedError)
+        await asyncio.wait_for(accepting_task, 10)
+        client.close()
+    asyncio.run(run())
+
+
+def test_a_forked_child_closing_an_inherited_pipe_leaves_the_parents_loop_alone(pair):
+    # The child shares the loop's epoll instance: a remove_reader there would unregister
+    # the parent's fds, and the parent's arecv would never wake.
+    accepted, connected = pair
+
+    async def run():
+        task = asyncio.ensure_future(accepted.arecv())
+        await asyncio.sleep(0.2)  # arecv sleeps on the pipe's fds
+        pid = os.fork()
+        if pid == 0:
+            try:
+                t0 = time.monotonic()
+                accepted.close()
+                os._exit(0 if time.monotonic() - t0 < 2 else 3)
+            finally:
+                os._exit(4)
+        assert os.waitpid(pid, 0)[1] == 0  # and its close() did not wait for the loop
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: connected.send(small(7.0), timeout=30))
+        got = await asyncio.wait_for(task, 10)
+        assert got["v"].tolist() == [7.0, 7.0]
+    asyncio.run(run())
+
+
+def test_close_with_an_arecv_pending_on_a_loop_that_is_not_running_is_prompt(pair):
+    accepted, connected = pair
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(accepted.arecv())
+        loop.run_until_complete(asyncio.sleep(0.1))  # the arecv sleeps on the pipe's fds
+        t0 = time.monotonic()
+        accepted.close()
+        assert time.monotonic() - t0 < 2  # no wait for a loop that cannot run the close
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert task.done() and isinstance(task.exception(), tw.ClosedError)
+    finally:
+        loop.close()
 
 
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
