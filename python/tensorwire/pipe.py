@@ -210,8 +210,36 @@ class TensorDictPipe:
 
     @classmethod
     async def aconnect(cls, host: str, port: int, **kwargs) -> "TensorDictPipe":
+        """``connect`` without blocking the event loop. It runs on a thread of its own, not
+        the loop's executor: cancelled, the coroutine returns at once and ``asyncio.run``
+        does not wait for the connect, which ends by its timeout; a pipe it still makes is
+        closed."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: cls.connect(host, port, **kwargs))
+        done: asyncio.Future = loop.create_future()
+
+        def settle(pipe: Optional["TensorDictPipe"], error: Optional[BaseException]) -> None:
+            if done.cancelled():
+                if pipe is not None:
+                    pipe.close()
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(pipe)
+
+        def run() -> None:
+            pipe, error = None, None
+            try:
+                pipe = cls.connect(host, port, **kwargs)
+            except BaseException as e:  # noqa: BLE001 -- handed to the coroutine
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, pipe, error)
+            except RuntimeError:  # the loop is closed: nobody takes the pipe
+                if pipe is not None:
+                    pipe.close()
+
+        threading.Thread(target=run, name="tensorwire-aconnect", daemon=True).start()
+        return await done
 
     @classmethod
     def listen(cls, port: int = 0, *, consolidated: bool = True, auth_key: Optional[str] = None,

@@ -390,6 +390,28 @@ def test_close_with_an_arecv_pending_on_a_loop_that_is_not_running_is_prompt(pai
         loop.close()
 
 
+def test_a_cancelled_aconnect_returns_at_once_and_asyncio_run_does_not_wait_for_it():
+    import socket
+    silent = socket.socket()  # accepts (the kernel's backlog) but never speaks UCX
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        async def run():
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    tw.TensorDictPipe.aconnect("127.0.0.1", silent.getsockname()[1], timeout=4), 0.3)
+
+        start = time.monotonic()
+        asyncio.run(run())
+        assert time.monotonic() - start < 2  # it waited for the 4 s connect before
+    finally:
+        silent.close()
+    deadline = time.monotonic() + 30  # the connect itself ends by its timeout
+    while any(t.name == "tensorwire-aconnect" for t in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
     # A send lets go of what it sent with the pipe's lock released: a dict over numpy
     # memory takes the GIL to go, and a thread holding the GIL (repr() asks the pipe
