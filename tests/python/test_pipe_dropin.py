@@ -1,5 +1,6 @@
 """tensorwire.tensordict: tensordict's pipe API, unchanged code, tensorwire underneath."""
 import asyncio
+import contextlib
 import os
 import sys
 
@@ -76,48 +77,56 @@ def test_non_json_non_tensor_raises_valueerror_before_sending(tls):
     asyncio.run(run())
 
 
-def test_dicts_with_a_device_are_sent_as_tensordicts_pipe_sends_them(tls):
-    async def run():
-        server = TensorDictServer(0)
-        pipes = []
-        task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
-        client = await TensorDictPipe.connect("127.0.0.1", server.port)
-        sent = [TensorDict({"a": torch.ones(3)}, [3], device="cpu").consolidate(),
-                TensorDict({"a": torch.full((3,), 2.0)}, [3], device="cpu"),
-                TensorDict({"a": torch.full((3,), 3.0)}, [3]).to("cpu")]
-        for td in sent:
-            await client.asend(td)
-        while not pipes:
-            await asyncio.sleep(0.02)
-        for i in range(3):
-            got = await asyncio.wait_for(pipes[0].arecv(), 30)
-            assert got["a"].tolist() == [i + 1.0] * 3 and got.device == torch.device("cpu")
+@contextlib.asynccontextmanager
+async def _served_client():
+    """(client, pipes): a client of a TensorDictServer whose accepted pipes land in pipes."""
+    server = TensorDictServer(0)
+    pipes = []
+    task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
+    client = await TensorDictPipe.connect("127.0.0.1", server.port)
+    try:
+        yield client, pipes
+    finally:
         await client.aclose()
         server.close()
         await asyncio.wait_for(task, 10)
+
+
+async def _first_pipe(pipes):
+    while not pipes:
+        await asyncio.sleep(0.02)
+    return pipes[0]
+
+
+def test_dicts_with_a_device_are_sent_as_tensordicts_pipe_sends_them(tls):
+    async def run():
+        async with _served_client() as (client, pipes):
+            sent = [TensorDict({"a": torch.ones(3)}, [3], device="cpu").consolidate(),
+                    TensorDict({"a": torch.full((3,), 2.0)}, [3], device="cpu"),
+                    TensorDict({"a": torch.full((3,), 3.0)}, [3]).to("cpu")]
+            for td in sent:
+                await client.asend(td)
+            server_end = await _first_pipe(pipes)
+            for i in range(3):
+                got = await asyncio.wait_for(server_end.arecv(), 30)
+                assert got["a"].tolist() == [i + 1.0] * 3 and got.device == torch.device("cpu")
     asyncio.run(run())
 
 
 def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
     async def run():
-        server = TensorDictServer(0)
-        pipes = []
-        task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
-        client = await TensorDictPipe.connect("127.0.0.1", server.port)
-        td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, batch_size=[2]).consolidate()
-        await client.asend(td)
-        wire_view = client._out_cache[2]
-        assert wire_view.storage.ctypes.data == td._consolidated["storage"].data_ptr()  # no copy
-        td["a"][0, 0] = 42  # steady state: same dict, new values
-        await client.asend(td)
-        while not pipes:
-            await asyncio.sleep(0.02)
-        r1 = await pipes[0].arecv()
-        r2 = await pipes[0].arecv()
-        assert r1 is r2 and r2["a"][0, 0].item() == 42
-        await client.aclose()
-        server.close()
-        await asyncio.wait_for(task, 10)
+        async with _served_client() as (client, pipes):
+            td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}},
+                            batch_size=[2]).consolidate()
+            await client.asend(td)
+            wire_view = client._out_cache[2]
+            assert wire_view.storage.ctypes.data == td._consolidated["storage"].data_ptr()  # no copy
+            td["a"][0, 0] = 42  # steady state: same dict, new values
+            await client.asend(td)
+            server_end = await _first_pipe(pipes)
+            r1 = await server_end.arecv()
+            r2 = await server_end.arecv()
+            assert r1 is r2 and r2["a"][0, 0].item() == 42
     asyncio.run(run())
 
 
