@@ -1,5 +1,8 @@
 #include "tensorwire/pipe/server.h"
 
+#include <system_error>
+#include <thread>
+
 #include "pipe_impl.h"
 
 namespace tensorwire {
@@ -40,8 +43,22 @@ void TensorDictServer::close() {
     pipes.swap(handed_out_);
   }
   listener_.close();
+  // A pipe's close may take a second and a half (a flush, then a graceful endpoint close)
+  // when its peer stopped answering: side by side, as the listener closes its handshakes,
+  // so any number of such peers cost one wait.
+  std::vector<std::shared_ptr<detail::PipeImpl>> live;
   for (auto& w : pipes)
-    if (auto p = w.lock()) p->close();
+    if (auto p = w.lock()) live.push_back(std::move(p));
+  std::vector<std::thread> closers;
+  for (size_t i = 1; i < live.size(); ++i) {
+    try {
+      closers.emplace_back([p = live[i]] { p->close(); });
+    } catch (const std::system_error&) {  // no thread to be had: here, then
+      live[i]->close();
+    }
+  }
+  if (!live.empty()) live[0]->close();
+  for (std::thread& t : closers) t.join();
 }
 
 bool TensorDictServer::closed() const {

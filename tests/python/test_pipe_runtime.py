@@ -412,6 +412,44 @@ def test_a_cancelled_aconnect_returns_at_once_and_asyncio_run_does_not_wait_for_
         time.sleep(0.05)
 
 
+def test_a_server_closes_the_pipes_of_stopped_peers_side_by_side(tmp_path):
+    # Over TCP a pipe whose peer stopped answering (SIGSTOP: a debugger, a paused
+    # container) takes about a second to close; four took four seconds one by one.
+    peer = script(tmp_path, "peer.py", """
+        import sys, time
+        import tensorwire as tw
+        p = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
+        print("connected", flush=True)
+        time.sleep(600)
+    """)
+    server = script(tmp_path, "server.py", f"""
+        import signal, subprocess, sys, time
+        import tensorwire as tw
+        srv = tw.TensorDictServer(0)
+        kids = [subprocess.Popen([sys.executable, {peer!r}, str(srv.port)], stdout=subprocess.PIPE,
+                                 text=True) for _ in range(4)]
+        try:
+            pipes = [srv.accept(timeout=60) for _ in kids]
+            for k in kids:
+                assert k.stdout.readline().strip() == "connected"
+                k.send_signal(signal.SIGSTOP)
+            time.sleep(0.2)
+            transports = pipes[0].transports
+            t0 = time.monotonic()
+            srv.close()
+            print(f"{{time.monotonic() - t0:.2f}}", transports, flush=True)
+        finally:
+            for k in kids:
+                k.kill()
+                k.wait()
+    """)
+    r = subprocess.run([sys.executable, server], capture_output=True, text=True, timeout=120,
+                       env=dict(ENV, UCX_TLS="tcp"))
+    assert r.returncode == 0, r.stderr
+    seconds, transports = r.stdout.split(maxsplit=1)
+    assert "tcp" in transports and float(seconds) < 3.0, r.stdout
+
+
 def test_sends_from_a_thread_never_block_the_threads_that_look_at_the_pipe(pair):
     # A send lets go of what it sent with the pipe's lock released: a dict over numpy
     # memory takes the GIL to go, and a thread holding the GIL (repr() asks the pipe
