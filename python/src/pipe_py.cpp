@@ -29,7 +29,7 @@ uint16_t port_of(int64_t port) {
 }
 
 PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect_timeout,
-                         uint64_t max_message_bytes, Seconds liveness_timeout) {
+                         nb::handle max_message_bytes, Seconds liveness_timeout) {
   PipeOptions o;
   o.consolidated = consolidated;
   // A key as str (its UTF-8 bytes) or bytes, as people keep secrets.
@@ -44,7 +44,9 @@ PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect
   if (!auth_key.is_none() && o.auth_key.empty())
     throw ValueError("auth_key must not be empty (pass None for no authentication)");
   o.connect_timeout = Timeout::seconds(connect_timeout);
-  if (max_message_bytes) o.limits.max_message_bytes = max_message_bytes;
+  // A negative one is 0, refused as such (checked_options).
+  o.limits.max_message_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(0, int_arg(max_message_bytes, "max_message_bytes")));
   o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
   return o;
 }
@@ -199,7 +201,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
       .def(
           "__init__",
           [](T* self, int64_t port, bool consolidated, nb::handle auth_key, Seconds timeout,
-             uint64_t max_message_bytes, Seconds liveness_timeout) {
+             nb::handle max_message_bytes, Seconds liveness_timeout) {
             new (self) T(port_of(port), make_options(consolidated, auth_key, timeout,
                                                      max_message_bytes, liveness_timeout));
           },
@@ -295,7 +297,7 @@ void bind_pipe(nb::module_& m) {
   m.def(
       "_connect",
       [](const std::string& host, int64_t port, bool consolidated, nb::handle auth_key,
-         Seconds timeout, uint64_t max_message_bytes, Seconds liveness_timeout) {
+         Seconds timeout, nb::handle max_message_bytes, Seconds liveness_timeout) {
         PipeOptions o =
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
         uint16_t p = port_of(port);

@@ -13,7 +13,7 @@
 namespace tensorwire::detail {
 
 ListenerImpl::ListenerImpl(uint16_t port, const PipeOptions& options)
-    : options_(options),
+    : options_(checked_options(options)),
       generation_(os::fork_generation()),
       owner_pid_(::getpid()),
       listener_(open(port)),

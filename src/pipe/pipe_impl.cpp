@@ -68,8 +68,16 @@ void PipeImpl::flush(ucx::Request& req, std::chrono::milliseconds budget) {
   }
 }
 
+const PipeOptions& checked_options(const PipeOptions& options) {
+  if (options.limits.max_message_bytes == 0)
+    throw ValueError("max_message_bytes must be at least 1 (the payload bytes a peer may send)");
+  if (options.limits.max_metadata_bytes == 0)
+    throw ValueError("max_metadata_bytes must be at least 1");
+  return options;
+}
+
 PipeImpl::PipeImpl(const std::string& host, uint16_t port, const PipeOptions& options)
-    : options_(options),
+    : options_(checked_options(options)),
       generation_(os::fork_generation()),
       owner_pid_(::getpid()),
       worker_(std::make_unique<ucx::Worker>()),

@@ -55,6 +55,10 @@ enum class Fault {
   LocalFailure,       // this side cannot go on: tell the peer; ClosedError
 };
 
+// `options` when their limits are usable (ValueError naming the one that is not): every
+// pipe and listener starts with them.
+const PipeOptions& checked_options(const PipeOptions& options);
+
 class PipeImpl : public runtime::Beating {
  public:
   // Client side.

@@ -731,3 +731,14 @@ TEST(PipeRuntime, ANewPipeInAChildForkedWhileUcxWasInUseFailsAtOnceSayingWhy) {
             }),
             0);
 }
+
+TEST(PipeRuntime, LimitsOfZeroAreRefusedBeforeAnythingListensOrConnects) {
+  PipeOptions o;
+  o.limits.max_message_bytes = 0;
+  EXPECT_THROW(PipeListener(0, o), ValueError);
+  EXPECT_THROW(TensorDictServer(0, o), ValueError);
+  EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", 1, o), ValueError);
+  o.limits.max_message_bytes = 1;
+  o.limits.max_metadata_bytes = 0;
+  EXPECT_THROW(PipeListener(0, o), ValueError);
+}
