@@ -66,8 +66,7 @@ TypeError unsupported_dtype(nb::handle value, const std::string& where) {
     std::string s = nb::hasattr(dt, attr) ? str_of_obj(dt.attr(attr)) : "";
     return s.empty() ? '\0' : s[0];
   };
-  return detail::unsupported_dtype(where, nb::cast<std::string>(nb::str(dt)), letter("kind"),
-                                   letter("byteorder"));
+  return detail::unsupported_dtype(where, str_of_obj(dt), letter("kind"), letter("byteorder"));
 }
 
 // Why an array of a supported dtype could not be viewed: numpy strides (in bytes) that are

@@ -21,14 +21,11 @@ using wire::DatapointEncoder;
 using wire::DatapointNode;
 using wire::ElementKind;
 
+// torch's tensor type is torch_tensor_type(): torch is never imported here, and its tensors
+// can only be in a datapoint once the user imported it.
 struct PyTypes {
-  PyTypeObject *ndarray = nullptr, *generic = nullptr, *tensor = nullptr;
+  PyTypeObject *ndarray = nullptr, *generic = nullptr;
   nb::object asarray, dumps, loads;
-  // torch is never imported here: its tensors can only be in a datapoint once the user
-  // imported it (torch_tensor_type()).
-  void refresh_torch() {
-    if (!tensor) tensor = torch_tensor_type();
-  }
 };
 
 PyTypes& types() {
@@ -43,7 +40,6 @@ PyTypes& types() {
     p->loads = pickle.attr("loads");
     return p;
   }();
-  t->refresh_torch();
   return *t;
 }
 
@@ -93,7 +89,7 @@ void encode(DatapointEncoder& e, std::string key, nb::handle v, int depth) {
     return e.add_bytes(std::move(key), bytes_of(nb::borrow<nb::bytes>(v)));
   } else if (Py_TYPE(p) == t.ndarray) {
     if (auto x = as_tensor(v)) return e.add_array(std::move(key), std::move(*x), false);
-  } else if (t.tensor && Py_TYPE(p) == t.tensor) {
+  } else if (PyTypeObject* tensor = torch_tensor_type(); tensor && Py_TYPE(p) == tensor) {
     nb::object x = nb::borrow(v);
     if (nb::cast<std::string>(x.attr("device").attr("type")) == "cpu" &&
         !nb::cast<bool>(x.attr("is_sparse"))) {

@@ -42,7 +42,7 @@ const TensorDict& request_from(nb::handle obj, const std::optional<std::vector<K
     throw TypeError(
         "a request must be a tensorwire.TensorDict, a tensordict.TensorDict or a dict of "
         "arrays, got " +
-        str_of_obj(obj.type().attr("__name__")));
+        py_type(obj));
   holder = keys ? leaves_at(obj, *keys) : tensordict_from(obj, {}, {}, "request");
   return holder;
 }

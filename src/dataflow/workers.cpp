@@ -115,7 +115,7 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   } else {
     w.pid =
         fork_process(hooks, &info, owner_ + ": fork of worker " + std::to_string(info.index), body);
-    w.forker_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    w.forker_tid = os::current_thread_id();
     try {
       w.watch = os::ProcessWatch(w.pid);
     } catch (...) {
@@ -133,14 +133,6 @@ int WorkerProcesses::spawn(const WorkerInfo& info, const ForkHooks& hooks,
   workers_.push_back(std::move(w));
   return pid;
 }
-
-namespace {
-// Whether thread `tid` of this process has exited.
-bool thread_gone(pid_t tid) {
-  const std::string task = "/proc/self/task/" + std::to_string(tid);
-  return ::access(task.c_str(), F_OK) != 0 && errno == ENOENT;
-}
-}  // namespace
 
 std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
   for (Worker& w : workers_) {
@@ -161,7 +153,7 @@ std::optional<WorkerProcesses::Death> WorkerProcesses::reap_dead() {
     w.status = status.value_or(-1);
     std::string how = status ? os::describe_exit(*status) : "ended (exit status unavailable)";
     if (status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL && !w.by_server &&
-        w.forker_tid >= 0 && thread_gone(w.forker_tid))
+        w.forker_tid >= 0 && os::thread_exited(w.forker_tid))
       how +=
           " (the thread that started it has exited, and a worker is killed with the thread "
           "that forked it: call reset_state() from a thread that lives as long as the runner)";

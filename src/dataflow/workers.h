@@ -85,7 +85,7 @@ class WorkerProcesses {
     int status = -1;
     // The thread that forked it (a direct fork): its PDEATHSIG fires when that thread
     // exits, which a death report then says.
-    pid_t forker_tid = -1;
+    int forker_tid = -1;
   };
   // Forks through the fork server; std::nullopt when it is gone (it is then closed).
   std::optional<ForkServer::Spawned> spawn_by_server(const WorkerInfo& info, uint32_t tag,

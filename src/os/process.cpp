@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <thread>
 
 #include "tensorwire/core/error.h"
@@ -52,6 +53,16 @@ std::string describe_exit(int status) {
            (abbrev ? " (SIG" + std::string(abbrev) + ")" : "");
   }
   return "ended with wait status " + std::to_string(status);
+}
+
+int current_thread_id() noexcept {
+  return static_cast<int>(::syscall(SYS_gettid));
+}
+
+bool thread_exited(int tid) noexcept {
+  char task[40];
+  std::snprintf(task, sizeof task, "/proc/self/task/%d", tid);
+  return ::access(task, F_OK) != 0 && errno == ENOENT;
 }
 
 }  // namespace tensorwire::os

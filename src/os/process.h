@@ -33,4 +33,9 @@ bool reap(int pid, std::chrono::milliseconds timeout, int* status = nullptr) noe
 // from a waitpid() status.
 std::string describe_exit(int status);
 
+// The calling thread's id (gettid), and whether thread `tid` of this process has exited:
+// the parent-death signal a forked child sets fires when the thread that forked it exits.
+int current_thread_id() noexcept;
+bool thread_exited(int tid) noexcept;
+
 }  // namespace tensorwire::os
