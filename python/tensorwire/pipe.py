@@ -247,10 +247,9 @@ class TensorDictPipe:
                max_message_bytes: int = _DEFAULT_MAX_MESSAGE,
                liveness_timeout: Optional[float] = None) -> "TensorDictPipe":
         """Waits for the first client on ``port`` (0: a free port, passed to ``on_listening``)."""
-        with PipeListener(port, consolidated=consolidated, auth_key=auth_key,
-                          max_message_bytes=max_message_bytes, liveness_timeout=liveness_timeout) as listener:
-            if on_listening is not None:
-                on_listening(listener.port)
+        with PipeListener._told(port, on_listening, consolidated=consolidated, auth_key=auth_key,
+                                max_message_bytes=max_message_bytes,
+                                liveness_timeout=liveness_timeout) as listener:
             return listener.accept(timeout=timeout, _single=True)
 
     @classmethod
@@ -262,10 +261,9 @@ class TensorDictPipe:
                       liveness_timeout: Optional[float] = None) -> "TensorDictPipe":
         """``listen`` in the event loop: cancelling it (or a ``wait_for`` around it) closes
         the listener and frees the port."""
-        with PipeListener(port, consolidated=consolidated, auth_key=auth_key,
-                          max_message_bytes=max_message_bytes, liveness_timeout=liveness_timeout) as listener:
-            if on_listening is not None:
-                on_listening(listener.port)
+        with PipeListener._told(port, on_listening, consolidated=consolidated, auth_key=auth_key,
+                                max_message_bytes=max_message_bytes,
+                                liveness_timeout=liveness_timeout) as listener:
             return await listener.aaccept(timeout, _single=True)
 
     # -- data ---------------------------------------------------------------------
@@ -535,6 +533,18 @@ class PipeListener(_Acceptor):
         self._impl = _C._PipeListener(port, consolidated, auth_key, timeout, max_message_bytes,
                                       liveness_timeout)
         self._waiter = _FdWaiter([self._impl.fd])
+
+    @classmethod
+    def _told(cls, port: int, on_listening: Optional[Callable[[int], None]], **options) -> "PipeListener":
+        """A listener whose port ``on_listening`` (if given) is told (``listen``'s)."""
+        listener = cls(port, **options)
+        if on_listening is not None:
+            try:
+                on_listening(listener.port)
+            except BaseException:
+                listener.close()
+                raise
+        return listener
 
     def accept(self, timeout: Optional[float] = None, *, _single: bool = False) -> TensorDictPipe:
         """Waits for the next client and returns its connected pipe.
