@@ -59,6 +59,16 @@ def run(path, *args, timeout=120):
                           env=ENV, timeout=timeout)
 
 
+# A peer that connects to the port in argv[1], says "ready" and stays (until killed).
+IDLE_PEER = """
+import sys, time
+import tensorwire as tw
+pipe = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
 # ---- Ctrl-C --------------------------------------------------------------------------
 
 RECV_CHILD = """
@@ -415,13 +425,7 @@ def test_a_cancelled_aconnect_returns_at_once_and_asyncio_run_does_not_wait_for_
 def test_a_server_closes_the_pipes_of_stopped_peers_side_by_side(tmp_path):
     # Over TCP a pipe whose peer stopped answering (SIGSTOP: a debugger, a paused
     # container) takes about a second to close; four took four seconds one by one.
-    peer = script(tmp_path, "peer.py", """
-        import sys, time
-        import tensorwire as tw
-        p = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
-        print("connected", flush=True)
-        time.sleep(600)
-    """)
+    peer = script(tmp_path, "peer.py", IDLE_PEER)
     server = script(tmp_path, "server.py", f"""
         import signal, subprocess, sys, time
         import tensorwire as tw
@@ -431,7 +435,7 @@ def test_a_server_closes_the_pipes_of_stopped_peers_side_by_side(tmp_path):
         try:
             pipes = [srv.accept(timeout=60) for _ in kids]
             for k in kids:
-                assert k.stdout.readline().strip() == "connected"
+                assert k.stdout.readline().strip() == "ready"
                 k.send_signal(signal.SIGSTOP)
             time.sleep(0.2)
             transports = pipes[0].transports
@@ -866,13 +870,7 @@ def test_the_main_calls_have_docstrings():
 # ---- a quiet stderr -------------------------------------------------------------------
 
 def test_nothing_on_stderr_after_a_timed_out_send_and_a_peer_killed(tmp_path):
-    peer = script(tmp_path, "idle_peer.py", """
-    import sys, time
-    import tensorwire as tw
-    pipe = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
-    print("ready", flush=True)
-    time.sleep(60)
-    """)
+    peer = script(tmp_path, "idle_peer.py", IDLE_PEER)
     main = script(tmp_path, "main.py", f"""
     import subprocess, sys
     import numpy as np
