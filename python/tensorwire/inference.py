@@ -60,7 +60,8 @@ def connect(host: str, port: int, *, auth_key: str | None = None,
     """A client of the :class:`RemoteTransport` listening at ``host:port``, connected now.
 
     ``auth_key`` must be the server's (a wrong or missing one raises RuntimeError naming
-    the refusal here, and the server refuses too). ``liveness_timeout``
+    the refusal here, and the server refuses too). ConnectionRefusedError when nothing
+    listens at ``host:port``. ``liveness_timeout``
     (seconds; default 10, or TENSORWIRE_LIVENESS_TIMEOUT; 0: off): a server silent for longer
     (its host or the link to it gone) makes every call raise ClosedError. The client pickles
     to its address (and key): unpickled in another process, it connects again from there.

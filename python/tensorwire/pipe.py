@@ -197,7 +197,9 @@ class TensorDictPipe:
         ``consolidated`` and ``auth_key`` must match the other side's (else RuntimeError
         naming the mismatch). ``timeout``: seconds for the whole connection (None: no
         limit; TimeoutError when it passes). ``max_message_bytes`` bounds what the peer may
-        send. ConnectionRefusedError when nothing listens on ``host:port``.
+        send. ConnectionRefusedError when nothing listens on ``host:port``; ClosedError
+        when the connection ends before the server took it up (its handshake timed out, it
+        closed, or the host is unreachable).
 
         ``liveness_timeout``: seconds a peer on another host may stay silent (its host or
         the link to it gone, without a word) before the pipe fails with ClosedError; both

@@ -49,7 +49,12 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
   const wire::Limits limits;
   const char* what = "remote inference connect";
   try {
-    ucx::wait_wired_up(*worker, *ep, deadline, what);
+    try {
+      ucx::wait_wired_up(*worker, *ep, deadline, what);
+    } catch (const Error&) {
+      ep->throw_if_unreached(what, host, port, "a RemoteTransport");
+      throw;
+    }
     auto send = [&](const Json& j) { ucx::send_control(*worker, *ep, ctl, j, deadline); };
     auto recv = [&] { return ucx::recv_control(*worker, *ep, ctl, limits, deadline, what); };
     wire::PeerIdentity peer = wire::handshake_as_client(

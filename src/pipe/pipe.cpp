@@ -18,9 +18,9 @@ TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
   try {
     impl->handshake(/*as_server=*/false);
-  } catch (const ClosedError&) {
-    // The connection failed before UCX could reach any listener there.
-    if (!impl->reached_peer()) throw ConnectionRefused(host, port);
+  } catch (const Error&) {
+    // The connection failed before UCX reached the listener: refused, or ended early.
+    if (!impl->reached_peer()) impl->throw_if_unreached(host, port);
     throw;
   }
   return TensorDictPipe(std::move(impl));

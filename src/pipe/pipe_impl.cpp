@@ -298,6 +298,12 @@ void PipeImpl::wait_wireup(Deadline deadline) {
   wait_until([&] { return flushed.done(); }, deadline, "handshake");
   std::lock_guard<std::mutex> lock(mu_);
   wired_up_ = true;
+  reached_peer_ = true;
+}
+
+void PipeImpl::throw_if_unreached(const std::string& host, uint16_t port) const {
+  if (!reached_peer_ && ep_)
+    ep_->throw_if_unreached("connect", host, port, "a PipeListener or TensorDictServer");
 }
 
 void PipeImpl::send_control(const Json& body, Deadline deadline) {

@@ -99,7 +99,9 @@ class PipeImpl : public runtime::Beating {
   // True when the peer closed the pipe normally (not after an error, not by dying).
   bool closed_by_peer() const { return closed_by_peer_; }
   // Whether the connection ever reached the peer (UCX's wire-up completed).
-  bool reached_peer() const { return wired_up_; }
+  bool reached_peer() const { return reached_peer_; }
+  // A client's connection that failed before that: why, as ucx::Endpoint says it.
+  void throw_if_unreached(const std::string& host, uint16_t port) const;
   uint16_t local_port() const { return local_port_; }
   const std::string& peer() const { return ep_->peer(); }
   std::string transports();
@@ -187,8 +189,9 @@ class PipeImpl : public runtime::Beating {
   bool heartbeats_on_ = false;  // beat() runs: tag 4 is read (under mu_)
   // The pipe's waits end with ClosedError (abandon()); close() has still to come.
   std::atomic<bool> abandoned_{false};
-  bool wired_up_ = false;  // ep_'s UCX wire-up is over (a graceful close is safe)
-  std::string failure_;    // why the pipe is unusable ("" while healthy)
+  bool wired_up_ = false;      // ep_'s UCX wire-up is over (a graceful close is safe)
+  bool reached_peer_ = false;  // the first endpoint's wire-up completed
+  std::string failure_;        // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
   std::atomic<bool> closed_by_peer_{false};
 

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "os/fork.h"
+#include "os/tcp_probe.h"
 
 namespace tensorwire::ucx {
 
@@ -441,6 +442,26 @@ void Listener::reject(ConnRequest& r) noexcept {
 void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* self = static_cast<Endpoint*>(arg);
   if (self->error_ == UCS_OK) self->error_ = status;
+}
+
+// UCX reports a client's refused socket (nothing listens at the address) as "not
+// connected", and so too a connection the server's side took and closed before answering
+// (its handshake timed out, it closed; or what listens is not a tensorwire server): a probe
+// of the address tells the two apart. Any other failure before the wire-up completed means
+// the connection ended early too, or the host could not be reached. A refusal's hint ("is
+// a ... listening there?") would misdescribe all of those.
+void Endpoint::throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
+                                  const std::string& listener) const {
+  if (error_ == UCS_OK) return;
+  if (error_ == UCS_ERR_NOT_CONNECTED &&
+      os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) !=
+          os::TcpProbe::Accepting)
+    throw ConnectionRefused(host, port, listener);
+  throw ClosedError(what + ": the connection to " + host + ":" + std::to_string(port) +
+                    " ended before the server took it up (" + ucs_status_string(error_) +
+                    "): the server ended its handshake (its timeout, a close), what listens "
+                    "there is not " +
+                    listener + ", or the host is unreachable");
 }
 
 Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port)

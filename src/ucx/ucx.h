@@ -195,6 +195,11 @@ class Endpoint {
 
   // Non-OK once UCX reported an error on this endpoint (peer gone, connection reset).
   ucs_status_t error() const noexcept { return error_; }
+  // For a client's endpoint (host, port) whose wire-up failed: the error to raise, when UCX
+  // reported one (else returns). `host` as the user gave it; `listener` names what should
+  // listen there, for ConnectionRefused's hint.
+  void throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
+                          const std::string& listener) const;
   const std::string& peer() const noexcept { return peer_; }
   const PeerAddress& peer_address() const noexcept { return peer_address_; }
   // The transports of the endpoint's tag lanes ("sysv/memory cma/memory"), read from

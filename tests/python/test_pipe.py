@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -405,6 +406,33 @@ def test_connect_to_a_closed_port_raises_and_bad_arguments_are_named(tls):
         tw.TensorDictPipe.connect("no-such-host.invalid", port, timeout=3)
     with pytest.raises(ValueError, match="auth_key"):
         tw.TensorDictPipe.connect("127.0.0.1", port, auth_key="")
+
+
+def test_a_server_that_ends_the_handshake_early_is_not_called_a_refusal(tls):
+    # Something listens, takes the connection and gives up on its handshake at once: the
+    # client's error says the connection ended, not that nothing listens there.
+    with tw.PipeListener(0, timeout=0) as listener:
+        seen = {}
+
+        def client():
+            try:
+                tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=10)
+            except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+                seen["error"] = e
+        t = threading.Thread(target=client)
+        t.start()
+        deadline = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < deadline:
+            try:
+                listener.accept(timeout=0.1)
+            except (TimeoutError, tw.ClosedError):
+                pass
+        t.join(15)
+    assert not t.is_alive()
+    e = seen.get("error")
+    assert isinstance(e, tw.ClosedError) and not isinstance(e, ConnectionRefusedError), repr(e)
+    # Ended before the wire-up completed ("ended before the server took it up") or after.
+    assert f"127.0.0.1:{listener.port}" in str(e), str(e)
 
 
 def test_recv_onto_a_gpu_device_is_refused(tls):

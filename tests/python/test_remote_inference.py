@@ -99,6 +99,15 @@ def test_requests_follow_the_specs_rules(served):
         inf.RemoteTransport.client_for("nohost")
 
 
+def test_connecting_where_nothing_listens_is_a_refusal_naming_the_address():
+    t = inf.RemoteTransport(*SPECS, num_slots=2, host="127.0.0.1")
+    port = t.port
+    t.close()
+    with pytest.raises(ConnectionRefusedError,
+                       match=f"127.0.0.1:{port} \\(is a RemoteTransport listening there"):
+        inf.connect("127.0.0.1", port)
+
+
 def test_a_wrong_key_is_refused_on_both_sides():
     t = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1", auth_key="right")
     with inf.InferenceServer(double, t):

@@ -6,6 +6,7 @@
 // (KeyError, ValueError, TypeError, TimeoutError, RuntimeError).
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -59,6 +60,16 @@ class ProtocolError : public Error {
 class ClosedError : public Error {
  public:
   using Error::Error;
+};
+
+// Nothing accepts connections at the address a client connects to (Python:
+// ConnectionRefusedError). `listener` names what should listen there, for the hint.
+class ConnectionRefused : public ClosedError {
+ public:
+  ConnectionRefused(const std::string& host, uint16_t port,
+                    const std::string& listener = "a PipeListener or TensorDictServer")
+      : ClosedError("connection refused by " + host + ":" + std::to_string(port) + " (is " +
+                    listener + " listening there?)") {}
 };
 
 // A failing operating-system call; the message carries the call and strerror (Python:

@@ -64,8 +64,9 @@ class RemoteTransport : public Transport {
   static std::shared_ptr<RemoteTransport> create(const TensorDict& request_spec,
                                                  const TensorDict& response_spec,
                                                  RemoteOptions options);
-  // A client connected to the transport at host:port: the handshake runs now (ClosedError
-  // when nothing listens or the connection breaks, HandshakeError for a wrong key).
+  // A client connected to the transport at host:port: the handshake runs now
+  // (ConnectionRefused when nothing listens, ClosedError when the connection breaks,
+  // HandshakeError for a wrong key).
   static Client connect(const std::string& host, uint16_t port, RemoteClientOptions options = {});
   // A client of "host:port" that connects on first use (so it can be sent to another process
   // by address). ValueError for an address that is not "host:port".

@@ -1,4 +1,5 @@
-// The pipe's own kinds of failure, beyond those of tensorwire/core/error.h.
+// The pipe's own kinds of failure, beyond those of tensorwire/core/error.h (where
+// ConnectionRefused is: the remote inference client raises it too).
 #pragma once
 
 #include <cstdint>
@@ -7,15 +8,6 @@
 #include "tensorwire/core/error.h"
 
 namespace tensorwire {
-
-// Nothing accepts connections at the address connect() was given (Python:
-// ConnectionRefusedError).
-class ConnectionRefused : public ClosedError {
- public:
-  ConnectionRefused(const std::string& host, uint16_t port)
-      : ClosedError("connection refused by " + host + ":" + std::to_string(port) +
-                    " (is a PipeListener or TensorDictServer listening there?)") {}
-};
 
 // A listener's port is taken by another socket (Python: OSError with errno EADDRINUSE).
 class PortInUse : public Error {

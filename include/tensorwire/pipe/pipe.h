@@ -46,8 +46,9 @@ class ListenerImpl;
 class TensorDictPipe {
  public:
   // Connects to a listener or server on host:port (handshake included), within
-  // options.connect_timeout. ConnectionRefused when nothing listens there, TimeoutError
-  // when the handshake does not complete in time.
+  // options.connect_timeout. ConnectionRefused when nothing listens there, ClosedError
+  // when the connection ends before the server took it up, TimeoutError when the handshake
+  // does not complete in time.
   static TensorDictPipe connect(const std::string& host, uint16_t port,
                                 const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first

@@ -118,6 +118,23 @@ TEST(RemoteTransport, ABadAddressIsAValueError) {
   EXPECT_THROW(RemoteTransport::client_for("host:x1"), ValueError);
 }
 
+TEST(RemoteTransport, ConnectingWhereNothingListensIsARefusalNamingTheAddress) {
+  uint16_t port;
+  {
+    auto t = make_remote(1);
+    port = t->port();
+  }
+  try {
+    RemoteTransport::connect("127.0.0.1", port);
+    FAIL() << "connected to a closed port";
+  } catch (const ConnectionRefused& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port) +
+                                         " (is a RemoteTransport listening there?)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RemoteTransport, RequestsAreCheckedAgainstTheServersSpecBeforeSending) {
   auto t = make_remote(4);
   InferenceServer server(double_policy, t);

@@ -466,6 +466,35 @@ TEST(PipeRuntime, NothingListeningIsConnectionRefusedNamingHostAndPort) {
   }
 }
 
+// Something listens, takes the connection and gives up on its handshake at once (its
+// timeout 0): the client is told the connection ended, not that nothing listens there.
+TEST(PipeRuntime, AServerThatEndsTheHandshakeEarlyIsNotCalledARefusal) {
+  PipeListener listener(0, {.connect_timeout = 0ms});
+  std::atomic<bool> done{false};
+  std::thread server([&] {
+    const auto until = Clock::now() + 10s;
+    while (!done && Clock::now() < until) {
+      try {
+        listener.accept(100ms);
+      } catch (const Error&) {
+      }
+    }
+  });
+  try {
+    TensorDictPipe::connect("127.0.0.1", listener.port(), {.connect_timeout = 10s});
+    ADD_FAILURE() << "connected through a handshake the server gave up";
+  } catch (const ConnectionRefused& e) {
+    ADD_FAILURE() << "called a refusal: " << e.what();
+  } catch (const ClosedError& e) {
+    // Before the wire-up completed ("ended before the server took it up") or after ("lost").
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(listener.port())),
+              std::string::npos)
+        << e.what();
+  }
+  done = true;
+  server.join();
+}
+
 // A client that starts a control frame larger than any (1 MiB: a rendezvous, whose data
 // comes only as the client progresses) and then stops: a hostile client, a SIGSTOP, a link
 // cut. The listener refuses it without allocating what the frame announces, and neither
