@@ -53,19 +53,47 @@ void python_interrupt_check() {
   PyGILState_Release(s);
 }
 
-// The builtin exception class called `name` ("KeyError" or "builtins.KeyError"), or null.
-PyObject* builtin_exception(std::string name) {
+// The exception class called `name`: a builtin ("KeyError" or "builtins.KeyError"), or
+// "module.Qual.Name" of a module this process has imported already (never an import: a
+// name from another process must not run a module's code), so a policy's or a worker's
+// own exception type comes back as itself where the caller can catch it. Only Exception
+// subclasses: a SystemExit or KeyboardInterrupt raised elsewhere must not end this
+// process. Invalid when there is none.
+nb::object exception_class(std::string name) {
   if (name.rfind("builtins.", 0) == 0) name = name.substr(9);
-  if (name.empty() || name.find('.') != std::string::npos) return nullptr;
-  PyObject* builtins = PyEval_GetBuiltins();  // borrowed
-  PyObject* t = builtins ? PyDict_GetItemString(builtins, name.c_str()) : nullptr;
-  // Only Exception subclasses: a SystemExit or KeyboardInterrupt raised in a worker or a
-  // policy must not end this process.
-  if (t && PyType_Check(t) &&
-      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t),
+  if (name.empty()) return {};
+  nb::object t;
+  if (name.find('.') == std::string::npos) {
+    PyObject* builtins = PyEval_GetBuiltins();  // borrowed, and so is what it holds
+    PyObject* b = builtins ? PyDict_GetItemString(builtins, name.c_str()) : nullptr;
+    if (b) t = nb::borrow(b);
+  } else {
+    // The longest prefix that names an imported module, then attributes down the rest.
+    nb::object found;
+    for (size_t cut = name.rfind('.'); cut != std::string::npos && cut > 0;
+         cut = name.rfind('.', cut - 1)) {
+      PyObject* module = PyImport_GetModule(nb::str(name.substr(0, cut).c_str()).ptr());
+      if (!module) {
+        PyErr_Clear();
+        continue;
+      }
+      found = nb::steal(module);
+      for (size_t at = cut + 1; found.is_valid() && at <= name.size();) {
+        const size_t end = std::min(name.find('.', at), name.size());
+        PyObject* attr = PyObject_GetAttrString(found.ptr(), name.substr(at, end - at).c_str());
+        if (!attr) PyErr_Clear();
+        found = attr ? nb::steal(attr) : nb::object();
+        at = end + 1;
+      }
+      break;
+    }
+    t = std::move(found);
+  }
+  if (t.is_valid() && PyType_Check(t.ptr()) &&
+      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t.ptr()),
                        reinterpret_cast<PyTypeObject*>(PyExc_Exception)))
     return t;
-  return nullptr;
+  return {};
 }
 
 // Text that came from another process: its exact length (a NUL does not end it) and any
@@ -91,9 +119,10 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
     }
   }
   if (!exc.is_valid()) {
-    if (PyObject* t = builtin_exception(f.type)) {
+    if (nb::object t = exception_class(f.type); t.is_valid()) {
       try {
-        exc = nb::borrow(t)(text(f.message));
+        exc = t(text(f.message));
+        if (!PyObject_IsInstance(exc.ptr(), PyExc_Exception)) exc = nb::object();
       } catch (nb::python_error&) {
         exc = nb::object();
       }

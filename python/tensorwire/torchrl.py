@@ -19,8 +19,9 @@ can also be made after the actors start (``SharedMemoryTransport.client_for(name
 a dropped future gives its slot back; a dead actor's slots are reclaimed; a timeout
 raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
-TypeError saying so; a policy's exception of a type that is not a builtin reaches the
-client as ``RuntimeError("module.Type: message")``.
+TypeError saying so; a policy's exception comes back as its type made again from its
+message (torchrl passes the object itself), where the client's process has imported that
+type's module, and as ``RuntimeError("module.Type: message")`` otherwise.
 
 ``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
 :class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``

@@ -88,13 +88,18 @@ def test_actors_in_child_processes(method):
         assert server.stats()["requests"] == 150
 
 
-def test_a_policy_exception_reaches_the_client_with_its_type():
+class PolicyFailed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raised", [ValueError, PolicyFailed])
+def test_a_policy_exception_reaches_the_client_with_its_type(raised):
     def failing(td):
-        raise ValueError("bad observation")
+        raise raised("bad observation")
 
     t = SharedMemoryTransport(*specs(), num_slots=2)
     with InferenceServer(failing, t):
-        with pytest.raises(ValueError, match="bad observation"):
+        with pytest.raises(raised, match="bad observation"):
             t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
 
 

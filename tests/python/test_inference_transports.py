@@ -1,5 +1,6 @@
 """Behaviour every transport shares (shared memory, socket, thread), with clients as
 threads of this process. test_inference_processes.py has the cross-process cases."""
+import sys
 import threading
 import time
 
@@ -114,19 +115,36 @@ class CustomPolicyError(Exception):
     pass
 
 
-def test_a_custom_exception_becomes_a_runtime_error_naming_its_type(transport):
-    calls = []
+class NeedsTwoArguments(Exception):
+    def __init__(self, a, b):
+        super().__init__(a, b)
+
+
+def _unknown_type_error():
+    # A type whose module this process never imported: it is not looked up, let alone
+    # imported, so it comes back as a RuntimeError naming it.
+    return type("Lost", (Exception,), {"__module__": "tensorwire_test_never_imported"})("gone")
+
+
+def test_a_policys_own_exception_type_comes_back_as_itself_where_it_is_imported(transport):
+    raised = [CustomPolicyError("bad weights"), NeedsTwoArguments(1, 2), _unknown_type_error()]
 
     def policy(b):
-        calls.append(1)
-        if len(calls) == 1:
-            raise CustomPolicyError("bad weights")
+        if raised:
+            raise raised.pop(0)
         return double_policy(b)
 
     with tw.InferenceServer(policy, transport):
         c = transport.client()
-        with pytest.raises(RuntimeError, match="CustomPolicyError: bad weights"):
+        with pytest.raises(CustomPolicyError, match="^bad weights$") as info:
             c(observation(0), timeout=5)
+        assert info.value.remote_type.endswith("test_inference_transports.CustomPolicyError")
+        # Not made again from its message: a RuntimeError naming the type.
+        with pytest.raises(RuntimeError, match="NeedsTwoArguments: \\(1, 2\\)"):
+            c(observation(0), timeout=5)
+        with pytest.raises(RuntimeError, match="tensorwire_test_never_imported.Lost: gone"):
+            c(observation(0), timeout=5)
+        assert "tensorwire_test_never_imported" not in sys.modules
         np.testing.assert_array_equal(c(observation(1), timeout=5)["action"], [2, 4])  # goes on
 
 
