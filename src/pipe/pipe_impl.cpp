@@ -380,6 +380,7 @@ void PipeImpl::fail(const std::string& reason, Fault fault) {
   if (failure_.empty()) {
     failure_ = reason;
     failure_is_protocol_ = protocol;
+    peer_lost_ = fault == Fault::ConnectionLost;
     if (tell_peer && ep_->error() == UCS_OK) {
       try {
         ucx::Request req = post_control({{"error", reason}});
@@ -768,10 +769,16 @@ void PipeImpl::close() {
     first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
     first_ep_.reset();
   }
+  // A peer that is gone (its process exited, silent, closed) takes nothing more: a
+  // graceful close would wait for it, then leave a receive that had matched its
+  // rendezvous attached to the endpoint (cancelling does not end one), and UCX 1.13
+  // aborts destroying the worker ("proto_reqs" not empty). A forced close fails them.
+  const bool peer_gone =
+      peer_lost_ || ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
   // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
   // reaches the peer before the disconnect (a forced close can reset the connection under
   // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
-  ep_->close(/*force=*/!wired_up_ || sends_in_flight, std::chrono::milliseconds(1000));
+  ep_->close(/*force=*/!wired_up_ || sends_in_flight || peer_gone, std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
   // Whoever sleeps on the pipe's fds looks again and meets ClosedError: an event loop's
   // coroutine on a pipe that its TensorDictServer closed has no other way to hear of it.

@@ -191,6 +191,7 @@ class PipeImpl : public runtime::Beating {
   std::atomic<bool> abandoned_{false};
   bool wired_up_ = false;      // ep_'s UCX wire-up is over (a graceful close is safe)
   bool reached_peer_ = false;  // the first endpoint's wire-up completed
+  bool peer_lost_ = false;     // failed with Fault::ConnectionLost: nobody to flush to
   std::string failure_;        // why the pipe is unusable ("" while healthy)
   bool failure_is_protocol_ = false;
   std::atomic<bool> closed_by_peer_{false};

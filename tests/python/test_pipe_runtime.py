@@ -896,6 +896,48 @@ def test_nothing_on_stderr_after_a_timed_out_send_and_a_peer_killed(tmp_path):
     assert r.stderr == ""
 
 
+# A same-host peer killed while it streams 4 MiB dicts: the receiver's pipe had a receive
+# matched to a rendezvous in flight; closing it gracefully left that receive attached to
+# the endpoint, and the process aborted in UCX when the pipe was destroyed (5 runs in 6).
+# Three rounds, with and without a recv that meets the death first.
+SENDER_OF_4_MIB = """
+import sys, numpy as np, tensorwire as tw
+p = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
+td = tw.TensorDict({"x": np.zeros(1 << 20, np.float32)}, batch_size=[])
+while True:
+    p.send(td)
+"""
+
+
+def test_a_pipe_whose_peer_was_killed_mid_stream_closes_without_aborting(tmp_path):
+    sender = script(tmp_path, "sender.py", SENDER_OF_4_MIB)
+    main = script(tmp_path, "main.py", f"""
+    import os, signal, subprocess, sys, time
+    import tensorwire as tw
+    for meet_it in (True, False, True):
+        with tw.PipeListener(0) as listener:
+            child = subprocess.Popen([sys.executable, {sender!r}, str(listener.port)])
+            pipe = listener.accept(timeout=30)
+            for _ in range(5):
+                pipe.recv(timeout=30)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            if meet_it:
+                try:
+                    while True:
+                        pipe.recv(timeout=30)
+                except tw.ClosedError as e:
+                    assert "exited" in str(e), e
+            else:
+                time.sleep(0.2)
+            pipe.close()
+            del pipe
+    print("closed")
+    """)
+    r = run(main)
+    assert r.returncode == 0 and r.stdout.strip() == "closed", (r.returncode, r.stderr)
+
+
 def test_ucx_stays_out_of_the_host_programs_crash_signals(tmp_path):
     path = script(tmp_path, "crash.py", """
     import ctypes
