@@ -209,6 +209,13 @@ const ServerOptions& checked(const ServerOptions& o) {
     throw ValueError("stats_window_size must be at least 1, got " +
                      std::to_string(o.stats_window_size));
   if (o.timeout.count() < 0) throw ValueError("timeout must not be negative");
+  // Else every response would fail at the stamp, long after the mistake.
+  if (const auto& key = o.policy_version_key;
+      key &&
+      (key->size() == 0 || std::any_of(key->parts().begin(), key->parts().end(),
+                                       [](const std::string& part) { return part.empty(); })))
+    throw ValueError("policy_version_key must be a key of non-empty names (or none), got " +
+                     key->str());
   return o;
 }
 

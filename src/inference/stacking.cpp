@@ -1,5 +1,6 @@
 #include "stacking.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace tensorwire::inference::detail {
@@ -59,10 +60,14 @@ std::vector<TensorDict> split_output(const TensorDict& output, size_t rows,
   if (!stamp.key) return output.unbind(0);
   TensorDict stamped = output;
   if (stamped.is_locked()) stamped.unlock_();
-  Tensor v = Tensor::empty({n}, DType::Int64);
-  for (int64_t i = 0; i < n; ++i) v.data<int64_t>()[i] = stamp.version;
+  // Of the output's whole batch size, as torchrl stamps (torch.full(batch_size, version)):
+  // a request with batch dimensions of its own gets one version per row of it.
+  const Shape& batch = output.batch_size();
+  Tensor v = Tensor::empty(batch, DType::Int64);
+  int64_t* at = v.data<int64_t>();
+  std::fill(at, at + v.numel(), stamp.version);
   if (stamp.key->size() > 1 && !stamped.contains(stamp.key->parent()))
-    stamped.set(stamp.key->parent(), TensorDict(Shape{n}));
+    stamped.set(stamp.key->parent(), TensorDict(batch));
   stamped.set(*stamp.key, std::move(v));
   return stamped.unbind(0);
 }

@@ -78,6 +78,8 @@ def test_allowed_uids(kind, value, error, needle):
     (dict(min_batch_size=1.5), TypeError, "min_batch_size must be an integer, got float"),
     (dict(stats_window_size=0), ValueError, "stats_window_size must be at least 1, got 0"),
     (dict(stats_window_size=None), TypeError, "stats_window_size must be an integer, got NoneType"),
+    (dict(policy_version_key=""), ValueError, "policy_version_key must be a key of non-empty names"),
+    (dict(policy_version_key=("meta", "")), ValueError, r"non-empty names .*\('meta', ''\)"),
 ])
 def test_server_counts(kwargs, error, needle):
     transport = tw.ThreadTransport()

@@ -36,6 +36,19 @@ def test_round_trip_returns_the_policy_result(transport):
     assert int(r["policy_version"]) == 0
 
 
+@pytest.mark.parametrize("kind", ["socket", "thread"])
+@pytest.mark.parametrize("key", ["policy_version", ("meta", "version")])
+def test_a_request_with_batch_dimensions_of_its_own_is_stamped_per_row(kind, key):
+    # torchrl stamps torch.full(batch_size, version): one version per row of the request.
+    t = make(kind)
+    request = tw.TensorDict({"obs": np.ones((5, 3), np.float32)}, batch_size=[5])
+    with tw.InferenceServer(lambda b: b, t, policy_version_key=key):
+        r = t.client()(request, timeout=5)
+    assert r.batch_size == (5,)
+    np.testing.assert_array_equal(r[key], np.zeros(5, np.int64))
+    np.testing.assert_array_equal(r["obs"], request["obs"])
+
+
 def test_submit_returns_a_future(transport):
     with tw.InferenceServer(double_policy, transport):
         f = transport.client().submit(observation(1))
