@@ -69,6 +69,9 @@ struct InferenceServer::State {
   uint64_t worker_generation = 0;  // under done_mu
 
   std::mutex model_mu;  // held during each batch's policy calls and by update_model
+  // The thread in a policy call, while it holds model_mu: update_model() from there (the
+  // policy itself) would wait for itself.
+  std::atomic<std::thread::id> in_policy{};
   std::atomic<int64_t> version{0};
 
   std::mutex stats_mu;
@@ -154,6 +157,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
   VersionStamp stamp;
   {
     std::lock_guard<std::mutex> lock(model_mu);
+    in_policy = std::this_thread::get_id();
     if (options.policy_version_key) stamp.key = &*options.policy_version_key;
     stamp.version = version.load(std::memory_order_relaxed);
     forward_start = Clock::now();
@@ -166,6 +170,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       }
     }
     forward_end = Clock::now();
+    in_policy = std::thread::id();
   }
   record(d, start, forward_start, forward_end);
   for (size_t k = 0; k < groups.size(); ++k) {
@@ -315,6 +320,10 @@ bool InferenceServer::running() const noexcept {
 }
 
 void InferenceServer::update_model(const std::function<void()>& fn, bool mark) {
+  if (s_->in_policy.load() == std::this_thread::get_id())
+    throw Error(
+        "update_model() called from the policy: it runs between batches, and this batch's "
+        "policy call is the caller; call it from another thread");
   std::lock_guard<std::mutex> lock(s_->model_mu);
   fn();
   if (mark) {

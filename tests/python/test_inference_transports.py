@@ -250,6 +250,22 @@ def test_update_model_runs_between_batches_and_bumps_the_version(transport):
         assert server.policy_version == 1 and server.stats()["weight_updates"] == 1
 
 
+def test_update_model_from_the_policy_itself_is_an_error_not_a_deadlock(transport):
+    server = None
+
+    def policy(b):
+        server.update_model(lambda p: None)  # e.g. a policy refreshing its weights
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport) as server:
+        c = transport.client()
+        with pytest.raises(RuntimeError, match="update_model\\(\\) called from the policy"):
+            c(observation(1), timeout=5)
+        server.update_model(lambda p: None)  # from another thread: fine
+        assert server.policy_version == 1
+    assert not server.is_alive
+
+
 def test_dropped_futures_do_not_disturb_later_requests(transport):
     with tw.InferenceServer(double_policy, transport, max_batch_size=2):
         c = transport.client()

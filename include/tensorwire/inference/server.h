@@ -86,7 +86,7 @@ class InferenceServer {
 
   // Runs `fn` between batches (never during a policy call) and, when `mark`, bumps the
   // policy version. Returns after `fn` returned; an exception from fn propagates and
-  // leaves the version as it was.
+  // leaves the version as it was. Error when called from the policy itself.
   void update_model(const std::function<void()>& fn, bool mark = true);
   int64_t policy_version() const noexcept;
   ServerStats stats(bool reset = false);
