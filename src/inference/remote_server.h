@@ -19,6 +19,7 @@
 
 #include "bank_batch.h"
 #include "os/adaptive_spin.h"
+#include "os/fork.h"
 #include "slot_layout.h"
 #include "tensorwire/inference/remote_transport.h"
 #include "ucx/heartbeats.h"
@@ -90,6 +91,9 @@ class RemoteServer {
   void stop(const std::string& reason);
 
   const RemoteOptions options;
+  const uint64_t generation = os::fork_generation();
+  // Whether this is a forked child's copy: the listener, threads and locks are the parent's.
+  bool inherited() const noexcept { return generation != os::fork_generation(); }
   SlotLayout request, response;
   Storage request_bank, response_bank;
   size_t request_bytes = 0;  // one request on the wire: its leaves back to back

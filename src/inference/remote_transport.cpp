@@ -34,7 +34,12 @@ Client RemoteTransport::client_for(const std::string& address, RemoteClientOptio
 }
 
 RemoteTransport::~RemoteTransport() {
-  if (s_) s_->stop("the remote transport was closed");  // null when create() failed
+  if (!s_) return;        // create() failed
+  if (s_->inherited()) {  // the parent's listener and connections, not ours
+    os::leak(std::move(s_));
+    return;
+  }
+  s_->stop("the remote transport was closed");
 }
 
 uint16_t RemoteTransport::port() const noexcept {
@@ -86,6 +91,10 @@ Client RemoteTransport::client() {
 
 void RemoteTransport::open_server() {
   check_open();
+  if (s_->inherited())
+    throw ClosedError(
+        "this RemoteTransport was made before a fork: only the process that created it can "
+        "serve it (its clients work in any process)");
   std::lock_guard<std::mutex> lock(s_->mu);
   if (s_->serving) throw Error("another InferenceServer already serves this transport");
   s_->serving = true;
@@ -94,12 +103,14 @@ void RemoteTransport::open_server() {
 }
 
 void RemoteTransport::release_server() noexcept {
+  if (s_->inherited()) return;
   std::lock_guard<std::mutex> lock(s_->mu);
   s_->serving = false;
   s_->stopped = s_->stopped_before_open;
 }
 
 void RemoteTransport::close_server(const std::string& reason, bool fail_pending) {
+  if (s_->inherited()) return;  // in a forked child: the parent's, left alone
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     s_->stopped = true;

@@ -538,8 +538,11 @@ Client SocketTransport::client_for(const std::string& name) {
 }
 
 SocketTransport::~SocketTransport() {
-  if (o_->generation == os::fork_generation())
-    close_server("the socket transport was closed", true);
+  if (o_->generation != os::fork_generation()) {  // the parent's server, not ours
+    os::leak(std::move(o_));
+    return;
+  }
+  close_server("the socket transport was closed", true);
 }
 
 const std::string& SocketTransport::name() const noexcept {

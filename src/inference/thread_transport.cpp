@@ -113,7 +113,10 @@ std::shared_ptr<ThreadTransport> ThreadTransport::create() {
 }
 
 ThreadTransport::~ThreadTransport() {
-  if (s_->generation != os::fork_generation()) return;  // the parent's requests, not ours
+  if (s_->generation != os::fork_generation()) {  // the parent's requests, not ours
+    os::leak(std::move(s_));
+    return;
+  }
   close_server("the thread transport was closed", true);
 }
 

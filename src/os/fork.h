@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace tensorwire::os {
 
@@ -20,6 +21,20 @@ uint64_t fork_generation() noexcept;
 // Whether this process is a fork() child (at any depth) of the one that loaded the library.
 inline bool forked() noexcept {
   return fork_generation() != 0;
+}
+
+// Keeps what `owner` holds for the rest of this process, never destroying it: for the copy
+// a forked child inherited of an object whose mutexes, condition variables or threads are
+// its parent's. Destroying a condition variable that a parent's thread waited on at the
+// fork blocks for ever in the child (glibc waits for waiters that do not exist here), and
+// joining a thread of the parent fails. The memory is the child's copy and goes with it.
+template <class T>
+void leak(std::shared_ptr<T> owner) noexcept {
+  static_cast<void>(new std::shared_ptr<T>(std::move(owner)));
+}
+template <class T>
+void leak(std::unique_ptr<T> owner) noexcept {
+  static_cast<void>(owner.release());
 }
 
 }  // namespace tensorwire::os

@@ -274,6 +274,41 @@ TEST_F(ForkedChildTest, RemoteFuturesInheritedByAForkedChildEndAtOnce) {
   for (auto& b : busy) b.join();
 }
 
+// A forked child that drops its copy of a transport its parent serves: the parent's
+// serving thread waited on the transport's condition variable at the fork, and the child
+// hung for ever destroying it (thread, socket, remote). The child's copy is left alone
+// (leaked); serving an inherited RemoteTransport in the child is a ClosedError naming the
+// fork, and the parent goes on serving.
+TEST_F(ForkedChildTest, AForkedChildDropsTheTransportsItsParentServes) {
+  std::vector<std::shared_ptr<Transport>> transports = {
+      ThreadTransport::create(), SocketTransport::create(), make_shm(4),
+      RemoteTransport::create(request_spec(), response_spec(),
+                              {.num_slots = 4, .host = "127.0.0.1"})};
+  std::vector<std::unique_ptr<InferenceServer>> servers;
+  for (auto& t : transports) {
+    servers.push_back(std::make_unique<InferenceServer>(double_policy, t));
+    servers.back()->start();
+    EXPECT_EQ(action0(t->client()(observation(1), 5s)), 2);  // its serving thread now waits
+  }
+  pid_t kid = fork_child([&] {
+    ::alarm(10);  // a hang ends as SIGALRM
+    auto remote = transports.back();
+    InferenceServer again(double_policy, remote);
+    try {
+      again.start();
+      return 2;
+    } catch (const ClosedError& e) {
+      if (std::string(e.what()).find("before a fork") == std::string::npos) return 3;
+    }
+    servers.clear();
+    remote.reset();
+    transports.clear();
+    return 0;
+  });
+  EXPECT_EQ(wait_child(kid), 0);
+  for (auto& t : transports) EXPECT_EQ(action0(t->client()(observation(2), 5s)), 4) << t->kind();
+}
+
 TEST_F(ProcessTest, FileDescriptorsAreNotLeaked) {
   const int before = open_fds();
   {
