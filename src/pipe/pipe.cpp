@@ -53,7 +53,8 @@ std::future<void> TensorDictPipe::send_async(TensorDict td, Timeout timeout) {
 
 std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
   auto impl = impl_;
-  // A copy of the structure: the caller owns it, its tensors share the received storage.
+  // The caller owns it: of a consolidated pipe, with storage of its own (the next receive
+  // rewrites the decoder's in place).
   return std::async(std::launch::async, [impl, timeout] {
     return std::move(*impl->receive(nullptr, timeout, /*copy_always=*/true).copy);
   });

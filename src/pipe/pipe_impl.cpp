@@ -687,7 +687,11 @@ TensorDictPipe::Received PipeImpl::taken(TensorDict* got, TensorDict* into,
   TensorDictPipe::Received r;
   r.target = got;
   r.new_schema = last_new_schema_;
-  if (copy_always || (got != into && (!options_.consolidated || last_new_schema_)))
+  // The decoder's object of a consolidated pipe keeps its storage, which the next receive
+  // rewrites in place: a copy the caller keeps (copy_always) gets storage of its own.
+  if (copy_always && got != into && options_.consolidated)
+    r.copy = got->clone();
+  else if (copy_always || (got != into && (!options_.consolidated || last_new_schema_)))
     r.copy = TensorDict(*got);
   return r;
 }

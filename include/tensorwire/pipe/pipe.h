@@ -83,7 +83,9 @@ class TensorDictPipe {
   // rewrites, so what the caller keeps is taken before the receive lets go of the pipe.
   // `target`: the object received into (`into`, or the decoder's; null: nothing yet);
   // `copy`: a structural copy of it (sharing its storage) when it is not `into` and is a new
-  // object (not consolidated, or a new structure), or always with `copy_always`.
+  // object (not consolidated, or a new structure), or always with `copy_always`; then, of
+  // the decoder's object of a consolidated pipe (whose storage the next receive rewrites in
+  // place), a copy with storage of its own: what several receiving threads need.
   struct Received {
     TensorDict* target = nullptr;
     std::optional<TensorDict> copy;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "pipe/pipe_impl.h"
@@ -141,6 +142,46 @@ TEST(PipeRuntime, AReceiveThatTimedOutMidMessageStillWritesIntoItsTarget) {
 
 // Two threads' receives (or sends) on one pipe take turns; one waiting for its turn still
 // ends at its own timeout (it waited for the other call, however long that one's was).
+// Threads sharing a consolidated pipe keep what receive(copy_always) gives them: a copy
+// with storage of its own. It shared the decoder's storage, which the next receive (the
+// other thread's) rewrites in place: messages were seen twice and others never.
+TEST(PipeRuntime, ThreadsSharingAConsolidatedPipeKeepWholeMessagesEachOnce) {
+  Pair p;
+  constexpr int kMessages = 600;
+  std::mutex mu;
+  std::vector<TensorDict> kept;
+  auto receiver = [&] {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (kept.size() >= kMessages) return;
+      }
+      TensorDictPipe::Received r;
+      try {
+        r = p.accepted->receive(nullptr, 200ms, /*copy_always=*/true);
+      } catch (const TimeoutError&) {
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      kept.push_back(std::move(*r.copy));
+    }
+  };
+  std::thread a(receiver), b(receiver);
+  for (int i = 0; i < kMessages; ++i) p.connected->send(small(static_cast<float>(i)), 20s);
+  a.join();
+  b.join();
+  std::vector<int> seen(kMessages, 0);
+  for (const TensorDict& td : kept) ++seen.at(static_cast<size_t>(td.get("v").at<float>({1})));
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), kMessages);
+  // recv_async's results, kept together, too.
+  p.connected->send(small(1), 20s);
+  p.connected->send(small(2), 20s);
+  TensorDict one = p.accepted->recv_async(5s).get();
+  TensorDict two = p.accepted->recv_async(5s).get();
+  EXPECT_EQ(one.get("v").at<float>({0}), 1);
+  EXPECT_EQ(two.get("v").at<float>({0}), 2);
+}
+
 TEST(PipeRuntime, ACallWaitingForAnotherThreadsTurnEndsAtItsOwnTimeout) {
   ::setenv("UCX_TLS", "tcp", 1);  // a rendezvous that waits for the receiver: a held send
   Pair p;
