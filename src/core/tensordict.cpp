@@ -154,6 +154,9 @@ TensorDict& TensorDict::set(const Key& key, Entry value) {
   if (key.back().empty()) throw KeyError("empty key name in " + key.str());
   if (value.is_tensor()) {
     const Tensor& t = value.tensor();
+    if (!t.defined())
+      throw ValueError("key " + key.str() +
+                       ": the tensor is undefined (a default-constructed Tensor holds no data)");
     parent.check_batch(key, t.shape(), "tensor");
     if (parent.device_ && t.device() != *parent.device_)
       throw ValueError("key " + key.str() + ": tensor on " + t.device().str() +

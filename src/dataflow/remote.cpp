@@ -221,8 +221,7 @@ RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, RemoteOptions
   if (impl_->opt.hwm < 1)
     throw ValueError("RemoteDataZMQ: hwm must be at least 1, got " +
                      std::to_string(impl_->opt.hwm));
-  if (impl_->opt.liveness_timeout.count() < 0)
-    throw ValueError("RemoteDataZMQ: liveness_timeout must be >= 0 (0: no checks)");
+  checked_duration(impl_->opt.liveness_timeout, "RemoteDataZMQ: liveness_timeout");
   if (impl_->opt.limits.max_message_bytes == 0)
     throw ValueError("RemoteDataZMQ: max_message_bytes must be at least 1");
 }

@@ -349,7 +349,10 @@ class RemotePending final : public Pending {
 }  // namespace
 
 RemoteClient::RemoteClient(std::string host, uint16_t port, RemoteClientOptions options)
-    : host_(std::move(host)), port_(port), options_(std::move(options)) {}
+    : host_(std::move(host)), port_(port), options_(std::move(options)) {
+  checked_duration(options_.liveness_timeout, "liveness_timeout");
+  checked_duration(options_.connect_timeout, "connect_timeout");
+}
 
 std::string RemoteClient::address() const {
   return host_ + ":" + std::to_string(port_);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "runtime/peer_liveness.h"
+#include "tensorwire/runtime/liveness.h"
 #include "tensorwire/runtime/log.h"
 #include "ucx/control.h"
 #include "wire/control_frame.h"
@@ -51,6 +52,8 @@ RemoteServer::RemoteServer(const TensorDict& request_spec, const TensorDict& res
                      std::to_string(options.num_slots));
   if (options.port < 0 || options.port > 65535)
     throw ValueError("port must be 0 to 65535, got " + std::to_string(options.port));
+  checked_duration(options.liveness_timeout, "liveness_timeout");
+  checked_duration(options.handshake_timeout, "handshake_timeout", /*zero_allowed=*/false);
   const auto n = static_cast<uint32_t>(options.num_slots);
   request = SlotLayout::from_spec(request_spec, n, "request_spec");
   response = SlotLayout::from_spec(response_spec, n, "response_spec");

@@ -9,6 +9,7 @@
 #include "os/fork.h"
 #include "os/peer.h"
 #include "runtime/wait.h"
+#include "tensorwire/runtime/liveness.h"
 #include "ucx/control.h"
 #include "wire/control_frame.h"
 #include "wire/hex.h"
@@ -73,6 +74,7 @@ const PipeOptions& checked_options(const PipeOptions& options) {
     throw ValueError("max_message_bytes must be at least 1 (the payload bytes a peer may send)");
   if (options.limits.max_metadata_bytes == 0)
     throw ValueError("max_metadata_bytes must be at least 1");
+  checked_duration(options.liveness_timeout, "liveness_timeout");
   return options;
 }
 

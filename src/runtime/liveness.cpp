@@ -29,6 +29,14 @@ std::chrono::milliseconds default_liveness_timeout() {
   return from_seconds(s);
 }
 
+std::chrono::milliseconds checked_duration(std::chrono::milliseconds d, const char* what,
+                                           bool zero_allowed) {
+  if (d.count() < 0 || (!zero_allowed && d.count() == 0))
+    throw ValueError(std::string(what) + " must be " + (zero_allowed ? ">= 0" : "> 0") + ", got " +
+                     std::to_string(d.count()) + " ms");
+  return d;
+}
+
 std::chrono::milliseconds liveness_timeout_seconds(std::optional<double> s, const char* what) {
   if (!s) return default_liveness_timeout();
   if (std::isnan(*s) || *s < 0)

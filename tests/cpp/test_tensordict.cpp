@@ -73,6 +73,23 @@ TEST(TensorDict, SetAndGetATensor) {
   EXPECT_EQ(td.get("obs").data(), obs.data());  // stored by reference, not copied
 }
 
+// A default-constructed Tensor holds nothing: stored, it broke consolidate(), save() and a
+// pipe on both ends (the peer refused the metadata sent for it).
+TEST(TensorDict, AnUndefinedTensorIsRefusedWhereItIsSet) {
+  EXPECT_FALSE(Tensor().defined());
+  EXPECT_TRUE(Tensor::zeros({0, 3}, DType::Float32).defined());  // zero-size: defined
+  EXPECT_TRUE(Tensor::zeros({}, DType::Float32).defined());
+  TensorDict td;
+  try {
+    td.set("x", Tensor());
+    FAIL() << "an undefined tensor was stored";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'x': the tensor is undefined"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(td.contains("x"));
+}
+
 TEST(TensorDict, SetReplacesAnExistingEntryInPlace) {
   TensorDict td = sample();
   td.set("obs", fill_f32({3, 1}, 9.0f));

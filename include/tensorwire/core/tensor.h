@@ -49,7 +49,9 @@ class Tensor {
   // Zero-copy export; the returned tensor keeps this one's storage alive.
   DLManagedTensor* to_dlpack() const;
 
-  bool defined() const noexcept { return storage_.defined() || numel_ == 0; }
+  // False for a default-constructed Tensor only: no storage, no shape and no element, which
+  // nothing made by empty(), view() or from_dlpack() is (a 0-dim tensor holds one element).
+  bool defined() const noexcept { return storage_.defined() || numel_ != 0 || !shape_.empty(); }
   const Storage& storage() const noexcept { return storage_; }
   size_t offset() const noexcept { return offset_; }
   const Shape& shape() const noexcept { return shape_; }

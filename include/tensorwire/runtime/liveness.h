@@ -19,4 +19,11 @@ std::chrono::milliseconds default_liveness_timeout();
 // checks off, a negative or NaN number is a ValueError naming `what`.
 std::chrono::milliseconds liveness_timeout_seconds(std::optional<double> s, const char* what);
 
+// An option's duration, checked where the options are taken: a ValueError naming `what`
+// when it is negative (or, unless `zero_allowed`, zero). Unchecked, a liveness bound of
+// -1 ms turned the checks off and a handshake bound of -1 ms refused every peer, far from
+// the mistake.
+std::chrono::milliseconds checked_duration(std::chrono::milliseconds d, const char* what,
+                                           bool zero_allowed = true);
+
 }  // namespace tensorwire

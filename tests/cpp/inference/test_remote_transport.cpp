@@ -135,6 +135,31 @@ TEST(RemoteTransport, ConnectingWhereNothingListensIsARefusalNamingTheAddress) {
   }
 }
 
+// A negative bound turned liveness checks off, and a handshake bound of -1 ms (or 0) refused
+// every client with "Endpoint timeout", the ValueError only in last_refusal().
+TEST(RemoteTransport, NegativeDurationsInItsOptionsAreValueErrorsNamingThem) {
+  auto make = [](RemoteOptions o) {
+    o.num_slots = 1;
+    o.host = "127.0.0.1";
+    return RemoteTransport::create(request_spec(), response_spec(), std::move(o));
+  };
+  auto names = [](auto&& call, const std::string& name) {
+    try {
+      call();
+      ADD_FAILURE() << name << " accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  names([&] { make({.liveness_timeout = -1ms}); }, "liveness_timeout must be >= 0, got -1 ms");
+  names([&] { make({.handshake_timeout = -1ms}); }, "handshake_timeout must be > 0");
+  names([&] { make({.handshake_timeout = 0ms}); }, "handshake_timeout must be > 0");
+  names([&] { RemoteTransport::client_for("127.0.0.1:1", {.liveness_timeout = -5ms}); },
+        "liveness_timeout must be >= 0");
+  names([&] { RemoteTransport::client_for("127.0.0.1:1", {.connect_timeout = -1ms}); },
+        "connect_timeout must be >= 0");
+}
+
 TEST(RemoteTransport, RequestsAreCheckedAgainstTheServersSpecBeforeSending) {
   auto t = make_remote(4);
   InferenceServer server(double_policy, t);

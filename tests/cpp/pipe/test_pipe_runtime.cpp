@@ -507,6 +507,11 @@ TEST(PipeRuntime, NothingListeningIsConnectionRefusedNamingHostAndPort) {
   }
 }
 
+TEST(PipeRuntime, ANegativeLivenessTimeoutIsAValueErrorWhereTheOptionsAreTaken) {
+  EXPECT_THROW(PipeListener(0, {.liveness_timeout = -1ms}), ValueError);
+  EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", 1, {.liveness_timeout = -1ms}), ValueError);
+}
+
 // Something listens, takes the connection and gives up on its handshake at once (its
 // timeout 0): the client is told the connection ended, not that nothing listens there.
 TEST(PipeRuntime, AServerThatEndsTheHandshakeEarlyIsNotCalledARefusal) {
