@@ -7,11 +7,12 @@
 
 namespace tensorwire {
 
-Timeout::Checked Timeout::checked(Clock::duration d) {
-  if (d < Clock::duration::zero())
+Timeout::Checked Timeout::checked_seconds(double s) {
+  if (std::isnan(s) || s < 0)
     throw ValueError("timeout must be >= 0 (use Timeout::forever() to wait without a limit), got " +
-                     std::to_string(std::chrono::duration<double>(d).count()) + " s");
-  return Checked{d};
+                     (std::isnan(s) ? std::string("nan") : std::to_string(s)) + " s");
+  if (s >= kForeverSeconds) return Checked{Clock::duration::zero(), true};
+  return Checked{std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s))};
 }
 
 Timeout Timeout::seconds(std::optional<double> s, const char* what) {
@@ -20,9 +21,7 @@ Timeout Timeout::seconds(std::optional<double> s, const char* what) {
     throw ValueError(std::string(what) +
                      " must be None (no limit) or a number of seconds >= 0, got " +
                      (std::isnan(*s) ? std::string("nan") : std::to_string(*s)));
-  // Beyond ~292 years the nanosecond count overflows: that is "for ever" too.
-  if (*s >= 9.2e9) return forever();
-  return Timeout(std::chrono::duration<double>(*s));
+  return Timeout(checked_seconds(*s));
 }
 
 std::string Timeout::str() const {

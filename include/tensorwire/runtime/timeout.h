@@ -22,10 +22,11 @@ class Timeout {
  public:
   // Wait for ever.
   constexpr Timeout() noexcept = default;
-  // Wait at most `d` (zero: poll once). ValueError when `d` is negative.
+  // Wait at most `d` (zero: poll once). ValueError when `d` is negative or NaN; a duration
+  // beyond what the clock counts (about 292 years, +inf) is for ever.
   template <class Rep, class Period>
   Timeout(std::chrono::duration<Rep, Period> d)  // NOLINT: implicit on purpose
-      : Timeout(checked(std::chrono::duration_cast<Clock::duration>(d))) {}
+      : Timeout(converted(d)) {}
 
   static constexpr Timeout forever() noexcept { return Timeout(); }
   static Timeout poll() noexcept { return Timeout(Clock::duration::zero()); }
@@ -42,9 +43,21 @@ class Timeout {
  private:
   struct Checked {
     Clock::duration d;
+    bool forever = false;
   };
-  static Checked checked(Clock::duration d);
-  explicit Timeout(Checked c) noexcept : d_(c.d), forever_(false) {}
+  // Seconds past what the clock counts are for ever, not an overflow into a short or
+  // negative wait.
+  static constexpr double kForeverSeconds = 9.2e9;
+  // Negative or NaN: ValueError; past kForeverSeconds (+inf too): for ever.
+  static Checked checked_seconds(double seconds);
+  template <class Rep, class Period>
+  static Checked converted(std::chrono::duration<Rep, Period> d) {
+    const double s = std::chrono::duration<double>(d).count();
+    if (s >= 0 && s < kForeverSeconds)  // so the cast below cannot overflow
+      return Checked{std::chrono::duration_cast<Clock::duration>(d)};
+    return checked_seconds(s);
+  }
+  explicit Timeout(Checked c) noexcept : d_(c.d), forever_(c.forever) {}
 
   Clock::duration d_{};
   bool forever_ = true;
