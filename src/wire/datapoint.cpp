@@ -1,5 +1,6 @@
 #include "tensorwire/wire/datapoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -303,6 +304,10 @@ std::string DatapointEncoder::name(std::string key, bool container) {
     throw ValueError("datapoint: dict key '" + key +
                      "' cannot be encoded (empty, holding NUL, the tag's name, or a metadata "
                      "field name for a nested container)");
+  // Else the second leaf replaced the first while the tag listed both: a datapoint the
+  // decoder refuses.
+  if (std::find(keys_.begin(), keys_.end(), key) != keys_.end())
+    throw ValueError("datapoint: dict key '" + key + "' is given twice");
   keys_.push_back(key);
   return key;
 }

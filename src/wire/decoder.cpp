@@ -387,6 +387,15 @@ void Decoder::prepare_non_consolidated(const FrameHeader& h, std::span<const std
 }
 
 TensorDict& Decoder::finish(Incoming& in) {
+  // What prepare() leaves for its kind of message; a default or reset Incoming has none.
+  const bool prepared =
+      in.header.kind == MessageKind::Storage ? in.target != nullptr
+      : in.header.kind == MessageKind::Control
+          ? true
+          : in.result.has_value() &&
+                (in.header.kind != MessageKind::SchemaAndStorage || in.new_layout.has_value());
+  if (!prepared)
+    throw Error("Decoder::finish: the Incoming was not prepared (call prepare() first)");
   switch (in.header.kind) {
     case MessageKind::SchemaAndStorage:
       layout_ = std::move(in.new_layout);

@@ -95,6 +95,14 @@ TEST(Codec, FirstMessageIsSchemaAndStorage) {
   EXPECT_EQ(m.header_bytes, m.header.encode());
 }
 
+TEST(Codec, FinishingAnIncomingThatWasNotPreparedIsAnError) {
+  Decoder dec;
+  Incoming in;
+  EXPECT_THROW(dec.finish(in), Error);
+  in.header.kind = MessageKind::Storage;
+  EXPECT_THROW(dec.finish(in), Error);
+}
+
 TEST(Codec, SecondMessageWithTheSameStructureIsStorageOnly) {
   Encoder enc(Mode::Consolidated);
   enc.encode(step(1));

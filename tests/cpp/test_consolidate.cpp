@@ -212,6 +212,22 @@ TEST(Consolidate, PlanAndPackProduceWhatConsolidateProduces) {
   EXPECT_EQ(std::memcmp(buffer.data(), c.consolidated()->storage.data(), plan.total_bytes), 0);
 }
 
+TEST(Consolidate, PackRefusesADictOfAnotherStructureThanItsPlanBeforeWritingPastIt) {
+  TensorDict td = example();
+  ConsolidatedPlan plan = plan_consolidation(td);
+  std::vector<std::byte> buffer(plan.total_bytes);
+  TensorDict more = td;
+  more.set("z", Tensor::zeros({3, 4096}, DType::Float32));
+  EXPECT_THROW(pack(more, plan, buffer.data()), ValueError);
+  TensorDict fewer;
+  EXPECT_THROW(pack(fewer, plan, buffer.data()), ValueError);
+  ConsolidatedPlan one = plan_consolidation(fewer.set("x", Tensor::zeros({2}, DType::Float32)));
+  std::vector<std::byte> small(one.total_bytes);
+  TensorDict bigger;
+  bigger.set("x", Tensor::zeros({4096}, DType::Float32));
+  EXPECT_THROW(pack(bigger, one, small.data()), ValueError);
+}
+
 TEST(Consolidate, ConsolidatedMetadataNodesPointIntoTheSharedMetadata) {
   TensorDict c = consolidate(example());
   const Json& meta = *c.consolidated()->metadata;

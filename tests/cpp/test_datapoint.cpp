@@ -118,6 +118,12 @@ TEST(DatapointEncoder, RefusesWhatTheFormatCannotHold) {
   EXPECT_THROW(o.add_int({}, 2), ValueError);
   EXPECT_TRUE(DatapointEncoder::valid_key("cls", false));
   EXPECT_FALSE(DatapointEncoder::valid_key("cls", true));
+  // A key given twice made a datapoint its own decoder refused.
+  DatapointEncoder twice(Container::Dict);
+  twice.add_int("k", 1);
+  EXPECT_THROW(twice.add_float("k", 2.0), ValueError);
+  EXPECT_EQ(
+      DatapointDecoder::structure(layout_of(std::move(twice).finish()), true)->elements.size(), 1u);
 }
 
 TEST(DatapointDecoder, RejectsATagThatIsNotAValue) {

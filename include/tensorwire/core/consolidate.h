@@ -58,13 +58,28 @@ void for_each_leaf(const TensorDict& td, Fn&& fn) {
 // Calls fn(const Tensor& leaf, size_t start, size_t end) for every tensor leaf of `td`, which
 // must have the structure `plan` was made for: where the plan places the leaf, `end` past
 // its padding. What pack() copies, and what a sender that gathers the leaves instead sends.
+// A leaf the plan has no place for, or more bytes than its place, is a ValueError before
+// anything of it is copied (a dict of another structure read past the plan and wrote past
+// the buffer); fewer leaves than the plan, one after the last leaf.
 template <class Fn>
 void for_each_placed_leaf(const TensorDict& td, const ConsolidatedPlan& plan, Fn&& fn) {
   size_t leaf = 0;
   for_each_leaf(td, [&](const Tensor& t) {
+    if (leaf >= plan.offsets.size())
+      throw ValueError("the TensorDict has more leaves than the plan it is packed by (" +
+                       std::to_string(plan.offsets.size()) + "): it has another structure");
     const size_t start = plan.offsets[leaf++];
-    fn(t, start, leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes);
+    const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
+    if (t.nbytes() > end - start)
+      throw ValueError("leaf " + std::to_string(leaf - 1) + " has " + std::to_string(t.nbytes()) +
+                       " bytes where its plan has room for " + std::to_string(end - start) +
+                       ": the TensorDict has another structure than its plan");
+    fn(t, start, end);
   });
+  if (leaf != plan.offsets.size())
+    throw ValueError("the TensorDict has " + std::to_string(leaf) +
+                     " leaves where the plan it is " + "packed by has " +
+                     std::to_string(plan.offsets.size()));
 }
 
 }  // namespace tensorwire
