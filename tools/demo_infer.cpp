@@ -144,8 +144,10 @@ DemoRow demo_infer(int actors, int steps) {
   std::printf(
       "           %lu batches, average batch %.2f; queue p50 %.3f ms p95 %.3f ms; "
       "policy p50 %.3f ms p95 %.3f ms\n",
-      static_cast<unsigned long>(st.batches), st.avg_batch_size, st.p50_queue_ms, st.p95_queue_ms,
-      st.p50_forward_ms, st.p95_forward_ms);
+      // Over the whole run: the stats' own average is of the last stats_window_size batches.
+      static_cast<unsigned long>(st.batches),
+      st.batches ? static_cast<double>(st.requests) / static_cast<double>(st.batches) : 0.0,
+      st.p50_queue_ms, st.p95_queue_ms, st.p50_forward_ms, st.p95_forward_ms);
   std::printf(
       "           slots in use after the run: %u; policy version now %ld; actors failed: %d\n",
       transport->slots_in_use(), static_cast<long>(server.policy_version()), failed);

@@ -144,7 +144,7 @@ Entry to_entry(nb::handle value, const Shape& batch, const std::optional<Device>
   if (std::optional<Tensor> t = leaf_tensor(value, "key " + key.str())) return Entry(std::move(*t));
   if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value))
     return Entry(NonTensor{to_json(value, "key " + key.str())});
-  throw TypeError("key " + key.str() + ": cannot store a " + py_type(value) +
+  throw TypeError("key " + key.str() + ": cannot store a value of type " + py_type(value) +
                   " (expected an array, a tensor, a dict, a TensorDict, a number or a JSON value)");
 }
 

@@ -18,6 +18,16 @@ TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
   try {
     impl->handshake(/*as_server=*/false);
+  } catch (const TimeoutError& e) {
+    // Connected, but nobody took the connection up: a listener not in accept() yet (a
+    // program that connects to its own listener before accepting waits here).
+    if (!impl->reached_peer())
+      throw TimeoutError(std::string(e.what()) + ": nothing at " + host + ":" +
+                         std::to_string(port) +
+                         " took the connection up (a PipeListener takes connections only in "
+                         "accept(), a TensorDictServer while it serves), or the host is "
+                         "unreachable");
+    throw;
   } catch (const Error&) {
     // The connection failed before UCX reached the listener: refused, or ended early.
     if (!impl->reached_peer()) impl->throw_if_unreached(host, port);

@@ -232,7 +232,16 @@ Context::Context() : generation_(os::fork_generation()) {
   params.mt_workers_shared = 1;  // workers of different pipes live on different threads
   st = ucp_init(&params, config, &ctx_);
   ucp_config_release(config);
-  if (st != UCS_OK) throw_status("ucp_init", st);
+  if (st != UCS_OK) {
+    // Most often a UCX_TLS that names no transport this host has: a setting to fix, not a
+    // connection that went away.
+    const char* tls = std::getenv("UCX_TLS");
+    if (tls != nullptr && *tls != '\0')
+      throw Error(std::string("UCX cannot start with UCX_TLS=") + tls + ": " +
+                  ucs_status_string(st) +
+                  " (it names no transport UCX has here; tcp, sm or tcp,sm work everywhere)");
+    throw_status("ucp_init", st);
+  }
 }
 
 Context::~Context() {
@@ -457,11 +466,18 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
       os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) !=
           os::TcpProbe::Accepting)
     throw ConnectionRefused(host, port, listener);
+  // Connections by address start over TCP: a UCX_TLS without it cannot make one.
+  const char* tls = std::getenv("UCX_TLS");
+  const std::string t = tls ? tls : "";
+  const std::string setting =
+      !t.empty() && t[0] != '^' && t != "all" && t.find("tcp") == std::string::npos
+          ? " (and UCX_TLS=" + t + " has no tcp, which connecting by address needs)"
+          : "";
   throw ClosedError(what + ": the connection to " + host + ":" + std::to_string(port) +
                     " ended before the server took it up (" + ucs_status_string(error_) +
                     "): the server ended its handshake (its timeout, a close), what listens "
                     "there is not " +
-                    listener + ", or the host is unreachable");
+                    listener + ", or the host is unreachable" + setting);
 }
 
 Endpoint::Endpoint(Worker& worker, const std::string& host, uint16_t port)

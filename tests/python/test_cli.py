@@ -1,4 +1,6 @@
 """The tensorwire command: demo and inspect."""
+import re
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,10 @@ def test_demo_runs_and_round_trips(tensorwire_bin):
     assert parts == ["files", "pipe", "data loading", "inference"], table
     assert all("ok:" in row and "FAILED" not in row for row in table[1:]), table
     assert "GB/s" in table[2] and "/s" in table[3] and "requests" in table[4], table
+    # The inference summary's average batch is of the whole run: requests / batches.
+    requests = int(re.search(r"summary: (\d+) requests from", r.stdout).group(1))
+    batches, average = re.search(r"(\d+) batches, average batch ([\d.]+)", r.stdout).groups()
+    assert abs(float(average) - requests / int(batches)) < 0.01, (requests, batches, average)
 
 
 def test_inspect_prints_structure_of_a_saved_tensordict(tensorwire_bin, tmp_path):

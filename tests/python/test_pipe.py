@@ -408,6 +408,16 @@ def test_connect_to_a_closed_port_raises_and_bad_arguments_are_named(tls):
         tw.TensorDictPipe.connect("127.0.0.1", port, auth_key="")
 
 
+def test_connecting_to_a_listener_that_does_not_accept_names_the_cause(tls):
+    # One thread that connects to its own listener before accept(): it waits its timeout,
+    # and the error says nothing took the connection up, and why that happens.
+    with tw.PipeListener(0) as listener:
+        with pytest.raises(TimeoutError, match=f"nothing at 127.0.0.1:{listener.port} took the "
+                                               r"connection up \(a PipeListener takes connections "
+                                               r"only in accept\(\)"):
+            tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=0.5)
+
+
 def test_a_server_that_ends_the_handshake_early_is_not_called_a_refusal(tls):
     # Something listens, takes the connection and gives up on its handshake at once: the
     # client's error says the connection ended, not that nothing listens there.

@@ -938,6 +938,31 @@ def test_a_pipe_whose_peer_was_killed_mid_stream_closes_without_aborting(tmp_pat
     assert r.returncode == 0 and r.stdout.strip() == "closed", (r.returncode, r.stderr)
 
 
+# A UCX_TLS that UCX cannot use is named as the setting to fix: one that names no
+# transport ("No such device", it was a ClosedError), one without tcp (connections by
+# address start over TCP: it was called a refusal, though a listener was there).
+UCX_TLS_PROBE = """
+import tensorwire as tw
+try:
+    listener = tw.PipeListener(0)
+    tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=3)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("tls, expected", [
+    ("bogus", "RuntimeError UCX cannot start with UCX_TLS=bogus"),
+    ("sm", "UCX_TLS=sm has no tcp, which connecting by address needs"),
+])
+def test_a_ucx_tls_that_cannot_work_is_named(tmp_path, tls, expected):
+    path = script(tmp_path, "probe.py", UCX_TLS_PROBE)
+    r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=60,
+                       env=dict(ENV, UCX_TLS=tls))
+    assert expected in r.stdout, (r.stdout, r.stderr)
+    assert "ConnectionRefusedError" not in r.stdout
+
+
 def test_ucx_stays_out_of_the_host_programs_crash_signals(tmp_path):
     path = script(tmp_path, "crash.py", """
     import ctypes

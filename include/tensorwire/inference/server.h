@@ -52,7 +52,7 @@ struct ServerStats {
   uint64_t batches = 0;
   double requests_per_s = 0;
   double batches_per_s = 0;
-  double avg_batch_size = 0;
+  double avg_batch_size = 0;  // of the last stats_window_size batches (as the percentiles)
   double p50_queue_ms = 0, p95_queue_ms = 0;      // submit -> batch start
   double p50_forward_ms = 0, p95_forward_ms = 0;  // the policy calls of a batch
   int64_t policy_version = 0;
