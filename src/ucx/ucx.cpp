@@ -118,6 +118,12 @@ void quiet_ucx() {
       ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
 }
 
+// At load too, not only when the first context is made: libucs installs its crash handlers
+// when it is loaded (before this library: it depends on it), so a program that links
+// tensorwire and never opens a pipe had UCX's backtrace instead of its own (or ASan's)
+// report of a crash.
+[[maybe_unused]] const bool g_quiet_at_load = (quiet_ucx(), true);
+
 // Guards the process's context. Held across fork(): a child forked while another thread
 // made the context (ucp_init takes milliseconds) would otherwise inherit it locked and wait
 // for ever in its first Context::get. Made, and its atfork handlers registered, when the
@@ -178,8 +184,9 @@ std::shared_ptr<Context> Context::get() {
     // in this process, and connecting would hang. With no context alive at the fork, the
     // child starts UCX afresh.
     throw Error("UCX cannot start in this process (pid " + std::to_string(::getpid()) +
-                "): it was forked while its parent used UCX (a TensorDictPipe, PipeListener or "
-                "TensorDictServer was open), and UCX's state does not survive fork(). Start child "
+                "): it was forked while its parent used UCX (a TensorDictPipe, PipeListener, "
+                "TensorDictServer, RemoteTransport or remote inference client was open), and "
+                "UCX's state does not survive fork(). Start child "
                 "processes with the 'spawn' or 'forkserver' method, or fork before opening pipes");
   }
   if (!c) {

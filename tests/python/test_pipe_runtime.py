@@ -963,11 +963,15 @@ def test_a_ucx_tls_that_cannot_work_is_named(tmp_path, tls, expected):
     assert "ConnectionRefusedError" not in r.stdout
 
 
-def test_ucx_stays_out_of_the_host_programs_crash_signals(tmp_path):
-    path = script(tmp_path, "crash.py", """
+# With a listener (UCX initialised), and without one: libucs installs its crash handlers when
+# it is loaded, and a program that never opened a pipe had UCX's backtrace for its crash.
+@pytest.mark.parametrize("make_a_listener", [True, False])
+def test_ucx_stays_out_of_the_host_programs_crash_signals(tmp_path, make_a_listener):
+    path = script(tmp_path, "crash.py", f"""
     import ctypes
     import tensorwire as tw
-    listener = tw.PipeListener(0)  # UCX is loaded and initialised
+    if {make_a_listener}:
+        listener = tw.PipeListener(0)  # UCX is loaded and initialised
     ctypes.string_at(0)  # a segfault that is not tensorwire's
     """)
     r = run(path)
