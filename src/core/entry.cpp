@@ -1,5 +1,7 @@
 #include "tensorwire/core/tensordict.h"
 
+#include <utility>
+
 namespace tensorwire {
 
 Entry::Entry(Tensor t) : value_(std::move(t)) {}
@@ -10,6 +12,14 @@ Entry::~Entry() = default;
 
 Entry::Entry(const Entry& o) : value_(Tensor{}) {
   *this = o;
+}
+
+// A moved-from Entry holds an undefined tensor, not a null TensorDict pointer that still
+// says "TensorDict" (copying or reading one crashed).
+Entry::Entry(Entry&& o) noexcept : value_(std::exchange(o.value_, Value(Tensor{}))) {}
+Entry& Entry::operator=(Entry&& o) noexcept {
+  if (this != &o) value_ = std::exchange(o.value_, Value(Tensor{}));
+  return *this;
 }
 
 Entry& Entry::operator=(const Entry& o) {

@@ -13,6 +13,11 @@ TensorDictPipe::~TensorDictPipe() {
   if (impl_) impl_->close();
 }
 
+detail::PipeImpl& TensorDictPipe::impl() const {
+  if (!impl_) throw ClosedError("this TensorDictPipe was moved from");
+  return *impl_;
+}
+
 TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
                                        const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
@@ -46,23 +51,25 @@ TensorDictPipe TensorDictPipe::listen(uint16_t port, const PipeOptions& options,
 }
 
 void TensorDictPipe::send(const TensorDict& td, Timeout timeout) {
-  impl_->send(td, timeout);
+  impl().send(td, timeout);
 }
 TensorDict& TensorDictPipe::recv(TensorDict* into, Timeout timeout) {
-  return impl_->recv(into, timeout);
+  return impl().recv(into, timeout);
 }
 bool TensorDictPipe::last_recv_was_new_schema() const {
-  return impl_->last_new_schema();
+  return impl().last_new_schema();
 }
 
 std::future<void> TensorDictPipe::send_async(TensorDict td, Timeout timeout) {
   auto impl = impl_;
+  this->impl();  // a moved-from pipe: ClosedError now, not in the future
   return std::async(std::launch::async,
                     [impl, td = std::move(td), timeout] { impl->send(td, timeout); });
 }
 
 std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
   auto impl = impl_;
+  this->impl();  // a moved-from pipe: ClosedError now, not in the future
   // The caller owns it: of a consolidated pipe, with storage of its own (the next receive
   // rewrites the decoder's in place).
   return std::async(std::launch::async, [impl, timeout] {
@@ -71,69 +78,69 @@ std::future<TensorDict> TensorDictPipe::recv_async(Timeout timeout) {
 }
 
 bool TensorDictPipe::start_send(const TensorDict& td) {
-  return impl_->start_send(td);
+  return impl().start_send(td);
 }
 bool TensorDictPipe::poll_send(std::chrono::microseconds spin) {
-  return impl_->poll_send(spin);
+  return impl().poll_send(spin);
 }
 
 bool TensorDictPipe::receiving_into(const TensorDict& td) {
-  return impl_->receiving_into(td);
+  return impl().receiving_into(td);
 }
 
 bool TensorDictPipe::sending(const TensorDict& td) {
-  return impl_->sending(td);
+  return impl().sending(td);
 }
 TensorDict* TensorDictPipe::poll_recv(TensorDict* into, std::chrono::microseconds spin) {
-  return impl_->poll_recv(into, spin);
+  return impl().poll_recv(into, spin);
 }
 TensorDictPipe::Received TensorDictPipe::receive(TensorDict* into, Timeout timeout,
                                                  bool copy_always) {
-  return impl_->receive(into, timeout, copy_always);
+  return impl().receive(into, timeout, copy_always);
 }
 TensorDictPipe::Received TensorDictPipe::poll_receive(TensorDict* into,
                                                       std::chrono::microseconds spin) {
-  return impl_->poll_receive(into, spin);
+  return impl().poll_receive(into, spin);
 }
 int TensorDictPipe::fd() const {
-  return impl_->fd();
+  return impl().fd();
 }
 bool TensorDictPipe::arm() {
-  return impl_->arm();
+  return impl().arm();
 }
 int TensorDictPipe::peer_fd() const {
-  return impl_->peer_fd();
+  return impl().peer_fd();
 }
 void TensorDictPipe::close() {
-  impl_->close();
+  if (impl_) impl().close();
 }
 bool TensorDictPipe::closed() const {
-  return impl_->closed();
+  return !impl_ || impl().closed();
 }
 bool TensorDictPipe::failed() const {
-  return impl_->failed();
+  return impl().failed();
 }
 bool TensorDictPipe::closed_by_peer() const {
-  return impl_->closed_by_peer();
+  return impl().closed_by_peer();
 }
 uint16_t TensorDictPipe::local_port() const {
-  return impl_->local_port();
+  return impl().local_port();
 }
 uint64_t TensorDictPipe::events() const {
-  return impl_->events();
+  return impl().events();
 }
 size_t TensorDictPipe::inline_payload_max() const {
-  return impl_->inline_payload_max();
+  return impl().inline_payload_max();
 }
 
 std::string TensorDictPipe::transports() const {
-  return impl_->transports();
+  return impl().transports();
 }
 const std::string& TensorDictPipe::peer() const {
-  return impl_->peer();
+  return impl().peer();
 }
 const PipeOptions& TensorDictPipe::options() const {
-  return impl_->options();
+  return impl().options();
 }
 
 PipeListener::PipeListener(uint16_t port, const PipeOptions& options)

@@ -90,6 +90,19 @@ TEST(TensorDict, AnUndefinedTensorIsRefusedWhereItIsSet) {
   EXPECT_FALSE(td.contains("x"));
 }
 
+// A moved-from Entry that held a TensorDict said "TensorDict" with nothing behind it:
+// copying the dict that held it crashed.
+TEST(TensorDict, AMovedFromEntryHoldsAnUndefinedTensor) {
+  TensorDict td;
+  td.set({"sub", "x"}, Tensor::zeros({2}, DType::Float32));
+  Entry taken = std::move(td.entry("sub"));
+  EXPECT_TRUE(taken.is_tensordict());
+  EXPECT_TRUE(td.entry("sub").is_tensor());
+  EXPECT_FALSE(td.entry("sub").tensor().defined());
+  TensorDict copy = td;  // no crash
+  EXPECT_TRUE(copy.contains("sub"));
+}
+
 TEST(TensorDict, SetReplacesAnExistingEntryInPlace) {
   TensorDict td = sample();
   td.set("obs", fill_f32({3, 1}, 9.0f));

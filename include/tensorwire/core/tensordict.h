@@ -41,9 +41,9 @@ class Entry {
   Entry(NonTensorStack v);
   Entry(TensorDict td);
   Entry(const Entry& o);
-  Entry(Entry&&) noexcept = default;
+  Entry(Entry&&) noexcept;
   Entry& operator=(const Entry& o);
-  Entry& operator=(Entry&&) noexcept = default;
+  Entry& operator=(Entry&&) noexcept;
   ~Entry();
 
   bool is_tensor() const noexcept { return value_.index() == 0; }

@@ -162,6 +162,7 @@ class TensorDictPipe {
   friend class PipeListener;
   friend class TensorDictServer;
   explicit TensorDictPipe(std::shared_ptr<detail::PipeImpl> impl);
+  detail::PipeImpl& impl() const;  // ClosedError when moved from
   std::shared_ptr<detail::PipeImpl> impl_;
 };
 

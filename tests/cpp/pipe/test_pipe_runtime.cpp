@@ -507,6 +507,19 @@ TEST(PipeRuntime, NothingListeningIsConnectionRefusedNamingHostAndPort) {
   }
 }
 
+// A moved-from pipe crashed (a null implementation) in any method.
+TEST(PipeRuntime, AMovedFromPipeIsClosed) {
+  Pair p;
+  TensorDictPipe taken = std::move(*p.accepted);
+  EXPECT_TRUE(p.accepted->closed());
+  EXPECT_THROW(p.accepted->send(small(1), 1s), ClosedError);
+  EXPECT_THROW(p.accepted->recv(nullptr, 1s), ClosedError);
+  EXPECT_THROW(p.accepted->recv_async(1s), ClosedError);
+  EXPECT_NO_THROW(p.accepted->close());
+  p.connected->send(small(3), 5s);
+  EXPECT_EQ(taken.recv(nullptr, 5s).get("v").at<float>({0}), 3);
+}
+
 TEST(PipeRuntime, ANegativeLivenessTimeoutIsAValueErrorWhereTheOptionsAreTaken) {
   EXPECT_THROW(PipeListener(0, {.liveness_timeout = -1ms}), ValueError);
   EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", 1, {.liveness_timeout = -1ms}), ValueError);
