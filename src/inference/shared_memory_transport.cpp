@@ -100,10 +100,10 @@ Client SharedMemoryTransport::client() {
 
 void SharedMemoryTransport::open_server() {
   if (!is_owner())
-    throw Error(
-        "this SharedMemoryTransport was attached by name: only the process that created "
-        "it (pid " +
-        std::to_string(region_->header->owner_pid) + ") can serve it");
+    throw ClosedError(std::string("this SharedMemoryTransport was ") +
+                      (owner_ ? "made before a fork" : "attached by name") +
+                      ": only the process that created it (pid " +
+                      std::to_string(region_->header->owner_pid) + ") can serve it");
   if (owner_->claimed.exchange(true))
     throw Error("another InferenceServer already serves this transport");
   try {

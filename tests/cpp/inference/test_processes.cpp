@@ -277,8 +277,8 @@ TEST_F(ForkedChildTest, RemoteFuturesInheritedByAForkedChildEndAtOnce) {
 // A forked child that drops its copy of a transport its parent serves: the parent's
 // serving thread waited on the transport's condition variable at the fork, and the child
 // hung for ever destroying it (thread, socket, remote). The child's copy is left alone
-// (leaked); serving an inherited RemoteTransport in the child is a ClosedError naming the
-// fork, and the parent goes on serving.
+// (leaked); serving an inherited RemoteTransport or SharedMemoryTransport in the child is a
+// ClosedError naming the fork, and the parent goes on serving.
 TEST_F(ForkedChildTest, AForkedChildDropsTheTransportsItsParentServes) {
   std::vector<std::shared_ptr<Transport>> transports = {
       ThreadTransport::create(), SocketTransport::create(), make_shm(4),
@@ -293,12 +293,14 @@ TEST_F(ForkedChildTest, AForkedChildDropsTheTransportsItsParentServes) {
   pid_t kid = fork_child([&] {
     ::alarm(10);  // a hang ends as SIGALRM
     auto remote = transports.back();
-    InferenceServer again(double_policy, remote);
-    try {
-      again.start();
-      return 2;
-    } catch (const ClosedError& e) {
-      if (std::string(e.what()).find("before a fork") == std::string::npos) return 3;
+    for (const auto& inherited : {transports[2], remote}) {  // shared memory, remote
+      InferenceServer again(double_policy, inherited);
+      try {
+        again.start();
+        return 2;
+      } catch (const ClosedError& e) {
+        if (std::string(e.what()).find("made before a fork") == std::string::npos) return 3;
+      }
     }
     servers.clear();
     remote.reset();
