@@ -292,7 +292,13 @@ bool DatapointEncoder::valid_key(std::string_view key, bool container) noexcept 
   return true;
 }
 
+void DatapointEncoder::check_not_finished() const {
+  // finish() moved the kinds out: what is added now would be lost, or describe nothing.
+  if (kinds_.empty()) throw Error("DatapointEncoder: used after finish()");
+}
+
 std::string DatapointEncoder::name(std::string key, bool container) {
+  check_not_finished();
   const auto c = static_cast<Container>(kinds_[0]);
   if (c != Container::Dict) {
     if (!key.empty()) throw ValueError("datapoint: list, tuple and object elements take no key");
@@ -359,6 +365,7 @@ void DatapointEncoder::add_node(std::string key, TensorDict node) {
 }
 
 TensorDict DatapointEncoder::finish() && {
+  check_not_finished();
   if (static_cast<Container>(kinds_[0]) == Container::Object && size() != 1)
     throw ValueError("datapoint: an object container holds exactly one element");
   // A dict's keys are listed: the consolidated layout groups leaves, values and nested

@@ -95,6 +95,7 @@ void Encoder::finish_header(MessageKind kind, uint64_t payload_bytes) {
 }
 
 const OutMessage& Encoder::encode(const TensorDict& td) {
+  if (!plans_) throw Error("this wire::Encoder was moved from");
   msg_.payload.clear();
   msg_.keepalive.clear();
   msg_.metadata.clear();

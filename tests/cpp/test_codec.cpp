@@ -95,6 +95,15 @@ TEST(Codec, FirstMessageIsSchemaAndStorage) {
   EXPECT_EQ(m.header_bytes, m.header.encode());
 }
 
+TEST(Codec, AMovedFromEncoderIsAnError) {
+  Encoder e(Mode::Consolidated);
+  Encoder taken = std::move(e);
+  TensorDict td;
+  td.set("x", Tensor::zeros({2}, DType::Float32));
+  EXPECT_THROW(e.encode(td), Error);  // NOLINT(bugprone-use-after-move): the point
+  EXPECT_NO_THROW(taken.encode(td));
+}
+
 TEST(Codec, FinishingAnIncomingThatWasNotPreparedIsAnError) {
   Decoder dec;
   Incoming in;

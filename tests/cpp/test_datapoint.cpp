@@ -124,6 +124,10 @@ TEST(DatapointEncoder, RefusesWhatTheFormatCannotHold) {
   EXPECT_THROW(twice.add_float("k", 2.0), ValueError);
   EXPECT_EQ(
       DatapointDecoder::structure(layout_of(std::move(twice).finish()), true)->elements.size(), 1u);
+  // Used after finish(): an Error, not a key "18446744073709551615".
+  EXPECT_EQ(twice.size(), 0u);  // NOLINT(bugprone-use-after-move): the point
+  EXPECT_THROW(twice.add_int("k2", 1), Error);
+  EXPECT_THROW(std::move(twice).finish(), Error);
 }
 
 TEST(DatapointDecoder, RejectsATagThatIsNotAValue) {

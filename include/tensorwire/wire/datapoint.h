@@ -70,12 +70,13 @@ class DatapointEncoder {
   void add_none(std::string key);
   void add_node(std::string key, TensorDict node);  // a finished child node
 
-  size_t size() const noexcept { return kinds_.size() - 1; }
+  size_t size() const noexcept { return kinds_.empty() ? 0 : kinds_.size() - 1; }
   TensorDict finish() &&;
 
  private:
   std::string name(std::string key, bool container);
   void add(std::string key, ElementKind kind, Tensor t);
+  void check_not_finished() const;  // Error once finish() took the kinds
 
   TensorDict td_;
   std::string kinds_;  // the container, then one kind per element
