@@ -3,6 +3,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,6 +33,14 @@ def run(cmd, **kw):
     # pytest-timeout firing first would end the test and leave the command running.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=100, **kw)
 
+
+
+def stop_process(pid):
+    """SIGSTOPs `pid` and returns once it is stopped: kill() returns before the stop takes
+    hold, and a process running on another CPU meanwhile still answers a request or two."""
+    os.kill(pid, signal.SIGSTOP)
+    while open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] != "T":
+        time.sleep(0.001)
 
 
 def connected_pipes(**kw):
@@ -96,7 +105,6 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import time
     start = getattr(session.config, "_tw_start_ticks", None)
     if start is None:
         return

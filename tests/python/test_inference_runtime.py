@@ -14,6 +14,7 @@ import pytest
 
 import tensorwire as tw
 from _inference_common import PYTHON_DIR, double_policy, make_shm, observation
+from conftest import stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -151,7 +152,7 @@ def test_a_client_sending_to_a_stopped_socket_server_is_interrupted_and_times_ou
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         assert client.stdout.readline().strip() == "2.0"
-        os.kill(server.pid, signal.SIGSTOP)
+        stop_process(server.pid)
         client.stdin.write("stopped\n")
         client.stdin.flush()
         assert client.stdout.readline().strip() == "sending"
@@ -190,7 +191,7 @@ def test_a_first_request_to_a_stopped_socket_server_keeps_its_own_timeout():
         env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "ready"
-        os.kill(server.pid, signal.SIGSTOP)
+        stop_process(server.pid)
         c = tw.SocketTransport.client_for(name)
         # The request's 0.3 s ended the wait, not the connect's own 3 s (said by the error,
         # not timed: timings are not checked in tests).

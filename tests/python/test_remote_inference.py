@@ -180,6 +180,10 @@ c = inf.connect("127.0.0.1", port, liveness_timeout=1.0)
 x = {"x": np.ones(4, np.float32)}
 assert (c(x, timeout=30)["y"] == 7).all()
 os.kill(pid, signal.SIGSTOP)
+# kill() returns before the stop takes hold: a server still running on the other CPU
+# answered the request below now and then (the test saw no failure).
+while open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] != "T":
+    time.sleep(0.001)
 f = c.submit(x)
 try:
     f.result(timeout=30)
