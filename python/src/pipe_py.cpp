@@ -21,8 +21,10 @@ namespace {
 
 using Seconds = std::optional<double>;  // None: for ever (Timeout::seconds)
 
-// A Python int as a port: one line naming the rule instead of nanobind's signature dump.
-uint16_t port_of(int64_t port) {
+// A Python int as a port: one line naming the rule instead of nanobind's signature dump
+// (also for a port given as a str).
+uint16_t port_of(nb::handle value) {
+  const int64_t port = int_arg(value, "port");
   if (port < 0 || port > 65535)
     throw ValueError("port must be in 0..65535 (0: a free port), got " + std::to_string(port));
   return static_cast<uint16_t>(port);
@@ -200,7 +202,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, int64_t port, bool consolidated, nb::handle auth_key, Seconds timeout,
+          [](T* self, nb::handle port, bool consolidated, nb::handle auth_key, Seconds timeout,
              nb::handle max_message_bytes, Seconds liveness_timeout) {
             new (self) T(port_of(port), make_options(consolidated, auth_key, timeout,
                                                      max_message_bytes, liveness_timeout));
@@ -296,7 +298,7 @@ void bind_pipe(nb::module_& m) {
 
   m.def(
       "_connect",
-      [](const std::string& host, int64_t port, bool consolidated, nb::handle auth_key,
+      [](const std::string& host, nb::handle port, bool consolidated, nb::handle auth_key,
          Seconds timeout, nb::handle max_message_bytes, Seconds liveness_timeout) {
         PipeOptions o =
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);

@@ -406,6 +406,11 @@ def test_connect_to_a_closed_port_raises_and_bad_arguments_are_named(tls):
         tw.TensorDictPipe.connect("no-such-host.invalid", port, timeout=3)
     with pytest.raises(ValueError, match="auth_key"):
         tw.TensorDictPipe.connect("127.0.0.1", port, auth_key="")
+    # A port given as a str is named, not nanobind's signature of a private function.
+    for make in (lambda: tw.TensorDictPipe.connect("127.0.0.1", str(port)),
+                 lambda: tw.PipeListener(str(port)), lambda: tw.TensorDictServer(str(port))):
+        with pytest.raises(TypeError, match="^port must be an integer, got str$"):
+            make()
 
 
 def test_connecting_to_a_listener_that_does_not_accept_names_the_cause(tls):
