@@ -42,12 +42,17 @@ TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
 }
 
 TensorDictPipe TensorDictPipe::listen(uint16_t port, const PipeOptions& options,
-                                      const std::function<void(uint16_t)>& on_listening) {
+                                      const std::function<void(uint16_t)>& on_listening,
+                                      Timeout timeout) {
   PipeListener listener(port, options);
   if (on_listening) on_listening(listener.port());
   // One client only: a refused handshake is this call's failure. The listener closes on
   // return, so later clients are refused by the operating system.
-  return std::move(*listener.accept(Timeout::forever(), /*throw_on_refusal=*/true));
+  std::optional<TensorDictPipe> got = listener.accept(timeout, /*throw_on_refusal=*/true);
+  if (!got)
+    throw TimeoutError("TensorDictPipe::listen: no client connected to port " +
+                       std::to_string(listener.port()) + " within " + timeout.str());
+  return std::move(*got);
 }
 
 void TensorDictPipe::send(const TensorDict& td, Timeout timeout) {

@@ -52,9 +52,11 @@ class TensorDictPipe {
   static TensorDictPipe connect(const std::string& host, uint16_t port,
                                 const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first
-  // client and returns the connected pipe; later clients are refused.
+  // client and returns the connected pipe; later clients are refused. TimeoutError when no
+  // client connected within `timeout`.
   static TensorDictPipe listen(uint16_t port, const PipeOptions& options = {},
-                               const std::function<void(uint16_t)>& on_listening = {});
+                               const std::function<void(uint16_t)>& on_listening = {},
+                               Timeout timeout = Timeout::forever());
 
   // Returns once UCX has taken the message: `td` may be modified afterwards. A message
   // with at most 64 KiB of tensor data and 16 KiB of metadata is copied by UCX and send()

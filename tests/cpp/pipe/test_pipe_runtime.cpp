@@ -520,6 +520,19 @@ TEST(PipeRuntime, AMovedFromPipeIsClosed) {
   EXPECT_EQ(taken.recv(nullptr, 5s).get("v").at<float>({0}), 3);
 }
 
+// Like every blocking call, listen() takes a timeout (it waited for ever).
+TEST(PipeRuntime, ListenEndsAtItsTimeoutWhenNoClientComes) {
+  uint16_t port = 0;
+  try {
+    TensorDictPipe::listen(
+        0, {}, [&](uint16_t p) { port = p; }, 100ms);
+    FAIL() << "listen() returned without a client";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("port " + std::to_string(port)), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PipeRuntime, ANegativeLivenessTimeoutIsAValueErrorWhereTheOptionsAreTaken) {
   EXPECT_THROW(PipeListener(0, {.liveness_timeout = -1ms}), ValueError);
   EXPECT_THROW(TensorDictPipe::connect("127.0.0.1", 1, {.liveness_timeout = -1ms}), ValueError);
