@@ -54,45 +54,48 @@ void python_interrupt_check() {
 }
 
 // The exception class called `name`: a builtin ("KeyError" or "builtins.KeyError"), or
-// "module.Qual.Name" of a module this process has imported already (never an import: a
-// name from another process must not run a module's code), so a policy's or a worker's
-// own exception type comes back as itself where the caller can catch it. Only Exception
+// "module.Qual.Name" of a module this process has imported already, so a policy's or a
+// worker's own exception type comes back as itself where the caller can catch it. The name
+// comes from another process: the module is looked up in sys.modules by its exact name and
+// the rest in the real dicts of that module and of the classes below it, never by getattr
+// (a module's __getattr__ or a property can import modules or run code). Only Exception
 // subclasses: a SystemExit or KeyboardInterrupt raised elsewhere must not end this
 // process. Invalid when there is none.
 nb::object exception_class(std::string name) {
   if (name.rfind("builtins.", 0) == 0) name = name.substr(9);
-  if (name.empty()) return {};
-  nb::object t;
+  if (name.empty() || name.find('\0') != std::string::npos) return {};
+  PyObject* t = nullptr;  // borrowed from a dict that the module keeps alive
+  nb::object module;
   if (name.find('.') == std::string::npos) {
-    PyObject* builtins = PyEval_GetBuiltins();  // borrowed, and so is what it holds
-    PyObject* b = builtins ? PyDict_GetItemString(builtins, name.c_str()) : nullptr;
-    if (b) t = nb::borrow(b);
+    PyObject* builtins = PyEval_GetBuiltins();
+    t = builtins ? PyDict_GetItemString(builtins, name.c_str()) : nullptr;
   } else {
-    // The longest prefix that names an imported module, then attributes down the rest.
-    nb::object found;
+    // The longest prefix that names an imported module, then names down its classes.
     for (size_t cut = name.rfind('.'); cut != std::string::npos && cut > 0;
          cut = name.rfind('.', cut - 1)) {
-      PyObject* module = PyImport_GetModule(nb::str(name.substr(0, cut).c_str()).ptr());
-      if (!module) {
+      PyObject* m = PyImport_GetModule(nb::str(name.substr(0, cut).c_str()).ptr());
+      if (!m) {
         PyErr_Clear();
         continue;
       }
-      found = nb::steal(module);
-      for (size_t at = cut + 1; found.is_valid() && at <= name.size();) {
+      module = nb::steal(m);
+      if (!PyModule_Check(m)) return {};
+      t = m;
+      for (size_t at = cut + 1; t != nullptr && at <= name.size();) {
         const size_t end = std::min(name.find('.', at), name.size());
-        PyObject* attr = PyObject_GetAttrString(found.ptr(), name.substr(at, end - at).c_str());
-        if (!attr) PyErr_Clear();
-        found = attr ? nb::steal(attr) : nb::object();
+        PyObject* dict = PyModule_Check(t) ? PyModule_GetDict(t)
+                         : PyType_Check(t) ? reinterpret_cast<PyTypeObject*>(t)->tp_dict
+                                           : nullptr;
+        t = dict ? PyDict_GetItemString(dict, name.substr(at, end - at).c_str()) : nullptr;
         at = end + 1;
       }
       break;
     }
-    t = std::move(found);
   }
-  if (t.is_valid() && PyType_Check(t.ptr()) &&
-      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t.ptr()),
+  if (t != nullptr && PyType_Check(t) &&
+      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t),
                        reinterpret_cast<PyTypeObject*>(PyExc_Exception)))
-    return t;
+    return nb::borrow(t);
   return {};
 }
 
@@ -128,18 +131,29 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
       }
     }
   }
-  if (!exc.is_valid()) exc = nb::borrow(PyExc_RuntimeError)(text(f.type + ": " + f.message));
-  if (!f.traceback.empty()) {
-    std::string cause = "\n\"\"\"\n" + f.traceback + "\"\"\"";
-    PyException_SetCause(exc.ptr(), g_remote_traceback(text(cause)).release().ptr());
-  }
-  exc.attr("remote_type") = text(f.type);
-  exc.attr("remote_traceback") = text(f.traceback);
-  if (worker) {
-    exc.attr("worker") = worker->worker();
-    exc.attr("worker_pid") = worker->pid();
-    exc.attr("worker_traceback") = text(f.traceback);
-    if (nb::hasattr(exc, "add_note")) exc.attr("add_note")(text("raised in " + worker->context()));
+  auto fallback = [&] { return nb::borrow(PyExc_RuntimeError)(text(f.type + ": " + f.message)); };
+  if (!exc.is_valid()) exc = fallback();
+  auto describe = [&](nb::handle e) {
+    if (!f.traceback.empty()) {
+      std::string cause = "\n\"\"\"\n" + f.traceback + "\"\"\"";
+      PyException_SetCause(e.ptr(), g_remote_traceback(text(cause)).release().ptr());
+    }
+    e.attr("remote_type") = text(f.type);
+    e.attr("remote_traceback") = text(f.traceback);
+    if (worker) {
+      e.attr("worker") = worker->worker();
+      e.attr("worker_pid") = worker->pid();
+      e.attr("worker_traceback") = text(f.traceback);
+      if (nb::hasattr(e, "add_note")) e.attr("add_note")(text("raised in " + worker->context()));
+    }
+  };
+  try {
+    describe(exc);
+  } catch (nb::python_error&) {
+    // An exception that refuses attributes (a frozen dataclass, __slots__): the RuntimeError
+    // naming its type keeps the message.
+    exc = fallback();
+    describe(exc);
   }
   return exc;
 }

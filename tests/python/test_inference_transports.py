@@ -161,6 +161,34 @@ def test_a_policys_own_exception_type_comes_back_as_itself_where_it_is_imported(
         np.testing.assert_array_equal(c(observation(1), timeout=5)["action"], [2, 4])  # goes on
 
 
+class RefusesAttributes(Exception):
+    def __setattr__(self, name, value):
+        raise AttributeError(f"frozen: {name}")
+
+
+def test_a_remote_type_name_runs_no_code_of_the_module_it_names(transport, tmp_path, monkeypatch):
+    # The name comes from another process: it is looked up in the module's own dict, never
+    # through getattr (a module's __getattr__ can import modules or run anything).
+    (tmp_path / "tw_lazy_module.py").write_text(
+        "calls = []\n\ndef __getattr__(name):\n    calls.append(name)\n    raise AttributeError(name)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tw_lazy_module
+    raised = [type("Lazy", (Exception,), {"__module__": "tw_lazy_module"})("lazy"),
+              RefusesAttributes("frozen")]
+
+    def policy(b):
+        raise raised.pop(0)
+
+    with tw.InferenceServer(policy, transport):
+        c = transport.client()
+        with pytest.raises(RuntimeError, match="^tw_lazy_module.Lazy: lazy$"):
+            c(observation(0), timeout=5)
+        # Rebuilt, it refuses the remote_* attributes: the RuntimeError keeps the message.
+        with pytest.raises(RuntimeError, match="RefusesAttributes: frozen$"):
+            c(observation(0), timeout=5)
+    assert tw_lazy_module.calls == []
+
+
 def test_a_result_timeout_keeps_the_request_in_flight(transport):
     gate = threading.Event()
 
