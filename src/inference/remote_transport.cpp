@@ -63,19 +63,25 @@ std::vector<Key> RemoteTransport::request_keys() const {
 std::vector<Key> RemoteTransport::response_keys() const {
   return s_->response.keys();
 }
+// In a forked child the counters are the parent's, under a lock that a thread of the
+// parent may have held at the fork (and would hold for ever here): the child reads none.
 size_t RemoteTransport::connected() const {
+  if (s_->inherited()) return 0;
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->connected;
 }
 uint32_t RemoteTransport::slots_in_use() const {
+  if (s_->inherited()) return 0;
   std::lock_guard<std::mutex> lock(s_->mu);
   return static_cast<uint32_t>(s_->slots.size() - s_->free_slots.size());
 }
 uint64_t RemoteTransport::refused() const noexcept {
+  if (s_->inherited()) return 0;
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->refused;
 }
 std::string RemoteTransport::last_refusal() const {
+  if (s_->inherited()) return "";
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->last_refusal;
 }

@@ -82,7 +82,7 @@ uint64_t SharedMemoryTransport::refused() const noexcept {
   return owner_ ? owner_->refused() : 0;
 }
 std::string SharedMemoryTransport::last_refusal() const {
-  return owner_ ? owner_->last_refusal() : std::string();
+  return is_owner() ? owner_->last_refusal() : std::string();  // a forked child's: the parent's
 }
 uint32_t SharedMemoryTransport::slots_in_use() const noexcept {
   return region_->slots_in_use();

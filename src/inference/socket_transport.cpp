@@ -552,6 +552,7 @@ uint64_t SocketTransport::refused() const noexcept {
   return o_->refused.load(std::memory_order_relaxed);
 }
 std::string SocketTransport::last_refusal() const {
+  if (o_->generation != os::fork_generation()) return "";  // the parent's, under its lock
   std::lock_guard<std::mutex> lock(o_->refusal_mu);
   return o_->last_refusal;
 }

@@ -290,9 +290,18 @@ TEST_F(ForkedChildTest, AForkedChildDropsTheTransportsItsParentServes) {
     servers.back()->start();
     EXPECT_EQ(action0(t->client()(observation(1), 5s)), 2);  // its serving thread now waits
   }
+  Client held = transports.back()->client();  // a connection the parent counts
+  EXPECT_EQ(action0(held(observation(1), 5s)), 2);
+  EXPECT_GE(static_cast<RemoteTransport*>(transports.back().get())->connected(), 1u);
   pid_t kid = fork_child([&] {
     ::alarm(10);  // a hang ends as SIGALRM
     auto remote = transports.back();
+    // The parent's counters sit under a lock a thread of the parent may have held at the
+    // fork: the child reads none (its own connections are none).
+    auto* r = static_cast<RemoteTransport*>(remote.get());
+    if (r->connected() != 0 || r->slots_in_use() != 0 || r->refused() != 0 ||
+        !r->last_refusal().empty())
+      return 4;
     for (const auto& inherited : {transports[2], remote}) {  // shared memory, remote
       InferenceServer again(double_policy, inherited);
       try {
