@@ -77,6 +77,10 @@ TEST(TensorDict, SetAndGetATensor) {
 // pipe on both ends (the peer refused the metadata sent for it).
 TEST(TensorDict, AnUndefinedTensorIsRefusedWhereItIsSet) {
   EXPECT_FALSE(Tensor().defined());
+  Tensor moved = Tensor::zeros({4}, DType::Float32);
+  Tensor taken = std::move(moved);
+  EXPECT_FALSE(moved.defined());  // NOLINT(bugprone-use-after-move): the point
+  EXPECT_THROW(TensorDict().set("m", moved), ValueError);
   EXPECT_TRUE(Tensor::zeros({0, 3}, DType::Float32).defined());  // zero-size: defined
   EXPECT_TRUE(Tensor::zeros({}, DType::Float32).defined());
   TensorDict td;

@@ -31,6 +31,15 @@ TEST(Timeout, DurationsPastTheClocksRangeAreForever) {
   EXPECT_TRUE(Timeout::seconds(1e12).is_forever());
 }
 
+TEST(Timeout, AUnitThatIsNotAWholeNumberOfTicksDoesNotOverflowOnTheWay) {
+  // 2e10 thirds of a second: 6,666,666,667 s, in range, but 2e10 * 1e9 overflows first.
+  using thirds = std::chrono::duration<long long, std::ratio<1, 3>>;
+  const double got =
+      std::chrono::duration<double>(Timeout(thirds(20'000'000'000)).duration()).count();
+  EXPECT_NEAR(got, 6'666'666'666.667, 1.0);
+  EXPECT_EQ(Timeout(thirds(3)).duration(), 1s);
+}
+
 TEST(Timeout, NegativeAndNanDurationsAreValueErrors) {
   EXPECT_THROW(Timeout(-1ms), ValueError);
   EXPECT_THROW(Timeout(std::chrono::hours::min()), ValueError);

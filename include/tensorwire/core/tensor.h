@@ -49,9 +49,10 @@ class Tensor {
   // Zero-copy export; the returned tensor keeps this one's storage alive.
   DLManagedTensor* to_dlpack() const;
 
-  // False for a default-constructed Tensor only: no storage, no shape and no element, which
-  // nothing made by empty(), view() or from_dlpack() is (a 0-dim tensor holds one element).
-  bool defined() const noexcept { return storage_.defined() || numel_ != 0 || !shape_.empty(); }
+  // False for a default-constructed or moved-from Tensor: no storage and no shape. Anything
+  // made by empty(), view() or from_dlpack() has storage, or dims (a zero-size tensor needs
+  // no storage; a 0-dim one holds an element).
+  bool defined() const noexcept { return storage_.defined() || !shape_.empty(); }
   const Storage& storage() const noexcept { return storage_; }
   size_t offset() const noexcept { return offset_; }
   const Shape& shape() const noexcept { return shape_; }

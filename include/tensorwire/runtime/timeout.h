@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <optional>
+#include <ratio>
 #include <string>
+#include <type_traits>
 
 namespace tensorwire {
 
@@ -53,7 +55,12 @@ class Timeout {
   template <class Rep, class Period>
   static Checked converted(std::chrono::duration<Rep, Period> d) {
     const double s = std::chrono::duration<double>(d).count();
-    if (s >= 0 && s < kForeverSeconds)  // so the cast below cannot overflow
+    // The exact cast multiplies by the period's numerator and divides by its denominator:
+    // below kForeverSeconds it cannot overflow when nothing is divided (a whole number of
+    // clock ticks per unit) or the count is floating.
+    constexpr bool exact =
+        std::ratio_divide<Period, Clock::period>::den == 1 || std::is_floating_point_v<Rep>;
+    if (exact && s >= 0 && s < kForeverSeconds)
       return Checked{std::chrono::duration_cast<Clock::duration>(d)};
     return checked_seconds(s);
   }
