@@ -107,6 +107,7 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
       const size_t pad = (opt.alignment - n % opt.alignment) % opt.alignment;
       const size_t start = plan.total_bytes;
       plan.offsets.push_back(start);
+      plan.nbytes.push_back(n);
       plan.total_bytes = start + n + pad;
       append_member(leaves, name,
                     Json::array({std::string(dtype_name(t.dtype())), shape_json(t.shape()), start,

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace tensorwire::os {
@@ -34,9 +35,12 @@ TcpProbe probe_tcp(const std::string& ip, uint16_t port, std::chrono::millisecon
     err = errno;
     if (err == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
+      const auto until = std::chrono::steady_clock::now() + timeout;
       int n;
-      do {
-        n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      do {  // a signal ends poll() early: wait out what is left, not the whole timeout again
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - std::chrono::steady_clock::now());
+        n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
       } while (n < 0 && errno == EINTR);
       socklen_t l = sizeof(err);
       if (n != 1 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0) err = ETIMEDOUT;

@@ -470,8 +470,8 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
                                   const std::string& listener) const {
   if (error_ == UCS_OK) return;
   if (error_ == UCS_ERR_NOT_CONNECTED &&
-      os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) !=
-          os::TcpProbe::Accepting)
+      os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) ==
+          os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
   // Connections by address start over TCP: a UCX_TLS without it cannot make one.
   const char* tls = std::getenv("UCX_TLS");

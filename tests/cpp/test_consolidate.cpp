@@ -226,6 +226,9 @@ TEST(Consolidate, PackRefusesADictOfAnotherStructureThanItsPlanBeforeWritingPast
   TensorDict bigger;
   bigger.set("x", Tensor::zeros({4096}, DType::Float32));
   EXPECT_THROW(pack(bigger, one, small.data()), ValueError);
+  TensorDict smaller;  // fits its place, but is not what the plan was made for
+  smaller.set("x", Tensor::zeros({1}, DType::Float32));
+  EXPECT_THROW(pack(smaller, one, small.data()), ValueError);
 }
 
 TEST(Consolidate, ConsolidatedMetadataNodesPointIntoTheSharedMetadata) {

@@ -39,7 +39,9 @@ def stop_process(pid):
     """SIGSTOPs `pid` and returns once it is stopped: kill() returns before the stop takes
     hold, and a process running on another CPU meanwhile still answers a request or two."""
     os.kill(pid, signal.SIGSTOP)
-    while open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] != "T":
+    while (state := open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0]) != "T":
+        if state in "ZX":
+            raise AssertionError(f"process {pid} exited instead of stopping")
         time.sleep(0.001)
 
 

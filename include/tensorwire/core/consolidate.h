@@ -31,6 +31,7 @@ struct ConsolidatedPlan {
   Json metadata;
   size_t total_bytes = 0;
   std::vector<size_t> offsets;  // one per tensor leaf, traversal order
+  std::vector<size_t> nbytes;   // each leaf's bytes, padding not included
 };
 ConsolidatedPlan plan_consolidation(const TensorDict& td, const ConsolidateOptions& options = {});
 
@@ -58,9 +59,9 @@ void for_each_leaf(const TensorDict& td, Fn&& fn) {
 // Calls fn(const Tensor& leaf, size_t start, size_t end) for every tensor leaf of `td`, which
 // must have the structure `plan` was made for: where the plan places the leaf, `end` past
 // its padding. What pack() copies, and what a sender that gathers the leaves instead sends.
-// A leaf the plan has no place for, or more bytes than its place, is a ValueError before
-// anything of it is copied (a dict of another structure read past the plan and wrote past
-// the buffer); fewer leaves than the plan, one after the last leaf.
+// A leaf the plan has no place for, or of another size than its place, is a ValueError
+// before anything of it is copied (a dict of another structure read past the plan and
+// wrote past the buffer); fewer leaves than the plan, one after the leaves were copied.
 template <class Fn>
 void for_each_placed_leaf(const TensorDict& td, const ConsolidatedPlan& plan, Fn&& fn) {
   size_t leaf = 0;
@@ -70,9 +71,9 @@ void for_each_placed_leaf(const TensorDict& td, const ConsolidatedPlan& plan, Fn
                        std::to_string(plan.offsets.size()) + "): it has another structure");
     const size_t start = plan.offsets[leaf++];
     const size_t end = leaf < plan.offsets.size() ? plan.offsets[leaf] : plan.total_bytes;
-    if (t.nbytes() > end - start)
+    if (t.nbytes() != plan.nbytes[leaf - 1])
       throw ValueError("leaf " + std::to_string(leaf - 1) + " has " + std::to_string(t.nbytes()) +
-                       " bytes where its plan has room for " + std::to_string(end - start) +
+                       " bytes where its plan has " + std::to_string(plan.nbytes[leaf - 1]) +
                        ": the TensorDict has another structure than its plan");
     fn(t, start, end);
   });

@@ -140,8 +140,6 @@ TEST(PipeRuntime, AReceiveThatTimedOutMidMessageStillWritesIntoItsTarget) {
   EXPECT_FALSE(p.accepted->receiving_into(into));
 }
 
-// Two threads' receives (or sends) on one pipe take turns; one waiting for its turn still
-// ends at its own timeout (it waited for the other call, however long that one's was).
 // Threads sharing a consolidated pipe keep what receive(copy_always) gives them: a copy
 // with storage of its own. It shared the decoder's storage, which the next receive (the
 // other thread's) rewrites in place: messages were seen twice and others never.
@@ -182,6 +180,8 @@ TEST(PipeRuntime, ThreadsSharingAConsolidatedPipeKeepWholeMessagesEachOnce) {
   EXPECT_EQ(two.get("v").at<float>({0}), 2);
 }
 
+// Two threads' receives (or sends) on one pipe take turns; one waiting for its turn still
+// ends at its own timeout (it waited for the other call, however long that one's was).
 TEST(PipeRuntime, ACallWaitingForAnotherThreadsTurnEndsAtItsOwnTimeout) {
   ::setenv("UCX_TLS", "tcp", 1);  // a rendezvous that waits for the receiver: a held send
   Pair p;
