@@ -12,13 +12,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -84,7 +87,10 @@ bool is_local_address(const std::string& ip) {
   return found;
 }
 
-bool shared_memory_enabled() {
+namespace {
+// Whether UCX_TLS lets UCX use a transport called by one of `names` (unset: all of them;
+// "^a,b": all but those).
+bool tls_enables(std::initializer_list<std::string_view> names) {
   const char* env = std::getenv("UCX_TLS");
   if (env == nullptr || *env == '\0') return true;
   std::string tls = env;
@@ -92,10 +98,13 @@ bool shared_memory_enabled() {
   bool named = false;
   std::stringstream ss(exclude ? tls.substr(1) : tls);
   for (std::string t; std::getline(ss, t, ',');)
-    if (t == "all" || t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" ||
-        t == "xpmem")
-      named = true;
+    if (t == "all" || std::find(names.begin(), names.end(), t) != names.end()) named = true;
   return exclude ? !named : named;
+}
+}  // namespace
+
+bool shared_memory_enabled() {
+  return tls_enables({"sm", "shm", "mm", "posix", "sysv", "xpmem"});
 }
 
 namespace {
@@ -474,12 +483,10 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
   // Connections by address start over TCP: a UCX_TLS without it cannot make one.
-  const char* tls = std::getenv("UCX_TLS");
-  const std::string t = tls ? tls : "";
-  const std::string setting =
-      !t.empty() && t[0] != '^' && t != "all" && t.find("tcp") == std::string::npos
-          ? " (and UCX_TLS=" + t + " has no tcp, which connecting by address needs)"
-          : "";
+  const std::string setting = tls_enables({"tcp"})
+                                  ? ""
+                                  : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
+                                        " has no tcp, which connecting by address needs)";
   throw ClosedError(what + ": the connection to " + host + ":" + std::to_string(port) +
                     " ended before the server took it up (" + ucs_status_string(error_) +
                     "): the server ended its handshake (its timeout, a close), what listens "
