@@ -142,7 +142,8 @@ void bind_inference_server(nb::module_& m) {
       .def_prop_ro("policy_version", [](PyServer& s) { return s.get()->policy_version(); })
       .def(
           "update_model",
-          [](PyServer& s, nb::callable fn, bool mark) {
+          [](PyServer& s, nb::callable fn, bool mark, std::optional<double> timeout) {
+            const Timeout t = Timeout::seconds(timeout, "timeout");
             std::shared_ptr<inf::InferenceServer> server = s.get();
             nb::object result;
             {
@@ -152,11 +153,12 @@ void bind_inference_server(nb::module_& m) {
                     nb::gil_scoped_acquire gil;
                     result = fn();
                   },
-                  mark);
+                  mark, t);
             }
             return result;
           },
-          nb::arg("fn"), nb::arg("mark_weight_update") = true)
+          nb::arg("fn"), nb::arg("mark_weight_update") = true,
+          nb::arg("timeout").none() = nb::none())
       .def(
           "stats",
           [](PyServer& s, bool reset) {  // in the order of inference.py's _STATS

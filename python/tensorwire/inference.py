@@ -473,9 +473,13 @@ class InferenceServer:
     def policy_version(self) -> int:
         return self._server.policy_version
 
-    def update_model(self, fn, *, mark_weight_update: bool = True):
-        """Runs ``fn(policy)`` between batches and, by default, bumps the policy version."""
-        return self._server.update_model(lambda: fn(self.policy), mark_weight_update)
+    def update_model(self, fn, *, mark_weight_update: bool = True, timeout: float | None = None):
+        """Runs ``fn(policy)`` between batches and, by default, bumps the policy version.
+
+        Waits up to ``timeout`` seconds (None: for ever; Ctrl-C ends the wait) for a policy
+        call in progress; TimeoutError when it still runs then, with ``fn`` not run.
+        """
+        return self._server.update_model(lambda: fn(self.policy), mark_weight_update, timeout)
 
     def stats(self, *, reset: bool = False) -> dict:
         """requests, batches, requests_per_s, batches_per_s, avg_batch_size, p50/p95

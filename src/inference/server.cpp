@@ -68,7 +68,8 @@ struct InferenceServer::State {
   bool started = false;            // under done_mu: a worker was started and not joined yet
   uint64_t worker_generation = 0;  // under done_mu
 
-  std::mutex model_mu;  // held during each batch's policy calls and by update_model
+  // Held during each batch's policy calls and by update_model (which may give up waiting).
+  runtime::TimedLock model_mu;
   // The thread in a policy call, while it holds model_mu: update_model() from there (the
   // policy itself) would wait for itself.
   std::atomic<std::thread::id> in_policy{};
@@ -156,7 +157,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
   Clock::time_point forward_start, forward_end;
   VersionStamp stamp;
   {
-    std::lock_guard<std::mutex> lock(model_mu);
+    std::lock_guard<runtime::TimedLock> lock(model_mu);
     in_policy = std::this_thread::get_id();
     if (options.policy_version_key) stamp.key = &*options.policy_version_key;
     stamp.version = version.load(std::memory_order_relaxed);
@@ -319,12 +320,16 @@ bool InferenceServer::running() const noexcept {
   return s_->started && !s_->finished && s_->worker_generation == os::fork_generation();
 }
 
-void InferenceServer::update_model(const std::function<void()>& fn, bool mark) {
+void InferenceServer::update_model(const std::function<void()>& fn, bool mark, Timeout timeout) {
   if (s_->in_policy.load() == std::this_thread::get_id())
     throw Error(
         "update_model() called from the policy: it runs between batches, and this batch's "
         "policy call is the caller; call it from another thread");
-  std::lock_guard<std::mutex> lock(s_->model_mu);
+  std::unique_lock<runtime::TimedLock> lock(s_->model_mu, std::defer_lock);
+  if (!runtime::wait_until(Deadline::after(timeout),
+                           [&](Deadline slice) { return lock.try_lock_until(slice.when()); }))
+    throw TimeoutError("update_model(): a policy call still runs after " + timeout.str() +
+                       "; the model was not updated");
   fn();
   if (mark) {
     s_->version.fetch_add(1, std::memory_order_relaxed);

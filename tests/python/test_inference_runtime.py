@@ -96,6 +96,49 @@ def test_sigint_interrupts_a_blocked_client_promptly_and_leaves_it_usable(kind, 
     assert out.split() == expected and p.returncode == 0, err
 
 
+UPDATE_MODEL_CHILD = """
+    import sys, threading, time
+    import tensorwire as tw
+    sys.path.insert(0, {tests!r})
+    from _inference_common import double_policy, make_shm, observation
+    gate, arrived = threading.Event(), threading.Event()
+    def policy(b):
+        arrived.set()
+        gate.wait(60)
+        return double_policy(b)
+    t = make_shm(4)
+    server = tw.InferenceServer(policy, t, max_batch_size=1).start()
+    f = t.client().submit(observation(1))
+    arrived.wait(10)
+    print("waiting", flush=True)
+    try:
+        server.update_model(lambda p: None)  # waits for the policy call, for ever
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", time.monotonic(), flush=True)
+    gate.set()
+    print(int(f.result(timeout=5)["policy_version"]), server.policy_version, flush=True)
+    server.update_model(lambda p: None, timeout=5)  # the server still works
+    print(int(t.client()(observation(1), timeout=5)["policy_version"]), flush=True)
+    server.shutdown()
+"""
+
+
+def test_sigint_interrupts_update_model_waiting_for_a_policy_call():
+    code = textwrap.dedent(UPDATE_MODEL_CHILD).format(tests=os.path.dirname(__file__))
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)  # blocked in the wait by now
+        interrupt_promptly(p, "update_model")
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert out.split() == ["0", "0", "1"] and p.returncode == 0, err
+
+
 STOPPED_SERVER = """
     import sys, time
     import tensorwire as tw

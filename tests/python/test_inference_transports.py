@@ -294,6 +294,30 @@ def test_update_model_from_the_policy_itself_is_an_error_not_a_deadlock(transpor
     assert not server.is_alive
 
 
+def test_update_model_gives_up_at_its_timeout_while_a_policy_call_runs(transport):
+    gate, arrived = threading.Event(), threading.Event()
+
+    def policy(b):
+        arrived.set()
+        gate.wait(30)
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport, max_batch_size=1) as server:
+        f = transport.client().submit(observation(1))
+        assert arrived.wait(10)
+        ran = []
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="a policy call still runs after 0.2 s"):
+            server.update_model(ran.append, timeout=0.2)
+        assert time.monotonic() - t0 >= 0.2 and not ran and server.policy_version == 0
+        with pytest.raises(ValueError, match="timeout"):
+            server.update_model(ran.append, timeout=-1)
+        gate.set()
+        assert int(f.result(timeout=5)["policy_version"]) == 0
+        server.update_model(ran.append, timeout=5)
+        assert ran == [policy] and server.policy_version == 1
+
+
 def test_dropped_futures_do_not_disturb_later_requests(transport):
     with tw.InferenceServer(double_policy, transport, max_batch_size=2):
         c = transport.client()

@@ -86,8 +86,11 @@ class InferenceServer {
 
   // Runs `fn` between batches (never during a policy call) and, when `mark`, bumps the
   // policy version. Returns after `fn` returned; an exception from fn propagates and
-  // leaves the version as it was. Error when called from the policy itself.
-  void update_model(const std::function<void()>& fn, bool mark = true);
+  // leaves the version as it was. Waits up to `timeout` for a policy call in progress:
+  // TimeoutError when it still runs then (fn not run, the version as it was); the wait is
+  // interruptible (check_interrupt). Error when called from the policy itself.
+  void update_model(const std::function<void()>& fn, bool mark = true,
+                    Timeout timeout = Timeout::forever());
   int64_t policy_version() const noexcept;
   ServerStats stats(bool reset = false);
 

@@ -227,6 +227,32 @@ TEST_P(TransportTest, UpdateModelRunsBetweenBatchesAndBumpsTheVersion) {
   EXPECT_EQ(server.stats().weight_updates, 1u);
 }
 
+TEST_P(TransportTest, UpdateModelGivesUpAtItsTimeoutWhileAPolicyCallRuns) {
+  Gate gate;
+  InferenceServer server(gated(gate), transport, {.max_batch_size = 1});
+  server.start();
+  Client c = transport->client();
+  Future running = c.submit(observation(1));
+  ASSERT_TRUE(gate.arrived(1));
+  bool ran = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    server.update_model([&] { ran = true; }, true, 120ms);
+    ADD_FAILURE() << "update_model() returned while the policy call ran";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("a policy call still runs"), std::string::npos);
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 120ms);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(server.policy_version(), 0);
+  gate.open();
+  EXPECT_EQ(running.result(5s).get("policy_version").data<int64_t>()[0], 0);
+  server.update_model([&] { ran = true; }, true, 5s);  // between batches now: it runs
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(server.policy_version(), 1);
+  EXPECT_EQ(c(observation(1), 5s).get("policy_version").data<int64_t>()[0], 1);
+}
+
 TEST_P(TransportTest, ShutdownAnswersTheRunningBatchAndFailsThePendingRequests) {
   Gate gate;
   InferenceServer server(gated(gate), transport, {.max_batch_size = 1});
