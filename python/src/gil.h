@@ -11,6 +11,7 @@
 // the GIL (the process is exiting and nothing waits for it).
 #pragma once
 
+#include <cxxabi.h>
 #include <nanobind/nanobind.h>
 
 #include <atomic>
@@ -28,7 +29,7 @@ class NoGil {
     restoring().fetch_add(1);
     if (exiting().load() && std::this_thread::get_id() != main_thread()) {
       restoring().fetch_sub(1);
-      while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+      park();
     }
     PyEval_RestoreThread(state_);
     restoring().fetch_sub(1);
@@ -50,6 +51,10 @@ class NoGil {
     static std::atomic<int> count{0};
     return count;
   }
+  // Where a thread that must not touch Python again waits for the process to exit.
+  [[noreturn]] static void park() {
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   static bool finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
@@ -61,6 +66,34 @@ class NoGil {
  private:
   PyThreadState* state_;
 };
+
+// Runs `f` with the GIL on a thread of the library (the serving thread, a monitor's
+// callback). While the interpreter finalizes, CPython ends such a thread with pthread_exit
+// when it takes the GIL (here, or within `f` after a sleep or a torch op): the forced
+// unwinding must then not give back a thread state that is no longer current
+// (PyGILState_Release: a fatal error, the process aborted at exit), so it passes here
+// without, and the thread ends as CPython means it to (its callers let that unwinding
+// through). It passes `f`'s own frames too: what they own through RAII is released without
+// the GIL, so `f` holds Python objects on raw references where it calls code that may
+// release the GIL for long (the policy).
+template <class F>
+decltype(auto) with_gil(F&& f) {
+  PyGILState_STATE state{};
+  struct Release {
+    PyGILState_STATE* state = nullptr;
+    ~Release() {
+      if (state) PyGILState_Release(*state);
+    }
+  } release;
+  try {
+    state = PyGILState_Ensure();
+    release.state = &state;
+    return std::forward<F>(f)();
+  } catch (abi::__forced_unwind&) {
+    release.state = nullptr;
+    throw;
+  }
+}
 
 // An object of the library handed to Python, whose destructor joins threads of its own that
 // may be waiting for the GIL (to log through Python's logging, log_py.cpp): the last
@@ -84,8 +117,7 @@ template <class Arg, class Convert>
 std::function<void(const Arg&)> py_callback(nanobind::object f, Convert convert) {
   if (f.is_none()) return {};
   return [f = std::make_shared<nanobind::object>(std::move(f)), convert](const Arg& a) {
-    nanobind::gil_scoped_acquire gil;
-    (*f)(convert(a));
+    with_gil([&] { (*f)(convert(a)); });
   };
 }
 

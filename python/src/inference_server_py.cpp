@@ -42,7 +42,7 @@ struct ServingThreadState {
 
   void ensure() {
     if (active) return;
-    gil_state = PyGILState_Ensure();
+    gil_state = PyGILState_Ensure();  // may end the thread at exit, as with_gil says
     saved = PyEval_SaveThread();
     active = true;
   }
@@ -54,20 +54,45 @@ struct ServingThreadState {
 };
 thread_local ServingThreadState serving_thread_state;
 
+// The adapter called with the batch, on raw references only (see make_policy): a new
+// reference to its result, or nullptr with the Python error set, or nullptr and `gone`
+// when the adapter is gone.
+PyObject* call_adapter(PyObject* weak_adapter, const TensorDict& batch, bool& gone) {
+  PyObject* fn = PyObject_CallNoArgs(weak_adapter);  // the weakref's referent
+  gone = fn == Py_None;
+  if (fn == nullptr || gone) {
+    Py_XDECREF(fn);
+    return nullptr;
+  }
+  PyObject* arg = nb::cast(PyTensorDict(batch)).release().ptr();
+  PyObject* out = PyObject_CallOneArg(fn, arg);
+  Py_DECREF(arg);
+  Py_DECREF(fn);
+  return out;
+}
+
 // The policy's output goes through the conversion module (convert.h, policy_output).
+//
+// The interpreter may finalize while a policy call runs (the program ended during a slow
+// forward pass, past the exit hook's wait): CPython then ends the serving thread as the
+// policy takes the GIL back (with_gil), so the call holds the adapter and the batch on raw
+// references, which that unwinding leaves alone.
 inf::Policy make_policy(nb::object adapter, std::optional<std::vector<Key>> keys) {
   auto holder = std::make_shared<PyCallable>();
   holder->fn = nb::weakref(adapter);
   return [holder, keys = std::move(keys)](const TensorDict& batch) -> TensorDict {
     serving_thread_state.ensure();
-    nb::gil_scoped_acquire gil;
-    try {
-      nb::object fn = holder->fn();
-      if (fn.is_none()) throw ClosedError("the InferenceServer's Python object is gone");
-      return policy_output(fn(PyTensorDict(batch)), keys, batch.batch_size());
-    } catch (nb::python_error& e) {
-      throw RemoteError(describe_python_exception(e.value(), false));
-    }
+    return with_gil([&] {
+      bool gone = false;
+      PyObject* out = call_adapter(holder->fn.ptr(), batch, gone);
+      if (gone) throw ClosedError("the InferenceServer's Python object is gone");
+      try {
+        if (out == nullptr) throw nb::python_error();
+        return policy_output(nb::steal(out), keys, batch.batch_size());
+      } catch (nb::python_error& e) {
+        throw RemoteError(describe_python_exception(e.value(), false));
+      }
+    });
   };
 }
 

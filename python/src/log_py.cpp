@@ -18,13 +18,14 @@ namespace {
 void to_logging(LogLevel level, const std::string& message) {
   // At interpreter exit a thread other than the main one must not take the GIL (gil.h).
   if (NoGil::exiting().load() || NoGil::finalizing()) return;
-  nb::gil_scoped_acquire gil;
-  try {
-    nb::object logger = nb::module_::import_("logging").attr("getLogger")("tensorwire");
-    logger.attr(level == LogLevel::Error ? "error" : "warning")(message);
-  } catch (nb::python_error& e) {
-    e.discard_as_unraisable("tensorwire: logging a report of the library");
-  }
+  with_gil([&] {
+    try {
+      nb::object logger = nb::module_::import_("logging").attr("getLogger")("tensorwire");
+      logger.attr(level == LogLevel::Error ? "error" : "warning")(message);
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("tensorwire: logging a report of the library");
+    }
+  });
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "tensorwire/inference/server.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -83,6 +85,8 @@ struct InferenceServer::State {
   explicit State(size_t window) : batch_sizes(window), queue_ms(window), forward_ms(window) {}
 
   void run();
+  // The serving thread ended mid-loop: fails what it drained and what is pending.
+  void abandon(Drained& d) noexcept;
   std::vector<TensorDict> outputs;                 // serving thread: one per group
   std::vector<std::optional<RemoteError>> errors;  // serving thread: one per group
 
@@ -93,6 +97,21 @@ struct InferenceServer::State {
 
 void InferenceServer::State::run() {
   Drained d;
+  // Run however the thread ends: also when the policy ends it (pthread_exit, as CPython
+  // does at exit), which leaves the batch drained and unanswered and the loop's own ending
+  // (below) not run.
+  bool ended = false;
+  struct Ending {
+    State* s;
+    Drained& d;
+    const bool& ended;
+    ~Ending() {
+      if (!ended) s->abandon(d);
+      std::lock_guard<std::mutex> lock(s->done_mu);
+      s->finished = true;
+      s->done_cv.notify_all();
+    }
+  } ending{this, d, ended};
   const auto max_batch = static_cast<size_t>(options.max_batch_size);  // checked: >= 1
   const auto min_batch = static_cast<size_t>(options.min_batch_size);
   d.ids.reserve(max_batch);
@@ -135,9 +154,23 @@ void InferenceServer::State::run() {
   } catch (const std::exception& e) {
     log_message(LogLevel::Error, std::string("InferenceServer shutdown: ") + e.what());
   }
-  std::lock_guard<std::mutex> lock(done_mu);
-  finished = true;
-  done_cv.notify_all();
+  ended = true;
+}
+
+void InferenceServer::State::abandon(Drained& d) noexcept {
+  try {
+    if (!d.empty()) {
+      std::vector<size_t> all(d.size());
+      for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+      transport->reject(d, all,
+                        RemoteError("ClosedError",
+                                    "the InferenceServer's serving thread ended "
+                                    "during the policy call"));
+    }
+    transport->close_server("InferenceServer's serving thread ended.", true);
+  } catch (const std::exception& e) {
+    log_message(LogLevel::Error, std::string("InferenceServer: ") + e.what());
+  }
 }
 
 void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
@@ -148,6 +181,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
     std::vector<size_t> all(d.size());
     for (size_t k = 0; k < all.size(); ++k) all[k] = k;
     transport->reject(d, all, RemoteError(describe_exception(std::current_exception())));
+    d.clear();
     return;
   }
   // The policy runs for every group first; stats are recorded before any response goes
@@ -166,6 +200,8 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       errors[k].reset();
       try {
         outputs[k] = policy(*groups[k].input);
+      } catch (abi::__forced_unwind&) {
+        throw;  // pthread_exit in the policy (Python ending it at exit): the thread ends
       } catch (...) {
         errors[k] = RemoteError(describe_exception(std::current_exception()));
       }
@@ -185,6 +221,7 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
     if (errors[k]) transport->reject(d, groups[k].rows, *errors[k]);
     outputs[k] = TensorDict();
   }
+  d.clear();  // all answered
 }
 
 void InferenceServer::State::record(const Drained& d, Clock::time_point start,

@@ -499,3 +499,38 @@ def test_a_client_held_by_a_live_daemon_thread_at_exit_prints_nothing(kind):
         time.sleep(0.3)
     """)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_policy_call_that_outlasts_the_exit_hook_ends_during_finalization_quietly(kind):
+    # The policy returns while the interpreter finalizes (sys.stdout's flush, which Python
+    # calls then, opens its gate): CPython ends the serving thread as it takes the GIL back,
+    # which used to abort the process ("PyGILState_Release: thread state must be current").
+    r = run_script(f"""
+        import sys, threading, time
+        import numpy as np
+        import tensorwire as tw
+        gate, arrived = threading.Event(), threading.Event()
+        def policy(b):
+            arrived.set()
+            gate.wait(30)  # takes the GIL back when the gate opens: during finalization
+            return b.__class__({{"action": b["observation"][:, :2]}}, batch_size=b.batch_size)
+        class OpensTheGateOnFlush:  # flushed once Python finalizes, past the exit hooks
+            closed = False
+            def __init__(self, out):
+                self.out, self.sleep = out, time.sleep
+            def write(self, s):
+                return self.out.write(s)
+            def flush(self):
+                self.out.flush()
+                if sys.is_finalizing():
+                    gate.set()
+                    self.sleep(0.3)  # the serving thread wakes meanwhile
+        sys.stdout = OpensTheGateOnFlush(sys.stdout)
+        t = {MAKE[kind]}
+        server = tw.InferenceServer(policy, t).start()
+        future = t.client().submit({{"observation": np.ones(4, np.float32)}})
+        assert arrived.wait(10)
+        print("exiting", flush=True)
+    """)
+    assert r.returncode == 0 and r.stdout == "exiting\n" and r.stderr == "", r.stderr

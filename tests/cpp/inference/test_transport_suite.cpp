@@ -1,6 +1,8 @@
 // The behaviour every transport shares, run against each of them: shared memory, socket,
 // thread and remote (UCX on loopback). Clients here are threads of the test process;
 // test_processes.cpp has the cross-process cases.
+#include <pthread.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -251,6 +253,40 @@ TEST_P(TransportTest, UpdateModelGivesUpAtItsTimeoutWhileAPolicyCallRuns) {
   EXPECT_TRUE(ran);
   EXPECT_EQ(server.policy_version(), 1);
   EXPECT_EQ(c(observation(1), 5s).get("policy_version").data<int64_t>()[0], 1);
+}
+
+// What CPython does to the serving thread when the interpreter finalizes during a policy
+// call: the thread ends (pthread_exit). The server must let it end, not catch it (that would
+// be std::terminate), and still stop, fail what was pending and destroy without a hang.
+TEST_P(TransportTest, APolicyThatEndsItsThreadLeavesAServerThatStops) {
+  Gate gate;
+  InferenceServer server(
+      [&gate](const TensorDict&) -> TensorDict {
+        gate.pass();
+        pthread_exit(nullptr);
+      },
+      transport);
+  server.start();
+  Client c = transport->client();
+  Future f = c.submit(observation(1));
+  ASSERT_TRUE(gate.arrived(1));
+  // The shutdown leaves the drained request to the serving thread, which ends instead.
+  std::thread stopper([&] { EXPECT_TRUE(server.shutdown(5s)); });
+  std::this_thread::sleep_for(20ms);
+  gate.open();
+  stopper.join();
+  EXPECT_FALSE(server.running());
+  try {
+    f.result(5s);
+    ADD_FAILURE() << "answered";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "ClosedError") << e.what();
+    EXPECT_NE(e.message().find("serving thread ended"), std::string::npos) << e.message();
+  }
+  // The transport's claim was given up: another server serves it.
+  InferenceServer next(double_policy, transport);
+  next.start();
+  EXPECT_FLOAT_EQ(action0(c(observation(1), 5s)), 2);
 }
 
 TEST_P(TransportTest, ShutdownAnswersTheRunningBatchAndFailsThePendingRequests) {
