@@ -122,20 +122,16 @@ void RemoteServer::reap(bool all) {
 
 void RemoteServer::free_slot(uint32_t i) {
   slots[i] = RemoteSlot{};
-  free_slots.push_back(i);
-  wake_starved(1);  // one starved connection per slot
-}
-
-void RemoteServer::wake_starved(size_t n) {
-  // One gone meanwhile does not use up a wake.
-  while (n > 0 && !starved.empty()) {
-    const uint32_t id = starved.back();
-    starved.pop_back();
-    if (auto it = conns.find(id); it != conns.end()) {
+  while (!starved.empty()) {
+    const uint32_t id = starved.front();
+    starved.pop_front();
+    if (auto it = conns.find(id); it != conns.end()) {  // one gone meanwhile is skipped
+      it->second->granted.push_back(i);
       it->second->wake();
-      --n;
+      return;
     }
   }
+  free_slots.push_back(i);
 }
 
 void RemoteServer::answer(uint32_t slot, std::optional<Json> failure, Sender sender) {
@@ -404,14 +400,20 @@ void RemoteConnection::take_requests() {
     uint32_t slot;
     {
       std::lock_guard<std::mutex> lock(s_.mu);
-      if (s_.free_slots.empty()) {
-        // Left in UCX's queue until a slot frees up (free_slot() wakes us).
-        if (std::find(s_.starved.begin(), s_.starved.end(), id_) == s_.starved.end())
+      if (!granted.empty()) {
+        slot = granted.back();
+        granted.pop_back();
+      } else if (!s_.free_slots.empty()) {  // none free while another waits (free_slot)
+        slot = s_.free_slots.back();
+        s_.free_slots.pop_back();
+      } else {
+        // Left in UCX's queue until free_slot() hands this connection a slot; in line only
+        // with a request at hand, so a slot is not handed around idle connections.
+        if (ep_->has_message(remote::tag(remote::Kind::Request), remote::kKindMask) &&
+            std::find(s_.starved.begin(), s_.starved.end(), id_) == s_.starved.end())
           s_.starved.push_back(id_);
         return;
       }
-      slot = s_.free_slots.back();
-      s_.free_slots.pop_back();
     }
     auto m = ep_->probe(remote::tag(remote::Kind::Request), remote::kKindMask);
     {
@@ -607,8 +609,9 @@ void RemoteConnection::release_slots() noexcept {
   }
   std::lock_guard<std::mutex> lock(s_.mu);
   if (s_.conns.erase(id_)) --s_.connected;
-  std::erase(s_.starved, id_);  // first: each slot freed below wakes a connection that is left
+  std::erase(s_.starved, id_);  // first: each slot freed below goes to a connection that is left
   outbox.clear();
+  for (uint32_t i : std::exchange(granted, {})) s_.free_slot(i);
   for (uint32_t i = 0; i < s_.slots.size(); ++i) {
     RemoteSlot& rs = s_.slots[i];
     if (rs.conn != id_ || rs.state == RemoteSlot::Free || rs.state == RemoteSlot::Taken) continue;
@@ -616,10 +619,6 @@ void RemoteConnection::release_slots() noexcept {
       s_.ready.erase(std::find(s_.ready.begin(), s_.ready.end(), i));
     s_.free_slot(i);
   }
-  // A slot freed before may have woken this connection, which ends without taking it: that
-  // wake passes on, or a starved connection would wait for a slot that is free until its
-  // next turn (up to period_).
-  s_.wake_starved(s_.free_slots.size());
 }
 
 }  // namespace tensorwire::inference::detail

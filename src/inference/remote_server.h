@@ -117,16 +117,18 @@ class RemoteServer {
   bool stopped_before_open = false;  // for RemoteTransport::release_server()
   std::string stop_reason;
   std::unordered_map<uint32_t, std::shared_ptr<RemoteConnection>> conns;  // live ones
-  std::vector<uint32_t> starved;  // connections waiting for a free slot
+  // Connections waiting for a free slot with a request at hand, in the order they began to
+  // wait: each freed slot is handed to the first (RemoteConnection::granted), so one that
+  // merely runs first cannot take it. Many clients on few slots starved some for seconds.
+  std::deque<uint32_t> starved;
   uint64_t refused = 0;
   std::string last_refusal;
   uint64_t taken_in = 0;  // looks of take_arrivals() that took in a request (or a failure)
   size_t connected = 0;
 
-  // Under mu: gives a slot back and wakes a connection that waits for one.
+  // Under mu: gives a slot back: to the connection that has waited longest for one (woken),
+  // else to free_slots.
   void free_slot(uint32_t i);
-  // Under mu: wakes up to `n` connections that wait for a free slot.
-  void wake_starved(size_t n);
   // Who sends an answer: the connection's thread (handed over through its outbox), or the
   // calling serving thread itself when that connection's thread is not using its worker
   // (RemoteConnection::send_now). Never Caller from a connection's thread.
@@ -182,8 +184,9 @@ class RemoteConnection : public std::enable_shared_from_this<RemoteConnection> {
   // After a look: the gap to the next one. Serving thread only.
   void looked(int64_t now_ns, bool found) noexcept;
 
-  std::deque<Outgoing> outbox;  // under server.mu
-  size_t unanswered = 0;        // its requests made ready and not answered yet; under server.mu
+  std::deque<Outgoing> outbox;    // under server.mu
+  std::vector<uint32_t> granted;  // free slots handed to it while it starved; under server.mu
+  size_t unanswered = 0;          // its requests made ready and not answered yet; under server.mu
 
  private:
   struct Receive;

@@ -597,9 +597,9 @@ std::optional<uint64_t> Worker::oldest_unexpected_tag() {
   return info.sender_tag;
 }
 
-bool Endpoint::has_message(uint64_t tag) {
+bool Endpoint::has_message(uint64_t tag, uint64_t mask) {
   ucp_tag_recv_info_t info{};
-  return ucp_tag_probe_nb(worker_.handle(), tag, ~uint64_t{0}, 0, &info) != nullptr;
+  return ucp_tag_probe_nb(worker_.handle(), tag, mask, 0, &info) != nullptr;
 }
 
 namespace {

@@ -218,8 +218,8 @@ class Endpoint {
     uint64_t tag;  // the sender's full tag
   };
   std::optional<Probed> probe(uint64_t tag, uint64_t mask);
-  // Whether a message with this tag has arrived (it stays queued).
-  bool has_message(uint64_t tag);
+  // Whether a message with this tag (on the bits of `mask`) has arrived (it stays queued).
+  bool has_message(uint64_t tag, uint64_t mask = ~uint64_t{0});
   // Receives; the received length is stored in *length (which must outlive the request)
   // on completion, however it completes.
   Request recv(ucp_tag_message_h msg, std::span<std::byte> into, size_t* length);
