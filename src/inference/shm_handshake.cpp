@@ -43,9 +43,9 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
                        Timeout(kWelcomeTimeout).str());
 }
 
-void send_refusal(os::UnixSocket& socket, const std::string& why) {
+void send_refusal(os::UnixSocket& socket, const std::string& why, int code) {
   try {
-    socket.post(Json{{"refused", why}}.dump());
+    socket.post(Json{{"refused", why}, {"errno", code}}.dump());
   } catch (const Error&) {
   }
 }
@@ -58,7 +58,13 @@ Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
       "shared-memory welcome");
   if (j.is_object() && j.contains("refused")) {
     const Json& why = j["refused"];
-    throw SystemError(why.is_string() ? why.get<std::string>() : why.dump(), EACCES);
+    // Only the codes an owner sends; anything else (an older owner sends none) is EACCES.
+    int code = EACCES;
+    if (auto it = j.find("errno"); it != j.end() && it->is_number_unsigned()) {
+      const uint64_t c = it->get<uint64_t>();
+      if (c == EMFILE || c == ENFILE) code = static_cast<int>(c);
+    }
+    throw SystemError(why.is_string() ? why.get<std::string>() : why.dump(), code);
   }
   auto field = [&](const char* name) -> uint64_t {
     auto it = j.find(name);

@@ -13,6 +13,8 @@
 // the owner treats EOF on it (or the client's pidfd) as the client's death.
 #pragma once
 
+#include <cerrno>
+
 #include <memory>
 
 #include "os/unix_socket.h"
@@ -23,7 +25,9 @@ namespace tensorwire::inference::detail {
 
 void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t client_id);
 // Tells a client it is not admitted (`why` names its uid and who is); never blocks.
-void send_refusal(os::UnixSocket& socket, const std::string& why);
+// `code`: the errno the client raises (EACCES: not admitted; EMFILE: the owner has no
+// descriptor left).
+void send_refusal(os::UnixSocket& socket, const std::string& why, int code = EACCES);
 
 struct Welcome {
   std::shared_ptr<ShmRegion> region;

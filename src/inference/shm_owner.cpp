@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <optional>
+#include <thread>
 
 #include "os/fork.h"
 #include "os/process.h"
@@ -42,6 +43,15 @@ ShmOwner::ShmOwner(std::shared_ptr<ShmRegion> region, const std::string& name, o
 std::string ShmOwner::last_refusal() const {
   std::lock_guard<std::mutex> lock(refusal_mu_);
   return last_refusal_;
+}
+
+void ShmOwner::refuse(os::UnixSocket& s, const std::string& why, int code) {
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(refusal_mu_);
+    last_refusal_ = why;
+  }
+  send_refusal(s, why, code);
 }
 
 bool ShmOwner::here() const noexcept {
@@ -104,29 +114,36 @@ void ShmOwner::run() noexcept {
       attached_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (fds[1].revents) {
+      std::optional<os::UnixSocket> s;
       try {
-        std::optional<os::UnixSocket> s = listener_.accept(os::Millis{0});
+        s = listener_.accept(os::Millis{0});
         // Who it is, before a client id, a byte or a segment fd is handed over.
         if (s) {
           const os::PeerCredentials who = os::peer_credentials(s->fd());
           if (std::string why = peers_.refusal(who, name_); !why.empty()) {
-            refused_.fetch_add(1, std::memory_order_relaxed);
-            {
-              std::lock_guard<std::mutex> lock(refusal_mu_);
-              last_refusal_ = why;
-            }
-            send_refusal(*s, why);
+            refuse(*s, why);
             s.reset();
           }
         }
         if (s) {
           Peer p;
-          p.id = region_->header->next_client_id.fetch_add(1);
+          p.watch.emplace(s->peer_pid());  // a descriptor: the first step that may lack one
           p.socket = std::move(*s);
-          p.watch.emplace(p.socket.peer_pid());
+          s.reset();
+          p.id = region_->header->next_client_id.fetch_add(1);
           send_welcome(p.socket, *region_, p.id);
           peers.push_back(std::move(p));
           attached_.fetch_add(1, std::memory_order_relaxed);
+        }
+      } catch (const SystemError& e) {
+        if (os::out_of_descriptors(e)) {
+          const std::string why = os::descriptor_shortage(e);
+          log_message(LogLevel::Error,
+                      "shared-memory transport '" + name_ + "': refused a client: " + why);
+          if (s)
+            refuse(*s, why, e.code());
+          else  // not even its socket could be taken: wait instead of spinning on it
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
       } catch (const Error&) {
         // A client that vanished during its handshake: nothing was handed out to it

@@ -29,7 +29,7 @@ class ShmOwner {
   bool here() const noexcept;
   // Clients currently attached from other processes.
   size_t attached() const noexcept { return attached_.load(std::memory_order_relaxed); }
-  // Attachments refused (a user not admitted), and why the last one was.
+  // Attachments refused (a user not admitted, no descriptor left), and why the last one was.
   uint64_t refused() const noexcept { return refused_.load(std::memory_order_relaxed); }
   std::string last_refusal() const;
 
@@ -48,6 +48,8 @@ class ShmOwner {
 
  private:
   void run() noexcept;
+  // Tells a client it is not admitted, counted and kept as the last refusal.
+  void refuse(os::UnixSocket& s, const std::string& why, int code = EACCES);
 
   std::shared_ptr<ShmRegion> region_;
   std::string name_;

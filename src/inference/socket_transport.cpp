@@ -33,6 +33,7 @@
 #include "runtime/wait.h"
 #include "shm_region.h"
 #include "tensorwire/core/json.h"
+#include "tensorwire/runtime/log.h"
 #include "wire/message_bytes.h"
 #include "wire/socket_frame.h"
 
@@ -202,14 +203,17 @@ struct SocketTransport::Owner {
 
   // Tells a client it is not admitted, and closes the connection (it is not kept: its
   // requests are never read).
-  void refuse(os::UnixSocket& s, const std::string& why) {
+  // `type`: PermissionError (a user not admitted, a PermissionError there too) or OSError
+  // (the server cannot admit anyone now: a ClosedError naming why).
+  void refuse(os::UnixSocket& s, const std::string& why,
+              const std::string& type = "PermissionError") {
     refused.fetch_add(1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(refusal_mu);
       last_refusal = why;
     }
     try {
-      s.post(wire::socket_failure_frame(0, {"PermissionError", why, true}));
+      s.post(wire::socket_failure_frame(0, {type, why, true}));
     } catch (const Error&) {
     }
   }
@@ -253,20 +257,32 @@ struct SocketTransport::Owner {
         }
       }
       if (fds[1].revents) {
+        std::optional<os::UnixSocket> s;
         try {
-          if (auto s = listener.accept(os::Millis{0})) {
+          s = listener.accept(os::Millis{0});
+          if (s) {
             // Who it is, before anything is read from or written to it.
             const os::PeerCredentials who = os::peer_credentials(s->fd());
             if (std::string why = peers.refusal(who, name); !why.empty()) {
               refuse(*s, why);
               continue;
             }
-            s->post(wire::socket_frame(Kind::Welcome, 0));
             auto c = std::make_shared<Conn>();
+            c->watch.emplace(s->peer_pid());  // a descriptor: the step that may lack one
+            s->post(wire::socket_frame(Kind::Welcome, 0));
             c->socket = std::move(*s);
             c->wake_fd = wake.get();
-            c->watch.emplace(c->socket.peer_pid());
             conns.push_back(std::move(c));
+          }
+        } catch (const SystemError& e) {
+          if (os::out_of_descriptors(e)) {
+            const std::string why = os::descriptor_shortage(e);
+            log_message(LogLevel::Error,
+                        "socket transport '" + name + "': refused a client: " + why);
+            if (s)
+              refuse(*s, why, "OSError");
+            else  // not even its socket could be taken: wait instead of spinning on it
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
           }
         } catch (const Error&) {
         }

@@ -2,7 +2,9 @@
 
 #include "os/peer.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -270,6 +272,12 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
         }
       }
     }
+    if (msg.msg_flags & MSG_CTRUNC)  // the kernel could not install them all
+      throw SystemError(
+          "recvmsg: file descriptors sent with a message were dropped (this process has no "
+          "descriptor left, or more than " +
+              std::to_string(kMaxFds) + " were sent)",
+          EMFILE);
     if (n == 0) throw ClosedError("peer closed the socket");
     inbuf_.append(buf, static_cast<size_t>(n));
   }
@@ -277,6 +285,18 @@ std::optional<Message> UnixSocket::recv(Millis timeout) {
 
 int UnixSocket::peer_pid() const {
   return peer_credentials(fd_.get()).pid;
+}
+
+bool out_of_descriptors(const SystemError& e) noexcept {
+  return e.code() == EMFILE || e.code() == ENFILE;
+}
+
+std::string descriptor_shortage(const SystemError& e) {
+  if (e.code() == ENFILE) return "the server's system has no file descriptor left (ENFILE)";
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  return "the server process has no file descriptor left (EMFILE: its limit, RLIMIT_NOFILE, is " +
+         std::to_string(limit.rlim_cur) + "; raise it with ulimit -n or resource.setrlimit)";
 }
 
 UnixListener::UnixListener(const std::string& name) : name_(name) {
@@ -288,12 +308,18 @@ UnixListener::UnixListener(const std::string& name) : name_(name) {
     throw SystemError("bind to abstract address '" + name + "'", errno);
   if (::listen(fd_.get(), 128) != 0) throw SystemError("listen", errno);
   mark_ = ListenerMark::socket(fd_.get());
+  reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
 }
 
 std::optional<UnixSocket> UnixListener::accept(Millis timeout) {
   if (!fd_) throw ClosedError("accept on a closed listener");
   if (!wait_fd(fd_.get(), POLLIN, timeout)) return std::nullopt;
+  if (!reserve_) reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));  // spent before
   int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (c < 0 && (errno == EMFILE || errno == ENFILE) && reserve_) {
+    reserve_.reset();
+    c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  }
   if (c < 0) {
     if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return std::nullopt;
     throw SystemError("accept", errno);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "os/listeners.h"
+#include "tensorwire/core/error.h"
 #include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::os {
@@ -107,20 +108,32 @@ class UnixListener {
  public:
   // Listens on an abstract address; AddressInUse-style failures throw SystemError.
   explicit UnixListener(const std::string& name);
-  // std::nullopt on timeout.
+  // std::nullopt on timeout. When the process has no descriptor left (EMFILE, ENFILE), the
+  // waiting connection is taken with a descriptor the listener keeps in reserve, and
+  // returned: the caller's next step that needs a descriptor fails (out_of_descriptors())
+  // and it can tell the client why before it closes the connection. Left waiting, the
+  // connection kept the listener readable and a poll loop around it spun a core. With no
+  // reserve left either: SystemError.
   std::optional<UnixSocket> accept(Millis timeout = kForever);
   int fd() const noexcept { return fd_.get(); }
   const std::string& name() const noexcept { return name_; }
   void close() noexcept {
     mark_ = {};
     fd_.reset();
+    reserve_.reset();
   }
 
  private:
   Fd fd_;
+  Fd reserve_;  // /dev/null, spent on a connection that came when no descriptor was left
   std::string name_;
   ListenerMark mark_;  // released by runner workers forked meanwhile (listeners.h)
 };
+
+// Whether `e` says the process (or the system) has no file descriptor left.
+bool out_of_descriptors(const SystemError& e) noexcept;
+// What a server tells a client it cannot admit for want of descriptors, naming the limit.
+std::string descriptor_shortage(const SystemError& e);
 
 // A name unique to this process and call, for abstract addresses: "tensorwire-<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);

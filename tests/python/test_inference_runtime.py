@@ -534,3 +534,92 @@ def test_a_policy_call_that_outlasts_the_exit_hook_ends_during_finalization_quie
         print("exiting", flush=True)
     """)
     assert r.returncode == 0 and r.stdout == "exiting\n" and r.stderr == "", r.stderr
+
+
+# --- a server with no file descriptor left ---------------------------------------------------
+
+OUT_OF_FDS_SERVER = """
+    import os, resource, subprocess, sys, time
+    import numpy as np
+    import tensorwire as tw
+    sys.path.insert(0, {tests!r})
+    from _inference_common import double_policy
+    CLIENT = '''
+    import sys
+    import numpy as np
+    import tensorwire as tw
+    sys.stdin.readline()
+    try:
+        c = tw.{cls}.client_for(sys.argv[1])
+        c({{"observation": np.ones(4, np.float32)}}, timeout=5)
+        print("admitted", flush=True)
+    except Exception as e:
+        print(type(e).__name__, getattr(e, "errno", None), e, flush=True)
+    '''
+    t = {make}
+    server = tw.InferenceServer(double_policy, t).start()
+    child = subprocess.Popen([sys.executable, "-c", CLIENT, t.name], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    hog = []
+    try:
+        while True:
+            hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range({spare}):
+        os.close(hog.pop())
+    child.stdin.write("go\\n"); child.stdin.flush()
+    print(child.stdout.readline().strip(), flush=True)
+    child.wait(10)
+    cpu = lambda: sum(os.times()[:2])
+    c0 = cpu(); time.sleep(1)
+    print("cpu", cpu() - c0, flush=True)  # a server spinning on its listener: about 1
+    for fd in hog:
+        os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    print(float(tw.{cls}.client_for(t.name)(
+        {{"observation": np.ones(4, np.float32)}}, timeout=5)["action"][0]), flush=True)
+    server.shutdown()
+"""
+
+
+@pytest.mark.parametrize("spare", [0, 1], ids=["no_fd_left", "one_fd_left"])
+@pytest.mark.parametrize("kind", ["shared_memory", "socket"])
+def test_a_server_out_of_descriptors_refuses_a_client_saying_so_and_does_not_spin(kind, spare):
+    # Before: the client timed out ("no welcome") or read "peer closed the socket", the
+    # server logged nothing, and its watcher spun a core on the listener for ever.
+    cls = {"shared_memory": "SharedMemoryTransport", "socket": "SocketTransport"}[kind]
+    r = run_script(OUT_OF_FDS_SERVER.format(tests=os.path.dirname(__file__), make=MAKE[kind],
+                                            cls=cls, spare=spare))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 3, (r.stdout, r.stderr)
+    refusal, cpu, after = lines
+    assert "no file descriptor left (EMFILE" in refusal and "RLIMIT_NOFILE" in refusal, refusal
+    assert refusal.startswith("OSError 24" if kind == "shared_memory" else "ClosedError"), refusal
+    assert float(cpu.split()[1]) < 0.5, cpu
+    assert after == "2.0"
+    assert "refused a client: the server process has no file descriptor left" in r.stderr
+
+
+def test_a_client_with_no_descriptor_left_for_the_welcome_fds_says_so():
+    # The kernel drops SCM_RIGHTS fds it cannot install (MSG_CTRUNC): before, the client
+    # read "welcome carries 2 fds, expected 3", a ProtocolError blaming the server.
+    t = make_shm(4)
+    with tw.InferenceServer(double_policy, t):
+        r = run_script(f"""
+            import os, resource
+            import numpy as np
+            import tensorwire as tw
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 2, hard))
+            try:  # attaches at its first request
+                tw.SharedMemoryTransport.client_for({t.name!r})(
+                    {{"observation": np.ones(4, np.float32)}}, timeout=5)
+            except OSError as e:
+                print(e.errno, e)
+        """)
+    assert r.stdout.startswith("24 [Errno 24] recvmsg: file descriptors sent with a message were "
+                               "dropped (this process has no descriptor left"), \
+        (r.stdout, r.stderr)
