@@ -240,7 +240,7 @@ class SharedMemoryTransport(_FixedLayout):
     name = property(lambda self: self._impl.name, doc="The name other processes attach to.")
     refused = property(lambda self: self._impl.refused,
                        doc="Attachments refused: their user is not admitted (see allowed_uids), or "
-                               "no file descriptor was left to admit them.")
+                       "no file descriptor was left to admit them.")
     last_refusal = property(lambda self: self._impl.last_refusal,
                             doc="Why the last attachment was refused ('' when none was).")
     copy_result = property(lambda self: self._impl.copy_result)
