@@ -155,6 +155,17 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
     exc = fallback();
     describe(exc);
   }
+  // A StopIteration raised from __next__ (a runner's) ends the caller's loop as if the
+  // stream were over: epochs cut short without a word. As PEP 479 does for generators, it
+  // becomes a RuntimeError whose cause is the original.
+  if (PyErr_GivenExceptionMatches(exc.type().ptr(), PyExc_StopIteration) ||
+      PyErr_GivenExceptionMatches(exc.type().ptr(), PyExc_StopAsyncIteration)) {
+    nb::object wrapped = nb::borrow(PyExc_RuntimeError)(
+        text(f.type + " raised in another process" + (f.message.empty() ? "" : ": " + f.message)));
+    describe(wrapped);
+    PyException_SetCause(wrapped.ptr(), exc.release().ptr());
+    exc = std::move(wrapped);
+  }
   return exc;
 }
 

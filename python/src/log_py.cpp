@@ -23,6 +23,12 @@ void to_logging(LogLevel level, const std::string& message) {
       nb::object logger = nb::module_::import_("logging").attr("getLogger")("tensorwire");
       logger.attr(level == LogLevel::Error ? "error" : "warning")(message);
     } catch (nb::python_error& e) {
+      // A Ctrl-C that came while a handler ran is not the handler's error: dropped, the
+      // caller's loop would run on. Raised again where the next wait checks for signals.
+      if (e.matches(PyExc_KeyboardInterrupt)) {
+        PyErr_SetInterrupt();
+        return;
+      }
       e.discard_as_unraisable("tensorwire: logging a report of the library");
     }
   });

@@ -61,6 +61,38 @@ def test_a_killed_runner_worker_is_replaced_with_a_warning_and_a_log(caplog):
             check(next(it))
 
 
+class InterruptedWhileLogging(logging.Handler):
+    """A handler the user's Ctrl-C lands in (a slow one: a disk, a network)."""
+
+    def emit(self, record):
+        if "restarted" in record.getMessage():
+            raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_that_lands_in_a_log_handler_still_interrupts_the_loop():
+    # The KeyboardInterrupt raised in the handler was discarded as unraisable, and the loop
+    # ran on as if Ctrl-C had never been pressed.
+    handler = InterruptedWhileLogging()
+    logging.getLogger("tensorwire").addHandler(handler)
+    try:
+        with twdf.MultiProcessRunnerZMQ(Endless(), num_proc=1, hwm=4, seed=SEED,
+                                        on_worker_death="restart") as r:
+            r.reset_state()
+            it = iter(r)
+            for _ in range(10):
+                check(next(it))
+            os.kill(r.pids[0], signal.SIGKILL)
+            with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):
+                warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
+                until(lambda: False, it)
+            assert r.restarts == 1
+            it = iter(r)  # the runner still works
+            for _ in range(10):
+                check(next(it))
+    finally:
+        logging.getLogger("tensorwire").removeHandler(handler)
+
+
 class Seeds:
     def reset_state(self):
         pass

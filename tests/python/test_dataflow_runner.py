@@ -135,6 +135,36 @@ def test_a_worker_exception_is_raised_with_type_message_and_traceback():
             next(iter(r))
 
 
+class StopsInResetState(Counting):
+    def reset_state(self):
+        self.first = next(iter([]))  # a bug in the dataflow: StopIteration
+
+
+def stop_at_3(dp):
+    if check(dp) == 3:
+        next(iter([]))  # a bug in the map function: StopIteration
+    return dp
+
+
+@pytest.mark.parametrize("where", ["reset_state", "map_func_strict", "map_func"])
+def test_a_worker_stop_iteration_is_a_runtime_error_not_the_end_of_the_epoch(where):
+    # Raised again as it was from __next__, it ended the consumer's loop as if the epoch were
+    # over: every epoch cut short (or empty) without an error. PEP 479 makes it a RuntimeError.
+    if where == "reset_state":
+        r = twdf.MultiProcessRunnerZMQ(StopsInResetState(10), num_proc=1)
+    else:
+        r = twdf.MultiProcessMapDataZMQ(Counting(10), 1, stop_at_3, buffer_size=4,
+                                        strict=where.endswith("strict"))
+    with r:
+        r.reset_state()
+        with pytest.raises(RuntimeError, match="^StopIteration raised in another process") as e:
+            for _ in r:
+                pass
+        assert isinstance(e.value.__cause__, StopIteration)
+        assert e.value.remote_type == "StopIteration" and e.value.worker == 0
+        assert "next(iter([]))" in e.value.worker_traceback
+
+
 def test_an_unpicklable_worker_exception_still_comes_through():
     with twdf.MultiProcessRunnerZMQ(RaisingOdd(3), num_proc=1) as r:
         r.reset_state()
