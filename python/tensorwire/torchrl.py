@@ -16,7 +16,10 @@ in and out, so torchrl's own ``InferenceServer`` runs on it unchanged::
 What changes against torchrl's own transport: requests and responses cross processes
 through shared memory with futex wake-ups instead of ``multiprocessing`` queues; clients
 can also be made after the actors start (``SharedMemoryTransport.client_for(name)``);
-a dropped future gives its slot back; a dead actor's slots are reclaimed; a timeout
+a dropped future gives its slot back; a dead actor's slots are reclaimed; a response
+leaf of another dtype than the response spec's is cast to it (as torchrl does), but a
+request's must be the request spec's (torchrl casts it; here a ValueError names the key
+and both dtypes, so cast in the actor, e.g. ``obs.float()``); a timeout
 raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
 TypeError saying so; a policy's exception comes back as its type made again from its
@@ -44,10 +47,17 @@ class _SlotBankTransport(InferenceTransport):
     """torchrl's server side over a tensorwire fixed-layout transport (``self._tw``)."""
 
     def _adopt(self, tw_transport) -> None:
+        import torch
+
         self._tw = tw_transport
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
         self._default_client = None
+        # What a response leaf is cast to when the policy made another dtype: torchrl's
+        # transports copy each response into place with update_, which casts.
+        spec = self._impl.response_spec
+        self._response_dtypes = {
+            k: torch.from_numpy(spec[k].reshape(-1)[:0]).dtype for k in spec.keys(True, True)}
 
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable."""
@@ -102,7 +112,14 @@ class _SlotBankTransport(InferenceTransport):
         return items, callbacks
 
     def resolve(self, callback, result) -> None:
-        self._impl._resolve_one(callback, result)
+        cast = None
+        for key, dtype in self._response_dtypes.items():
+            value = result.get(key, None)
+            if value is not None and getattr(value, "dtype", dtype) != dtype:
+                if cast is None:
+                    cast = result.copy()  # the policy's own result is left as it is
+                cast.set(key, value.to(dtype))
+        self._impl._resolve_one(callback, result if cast is None else cast)
 
     def resolve_exception(self, callback, exc: BaseException) -> None:
         self._impl._reject_one(callback, exc)

@@ -118,6 +118,20 @@ def test_undeclared_keys_are_dropped_and_a_missing_declared_key_fails():
             t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
 
 
+def test_a_response_of_another_dtype_is_cast_to_the_spec_like_torchrl():
+    # torchrl copies each response into place with update_, which casts; the drop-in failed
+    # every request instead ("expected float32[2], got float64[2]").
+    double = TensorDictModule(lambda obs: obs[..., :2].double() * 2, in_keys=["observation"],
+                              out_keys=["action"])
+    t = SharedMemoryTransport(*specs(with_version=False), num_slots=4)
+    with InferenceServer(double, t, max_batch_size=4):
+        r = t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
+        assert r["action"].dtype == torch.float32 and r["action"].tolist() == [2.0, 2.0]
+        # A request's dtype is not cast (documented): the error names key and dtypes.
+        with pytest.raises(ValueError, match="'observation': expected float32\\[4\\], got float64"):
+            t.client()(TensorDict({"observation": torch.ones(4, dtype=torch.float64)}), timeout=10)
+
+
 def test_shutdown_fails_pending_requests_like_torchrl():
     started, gate = threading.Event(), threading.Event()
 
