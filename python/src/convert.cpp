@@ -101,6 +101,28 @@ int64_t int_arg(nb::handle value, const char* name) {
   return nb::cast<int64_t>(value);
 }
 
+std::optional<uint64_t> count_arg(nb::handle value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
+    throw TypeError(std::string(name) + " must be None or an integer, got " + py_type(value));
+  if (PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_LT) == 1)
+    throw ValueError(std::string(name) + " must be None or an integer >= 0, got " +
+                     nb::cast<std::string>(nb::str(value)));
+  return nb::cast<uint64_t>(value);
+}
+
+nb::object dataflow_arg(nb::object ds) {
+  if (!nb::hasattr(ds, "__iter__"))
+    throw TypeError("ds must be a DataFlow (iterable, with reset_state()), got " + py_type(ds));
+  return ds;
+}
+
+bool bool_arg(nb::handle value, const char* name) {
+  if (!nb::isinstance<nb::bool_>(value))
+    throw TypeError(std::string(name) + " must be a bool, got " + py_type(value));
+  return nb::cast<bool>(value);
+}
+
 std::optional<std::string> str_arg(nb::handle value, const char* name, bool none_ok) {
   if (none_ok && value.is_none()) return std::nullopt;
   if (!nb::isinstance<nb::str>(value))

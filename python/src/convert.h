@@ -10,6 +10,10 @@
 // Called with the GIL held.
 #pragma once
 
+#include <algorithm>
+#include <limits>
+#include <utility>
+
 #include <nanobind/nanobind.h>
 // Every file that casts to std::string must see this caster: without it nanobind falls back
 // to a generic cast that throws std::bad_cast, and the linker may pick that instantiation
@@ -55,6 +59,22 @@ std::string py_type(nb::handle value);
 std::string str_of_obj(nb::handle value);
 // An int (not a bool): TypeError "`name` must be an integer, got <type>" otherwise.
 int64_t int_arg(nb::handle value, const char* name);
+// int_arg clamped to T's range: the C++ option's own range check then names the argument
+// (nanobind's error for an int that does not fit T is a dump of the signature).
+template <class T>
+T int_arg_as(nb::handle value, const char* name) {
+  using L = std::numeric_limits<int64_t>;
+  constexpr T lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+  constexpr int64_t from = std::cmp_less(lo, L::min()) ? L::min() : static_cast<int64_t>(lo);
+  constexpr int64_t to = std::cmp_greater(hi, L::max()) ? L::max() : static_cast<int64_t>(hi);
+  return static_cast<T>(std::clamp(int_arg(value, name), from, to));
+}
+// None, or an int >= 0 (a seed, a count): TypeError or ValueError naming `name` otherwise.
+std::optional<uint64_t> count_arg(nb::handle value, const char* name);
+// A dataflow (an iterable; tensorpack's DataFlow): TypeError naming `ds` otherwise.
+nb::object dataflow_arg(nb::object ds);
+// A bool: TypeError naming `name` otherwise (no truthiness: strict="no" is a mistake).
+bool bool_arg(nb::handle value, const char* name);
 // A str (or None when `none_ok`; then std::nullopt): TypeError naming `name` otherwise.
 std::optional<std::string> str_arg(nb::handle value, const char* name, bool none_ok);
 // An iterable of ints: TypeError naming `name` (or "`name` entry") otherwise.

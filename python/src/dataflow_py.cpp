@@ -1,14 +1,12 @@
 // Bindings of the dataflow runners (tensorwire/dataflow/*.h) for Python dataflows.
 //
-// Conversion and the GIL only:
-//  - datapoints through convert.h (the round-trip rule, the wire layer's format);
-//  - PyDataFlow: the C++ DataFlow interface over a Python dataflow object;
-//  - fork hooks (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the
-//    worker's Python exception report.
+// Conversion and the GIL only: datapoints through convert.h (the round-trip rule, the wire
+// layer's format); PyDataFlow, the C++ DataFlow interface over a Python dataflow object;
+// fork hooks (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the worker's
+// Python exception report.
 //
-// The GIL: blocking calls and close() (which waits for an iteration of another thread) run
-// without it. A worker process releases it right after the fork and takes it only to run
-// Python code (the dataflow, the map function, conversions).
+// The GIL: blocking calls and close() (which waits for another thread's iteration) run without
+// it. A worker releases it after the fork, takes it to run Python (dataflow, map, conversions).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -30,7 +28,7 @@ namespace df = tensorwire::dataflow;
 
 class PyDataFlow : public df::DataFlow {
  public:
-  explicit PyDataFlow(nb::object ds) : ds_(std::move(ds)) {
+  explicit PyDataFlow(nb::object ds) : ds_(dataflow_arg(std::move(ds))) {
     // len() as tensorpack reads it: unknown when __len__ is missing or raises.
     try {
       size_ = nb::len(ds_);
@@ -136,11 +134,11 @@ std::chrono::milliseconds millis(std::optional<double> s, const char* what) {
 using PolicyArgs = std::tuple<std::string, int, double, std::optional<double>, nb::object>;
 
 template <class Options>
-Options runner_options(int num_proc, std::optional<uint64_t> seed, nb::object seed_worker,
+Options runner_options(nb::handle num_proc, nb::handle seed, nb::object seed_worker,
                        PolicyArgs policy) {
   Options o;
-  o.num_proc = num_proc;
-  o.seed = seed;
+  o.num_proc = int_arg_as<int>(num_proc, "num_proc");
+  o.seed = count_arg(seed, "seed");
   o.fork_hooks = python_fork_hooks(std::move(seed_worker));
   o.describe_failure = describe_python_failure;
   auto& [on_death, max_restarts, window, datapoint_timeout, on_restart] = policy;
@@ -277,16 +275,16 @@ void bind_dataflow(nb::module_& m) {
   nb::class_<Runner> runner(m, "_Runner", nb::type_slots(gc_slots<Runner>));
   runner.def(
       "__init__",
-      [](Runner* self, nb::object ds, int num_proc, int hwm, std::optional<uint64_t> seed,
+      [](Runner* self, nb::object ds, nb::handle num_proc, nb::handle hwm, nb::handle seed,
          nb::object seed_worker, PolicyArgs policy) {
         auto o = runner_options<df::RunnerOptions>(num_proc, seed, std::move(seed_worker),
                                                    std::move(policy));
-        o.hwm = hwm;
+        o.hwm = int_arg_as<int>(hwm, "hwm");
         auto flow = std::make_shared<PyDataFlow>(std::move(ds));
         new (self)
             Runner{flow, std::make_unique<df::MultiProcessRunnerZMQ>(flow, std::move(o)), nullptr};
       },
-      nb::arg("ds"), nb::arg("num_proc"), nb::arg("hwm"), nb::arg("seed").none(),
+      nb::arg("ds").none(), nb::arg("num_proc"), nb::arg("hwm").none(), nb::arg("seed").none(),
       nb::arg("seed_worker").none(), nb::arg("policy"));
   bind_runner_common(runner);
   runner.def_prop_ro("endpoint", [](Runner& r) { return r.runner->endpoint(); })
@@ -297,15 +295,15 @@ void bind_dataflow(nb::module_& m) {
   nb::class_<Map> map(m, "_MapData", nb::type_slots(gc_slots<Map>));
   map.def(
       "__init__",
-      [](Map* self, nb::object ds, int num_proc, nb::object fn, int64_t buffer_size, bool strict,
-         std::optional<uint64_t> seed, nb::object seed_worker, PolicyArgs policy) {
+      [](Map* self, nb::object ds, nb::handle num_proc, nb::object fn, nb::handle buffer_size,
+         nb::handle strict, nb::handle seed, nb::object seed_worker, PolicyArgs policy) {
         if (!PyCallable_Check(fn.ptr()))
           throw TypeError("MultiProcessMapDataZMQ: map_func must be callable, got a " +
                           nb::cast<std::string>(nb::type_name(fn.type())));
         auto o = runner_options<df::MapOptions>(num_proc, seed, std::move(seed_worker),
                                                 std::move(policy));
-        o.buffer_size = static_cast<size_t>(std::max<int64_t>(buffer_size, 0));  // C++ checks
-        o.strict = strict;
+        o.buffer_size = int_arg_as<size_t>(buffer_size, "buffer_size");  // C++ checks
+        o.strict = bool_arg(strict, "strict");
         auto holder = std::make_shared<nb::object>(std::move(fn));
         auto map_fn = [holder](TensorDict in) -> std::optional<TensorDict> {
           nb::gil_scoped_acquire gil;
@@ -317,22 +315,23 @@ void bind_dataflow(nb::module_& m) {
         new (self) Map{
             flow, std::make_unique<df::MultiProcessMapDataZMQ>(flow, map_fn, std::move(o)), holder};
       },
-      nb::arg("ds"), nb::arg("num_proc"), nb::arg("map_func"), nb::arg("buffer_size"),
-      nb::arg("strict"), nb::arg("seed").none(), nb::arg("seed_worker").none(), nb::arg("policy"));
+      nb::arg("ds").none(), nb::arg("num_proc"), nb::arg("map_func").none(),
+      nb::arg("buffer_size").none(), nb::arg("strict").none(), nb::arg("seed").none(),
+      nb::arg("seed_worker").none(), nb::arg("policy"));
   bind_runner_common(map);
   map.def_prop_ro("buffer_size", [](Map& p) { return p.runner->buffer_size(); });
 
   nb::class_<PyRemote>(m, "_RemoteData")
       .def(
           "__init__",
-          [](PyRemote* self, std::string addr1, std::string addr2, int hwm, bool bind,
+          [](PyRemote* self, nb::handle addr1, nb::handle addr2, nb::handle hwm, bool bind,
              bool allow_pickle, nb::object on_rejected, std::optional<double> liveness_timeout,
              nb::object on_silent, nb::handle max_message_bytes) {
             df::RemoteOptions o;
             if (!max_message_bytes.is_none())  // a negative one is 0, refused as such
-              o.limits.max_message_bytes = static_cast<uint64_t>(
-                  std::max<int64_t>(0, int_arg(max_message_bytes, "max_message_bytes")));
-            o.hwm = hwm;
+              o.limits.max_message_bytes =
+                  int_arg_as<uint64_t>(max_message_bytes, "max_message_bytes");
+            o.hwm = int_arg_as<int>(hwm, "hwm");
             o.bind = bind;
             o.allow_pickle = allow_pickle;
             o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
@@ -340,10 +339,11 @@ void bind_dataflow(nb::module_& m) {
             o.on_rejected = py_callback<ProtocolError>(std::move(on_rejected), what);
             o.on_silent = py_callback<TimeoutError>(std::move(on_silent), what);
             new (self)
-                PyRemote{std::make_unique<df::RemoteDataZMQ>(std::move(addr1), std::move(addr2), o),
+                PyRemote{std::make_unique<df::RemoteDataZMQ>(*str_arg(addr1, "addr1", false),
+                                                             *str_arg(addr2, "addr2", false), o),
                          allow_pickle};
           },
-          nb::arg("addr1"), nb::arg("addr2"), nb::arg("hwm"), nb::arg("bind"),
+          nb::arg("addr1").none(), nb::arg("addr2").none(), nb::arg("hwm").none(), nb::arg("bind"),
           nb::arg("allow_pickle"), nb::arg("on_rejected").none(),
           nb::arg("liveness_timeout").none(), nb::arg("on_silent").none(),
           nb::arg("max_message_bytes").none())
@@ -375,13 +375,15 @@ void bind_dataflow(nb::module_& m) {
 
   m.def(
       "_send_dataflow_zmq",
-      [](nb::object ds, const std::string& addr, int hwm, bool bind,
-         std::optional<uint64_t> max_datapoints, nb::object progress) {
+      [](nb::object ds, nb::handle addr, nb::handle hwm, bool bind, nb::handle max_datapoints,
+         nb::object progress) {
         PyDataFlow flow(std::move(ds));
+        const std::string address = *str_arg(addr, "addr", false);
         df::SendOptions o;
-        o.hwm = hwm;
+        o.hwm = int_arg_as<int>(hwm, "hwm");
         o.bind = bind;
-        o.max_datapoints = max_datapoints;
+        if (!max_datapoints.is_none())  // a negative one is 0, refused as such
+          o.max_datapoints = int_arg_as<uint64_t>(max_datapoints, "max_datapoints");
         if (!progress.is_none())
           o.progress = [&](uint64_t sent) {
             nb::gil_scoped_acquire gil;
@@ -389,9 +391,9 @@ void bind_dataflow(nb::module_& m) {
             return true;
           };
         NoGil nogil;
-        return df::send_dataflow_zmq(flow, addr, o);
+        return df::send_dataflow_zmq(flow, address, o);
       },
-      nb::arg("ds"), nb::arg("addr"), nb::arg("hwm"), nb::arg("bind"),
+      nb::arg("ds").none(), nb::arg("addr").none(), nb::arg("hwm").none(), nb::arg("bind"),
       nb::arg("max_datapoints").none(), nb::arg("progress").none());
 }
 

@@ -90,6 +90,35 @@ def test_num_proc_is_checked_once_with_a_clear_message():
         twdf.MultiProcessMapDataZMQ(Counting(5), -1, lambda dp: dp)
 
 
+def _send(**kw):
+    return twdf.send_dataflow_zmq(Counting(3), kw.pop("addr", "tcp://127.0.0.1:1"), **kw)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    # Each was nanobind's "incompatible function arguments" and a dump of the signature.
+    (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=2.0), TypeError,
+     "num_proc must be an integer, got float"),
+    (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, hwm=None), TypeError,
+     "hwm must be an integer, got NoneType"),
+    (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, seed=-1), ValueError,
+     "seed must be None or an integer >= 0, got -1"),
+    (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, seed="x"), TypeError,
+     "seed must be None or an integer, got str"),
+    (lambda: twdf.MultiProcessRunnerZMQ(None, num_proc=1), TypeError,
+     r"ds must be a DataFlow \(iterable, with reset_state\(\)\), got NoneType"),
+    (lambda: twdf.MultiProcessMapDataZMQ(Counting(5), 1, None), TypeError,
+     "map_func must be callable, got a NoneType"),
+    (lambda: twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, strict="yes"),
+     TypeError, "strict must be a bool, got str"),
+    (lambda: twdf.RemoteDataZMQ(5), TypeError, "addr1 must be a str, got int"),
+    (lambda: _send(max_datapoints=-1), ValueError, "max_datapoints must be at least 1"),
+    (lambda: _send(addr=None, max_datapoints=1), TypeError, "addr must be a str, got NoneType"),
+])
+def test_arguments_of_the_wrong_type_or_sign_get_an_error_naming_them(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
 @pytest.mark.parametrize("make", [make_runner, make_map])
 def test_every_use_of_a_closed_runner_is_a_closed_error(make):
     r = make()
