@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <optional>
-#include <thread>
 
 #include "os/fork.h"
 #include "os/process.h"
@@ -136,15 +135,8 @@ void ShmOwner::run() noexcept {
           attached_.fetch_add(1, std::memory_order_relaxed);
         }
       } catch (const SystemError& e) {
-        if (os::out_of_descriptors(e)) {
-          const std::string why = os::descriptor_shortage(e);
-          log_message(LogLevel::Error,
-                      "shared-memory transport '" + name_ + "': refused a client: " + why);
-          if (s)
-            refuse(*s, why, e.code());
-          else  // not even its socket could be taken: wait instead of spinning on it
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
+        auto why = os::descriptor_refusal(e, "shared-memory transport '" + name_ + "'", !!s);
+        if (why && s) refuse(*s, *why, e.code());
       } catch (const Error&) {
         // A client that vanished during its handshake: nothing was handed out to it
         // that needs reclaiming (it never owned a slot).

@@ -33,7 +33,6 @@
 #include "runtime/wait.h"
 #include "shm_region.h"
 #include "tensorwire/core/json.h"
-#include "tensorwire/runtime/log.h"
 #include "wire/message_bytes.h"
 #include "wire/socket_frame.h"
 
@@ -275,15 +274,8 @@ struct SocketTransport::Owner {
             conns.push_back(std::move(c));
           }
         } catch (const SystemError& e) {
-          if (os::out_of_descriptors(e)) {
-            const std::string why = os::descriptor_shortage(e);
-            log_message(LogLevel::Error,
-                        "socket transport '" + name + "': refused a client: " + why);
-            if (s)
-              refuse(*s, why, "OSError");
-            else  // not even its socket could be taken: wait instead of spinning on it
-              std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          }
+          auto why = os::descriptor_refusal(e, "socket transport '" + name + "'", !!s);
+          if (why && s) refuse(*s, *why, "OSError");
         } catch (const Error&) {
         }
       }

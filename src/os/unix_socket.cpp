@@ -16,6 +16,7 @@
 
 #include "runtime/wait.h"
 #include "tensorwire/core/error.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::os {
 
@@ -287,16 +288,21 @@ int UnixSocket::peer_pid() const {
   return peer_credentials(fd_.get()).pid;
 }
 
-bool out_of_descriptors(const SystemError& e) noexcept {
-  return e.code() == EMFILE || e.code() == ENFILE;
-}
-
-std::string descriptor_shortage(const SystemError& e) {
-  if (e.code() == ENFILE) return "the server's system has no file descriptor left (ENFILE)";
-  rlimit limit{};
-  ::getrlimit(RLIMIT_NOFILE, &limit);
-  return "the server process has no file descriptor left (EMFILE: its limit, RLIMIT_NOFILE, is " +
-         std::to_string(limit.rlim_cur) + "; raise it with ulimit -n or resource.setrlimit)";
+std::optional<std::string> descriptor_refusal(const SystemError& e, const std::string& server,
+                                              bool have_socket) {
+  if (e.code() != EMFILE && e.code() != ENFILE) return std::nullopt;
+  std::string why = "the server's system has no file descriptor left (ENFILE)";
+  if (e.code() == EMFILE) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    why =
+        "the server process has no file descriptor left (EMFILE: its limit, RLIMIT_NOFILE, "
+        "is " +
+        std::to_string(limit.rlim_cur) + "; raise it with ulimit -n or resource.setrlimit)";
+  }
+  log_message(LogLevel::Error, server + ": refused a client: " + why);
+  if (!have_socket) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return why;
 }
 
 UnixListener::UnixListener(const std::string& name) : name_(name) {

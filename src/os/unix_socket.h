@@ -130,10 +130,13 @@ class UnixListener {
   ListenerMark mark_;  // released by runner workers forked meanwhile (listeners.h)
 };
 
-// Whether `e` says the process (or the system) has no file descriptor left.
-bool out_of_descriptors(const SystemError& e) noexcept;
-// What a server tells a client it cannot admit for want of descriptors, naming the limit.
-std::string descriptor_shortage(const SystemError& e);
+// A server's look at an error admitting a connection (`server` names it): when the process
+// (or the system) has no file descriptor left, it logs that and returns what to tell the
+// client, naming the limit; with no socket to tell it on (`have_socket` false) it first
+// waits 100 ms, so a poll loop on the listener does not spin. std::nullopt for any other
+// error.
+std::optional<std::string> descriptor_refusal(const SystemError& e, const std::string& server,
+                                              bool have_socket);
 
 // A name unique to this process and call, for abstract addresses: "tensorwire-<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);
