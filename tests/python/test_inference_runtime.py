@@ -77,23 +77,30 @@ def interrupt_promptly(proc, what: str) -> None:
     assert took < 1.0
 
 
-@pytest.mark.parametrize("use_future", [True, False], ids=["future_result", "client_call"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_sigint_interrupts_a_blocked_client_promptly_and_leaves_it_usable(kind, use_future):
-    code = textwrap.dedent(CTRL_C_CHILD).format(
-        tests=os.path.dirname(__file__), make=MAKE[kind], use_future=use_future)
+def interrupted_child(code: str, what: str):
+    """Runs ``code`` in a child that prints "waiting" once blocked, interrupts it promptly
+    (interrupt_promptly) and returns its (stdout after that line, stderr, exit code)."""
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "waiting"
         time.sleep(0.3)  # blocked in the wait by now
-        interrupt_promptly(p, f"{kind} {'result' if use_future else 'call'}")
+        interrupt_promptly(p, what)
         out, err = p.communicate(timeout=30)
     finally:
         p.kill()
+    return out, err, p.returncode
+
+
+@pytest.mark.parametrize("use_future", [True, False], ids=["future_result", "client_call"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigint_interrupts_a_blocked_client_promptly_and_leaves_it_usable(kind, use_future):
+    code = textwrap.dedent(CTRL_C_CHILD).format(
+        tests=os.path.dirname(__file__), make=MAKE[kind], use_future=use_future)
+    out, err, rc = interrupted_child(code, f"{kind} {'result' if use_future else 'call'}")
     expected = ["2.0", "6.0"] if use_future else ["6.0"]
-    assert out.split() == expected and p.returncode == 0, err
+    assert out.split() == expected and rc == 0, err
 
 
 UPDATE_MODEL_CHILD = """
@@ -126,17 +133,8 @@ UPDATE_MODEL_CHILD = """
 
 def test_sigint_interrupts_update_model_waiting_for_a_policy_call():
     code = textwrap.dedent(UPDATE_MODEL_CHILD).format(tests=os.path.dirname(__file__))
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "waiting"
-        time.sleep(0.3)  # blocked in the wait by now
-        interrupt_promptly(p, "update_model")
-        out, err = p.communicate(timeout=30)
-    finally:
-        p.kill()
-    assert out.split() == ["0", "0", "1"] and p.returncode == 0, err
+    out, err, rc = interrupted_child(code, "update_model")
+    assert out.split() == ["0", "0", "1"] and rc == 0, err
 
 
 STOPPED_SERVER = """
