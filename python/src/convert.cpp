@@ -98,17 +98,23 @@ std::string str_of_obj(nb::handle value) {
 int64_t int_arg(nb::handle value, const char* name) {
   if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
     throw TypeError(std::string(name) + " must be an integer, got " + py_type(value));
-  return nb::cast<int64_t>(value);
+  int64_t v = 0;
+  if (!nb::try_cast<int64_t>(value, v))
+    throw ValueError(std::string(name) + " does not fit in 64 bits, got " +
+                     nb::cast<std::string>(nb::str(value)));
+  return v;
 }
 
 std::optional<uint64_t> count_arg(nb::handle value, const char* name) {
   if (value.is_none()) return std::nullopt;
   if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
     throw TypeError(std::string(name) + " must be None or an integer, got " + py_type(value));
-  if (PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_LT) == 1)
-    throw ValueError(std::string(name) + " must be None or an integer >= 0, got " +
+  uint64_t v = 0;
+  if (PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_LT) == 1 ||
+      !nb::try_cast<uint64_t>(value, v))
+    throw ValueError(std::string(name) + " must be None or an integer in [0, 2**64), got " +
                      nb::cast<std::string>(nb::str(value)));
-  return nb::cast<uint64_t>(value);
+  return v;
 }
 
 nb::object dataflow_arg(nb::object ds) {

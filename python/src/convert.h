@@ -12,7 +12,7 @@
 
 #include <algorithm>
 #include <limits>
-#include <utility>
+#include <type_traits>
 
 #include <nanobind/nanobind.h>
 // Every file that casts to std::string must see this caster: without it nanobind falls back
@@ -59,15 +59,21 @@ std::string py_type(nb::handle value);
 std::string str_of_obj(nb::handle value);
 // An int (not a bool): TypeError "`name` must be an integer, got <type>" otherwise.
 int64_t int_arg(nb::handle value, const char* name);
-// int_arg clamped to T's range: the C++ option's own range check then names the argument
-// (nanobind's error for an int that does not fit T is a dump of the signature).
+// An int that fits T (nanobind's error otherwise is a dump of the signature): ValueError
+// naming the argument and T's range for one that does not, except that a negative one for
+// an unsigned T is 0, which the C++ option's own check refuses by name ("at least 1").
 template <class T>
 T int_arg_as(nb::handle value, const char* name) {
-  using L = std::numeric_limits<int64_t>;
+  if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
+    int_arg(value, name);  // its TypeError
   constexpr T lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
-  constexpr int64_t from = std::cmp_less(lo, L::min()) ? L::min() : static_cast<int64_t>(lo);
-  constexpr int64_t to = std::cmp_greater(hi, L::max()) ? L::max() : static_cast<int64_t>(hi);
-  return static_cast<T>(std::clamp(int_arg(value, name), from, to));
+  if (std::is_unsigned_v<T> && PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_LT) == 1)
+    return 0;
+  T v{};
+  if (!nb::try_cast<T>(value, v))
+    throw ValueError(std::string(name) + " must be in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], got " + nb::cast<std::string>(nb::str(value)));
+  return v;
 }
 // None, or an int >= 0 (a seed, a count): TypeError or ValueError naming `name` otherwise.
 std::optional<uint64_t> count_arg(nb::handle value, const char* name);

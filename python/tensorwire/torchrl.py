@@ -55,9 +55,10 @@ class _SlotBankTransport(InferenceTransport):
         self._default_client = None
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts.
-        spec = self._impl.response_spec
+        spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
         self._response_dtypes = {
-            k: torch.from_numpy(spec[k].reshape(-1)[:0]).dtype for k in spec.keys(True, True)}
+            k: v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
+            for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
 
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable."""

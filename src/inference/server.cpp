@@ -192,6 +192,12 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
   VersionStamp stamp;
   {
     std::lock_guard<runtime::TimedLock> lock(model_mu);
+    // Cleared however the calls end (a policy may end the thread: then a later thread with
+    // the same id would be taken for the policy by update_model()).
+    struct InPolicy {
+      std::atomic<std::thread::id>& id;
+      ~InPolicy() { id = std::thread::id(); }
+    } in_policy_until_done{in_policy};
     in_policy = std::this_thread::get_id();
     if (options.policy_version_key) stamp.key = &*options.policy_version_key;
     stamp.version = version.load(std::memory_order_relaxed);
@@ -207,7 +213,6 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       }
     }
     forward_end = Clock::now();
-    in_policy = std::thread::id();
   }
   record(d, start, forward_start, forward_end);
   for (size_t k = 0; k < groups.size(); ++k) {

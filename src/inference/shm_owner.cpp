@@ -76,12 +76,12 @@ void ShmOwner::run() noexcept {
   while (true) {
     fds.clear();
     fds.push_back({stop_.get(), POLLIN, 0});
-    fds.push_back({listener_.fd(), POLLIN, 0});
+    fds.push_back({listener_.poll_fd(), POLLIN, 0});
     for (const Peer& p : peers) {
       fds.push_back({p.socket.fd(), POLLIN, 0});
       fds.push_back({p.watch ? p.watch->fd() : -1, POLLIN, 0});
     }
-    int r = ::poll(fds.data(), fds.size(), -1);
+    int r = ::poll(fds.data(), fds.size(), listener_.poll_timeout_ms());
     if (r < 0) {
       if (errno == EINTR) continue;
       log_message(LogLevel::Error, "shared-memory transport watcher: poll failed (errno " +
@@ -135,7 +135,8 @@ void ShmOwner::run() noexcept {
           attached_.fetch_add(1, std::memory_order_relaxed);
         }
       } catch (const SystemError& e) {
-        auto why = os::descriptor_refusal(e, "shared-memory transport '" + name_ + "'", !!s);
+        auto why =
+            os::descriptor_refusal(e, "shared-memory transport '" + name_ + "'", listener_, !!s);
         if (why && s) refuse(*s, *why, e.code());
       } catch (const Error&) {
         // A client that vanished during its handshake: nothing was handed out to it

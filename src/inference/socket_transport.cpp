@@ -223,14 +223,14 @@ struct SocketTransport::Owner {
     while (true) {
       fds.clear();
       fds.push_back({stop.get(), POLLIN, 0});
-      fds.push_back({listener.fd(), POLLIN, 0});
+      fds.push_back({listener.poll_fd(), POLLIN, 0});
       fds.push_back({wake.get(), POLLIN, 0});
       for (const auto& c : conns) {
         const short out = c->backlog.load(std::memory_order_acquire) ? POLLOUT : 0;
         fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | out), 0});
         fds.push_back({c->watch ? c->watch->fd() : -1, POLLIN, 0});
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (::poll(fds.data(), fds.size(), listener.poll_timeout_ms()) < 0) {
         if (errno == EINTR) continue;
         return;
       }
@@ -274,7 +274,7 @@ struct SocketTransport::Owner {
             conns.push_back(std::move(c));
           }
         } catch (const SystemError& e) {
-          auto why = os::descriptor_refusal(e, "socket transport '" + name + "'", !!s);
+          auto why = os::descriptor_refusal(e, "socket transport '" + name + "'", listener, !!s);
           if (why && s) refuse(*s, *why, "OSError");
         } catch (const Error&) {
         }

@@ -289,7 +289,7 @@ int UnixSocket::peer_pid() const {
 }
 
 std::optional<std::string> descriptor_refusal(const SystemError& e, const std::string& server,
-                                              bool have_socket) {
+                                              UnixListener& listener, bool have_socket) {
   if (e.code() != EMFILE && e.code() != ENFILE) return std::nullopt;
   std::string why = "the server's system has no file descriptor left (ENFILE)";
   if (e.code() == EMFILE) {
@@ -300,8 +300,10 @@ std::optional<std::string> descriptor_refusal(const SystemError& e, const std::s
         "is " +
         std::to_string(limit.rlim_cur) + "; raise it with ulimit -n or resource.setrlimit)";
   }
-  log_message(LogLevel::Error, server + ": refused a client: " + why);
-  if (!have_socket) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (have_socket)
+    log_message(LogLevel::Error, server + ": refused a client: " + why);
+  else if (listener.shortage_is_news())
+    log_message(LogLevel::Error, server + ": a client waits, and " + why);
   return why;
 }
 
@@ -322,15 +324,30 @@ std::optional<UnixSocket> UnixListener::accept(Millis timeout) {
   if (!wait_fd(fd_.get(), POLLIN, timeout)) return std::nullopt;
   if (!reserve_) reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));  // spent before
   int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  const bool own = c >= 0;
   if (c < 0 && (errno == EMFILE || errno == ENFILE) && reserve_) {
     reserve_.reset();
     c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
   }
   if (c < 0) {
     if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return std::nullopt;
-    throw SystemError("accept", errno);
+    const int err = errno;
+    if (err == EMFILE || err == ENFILE)
+      paused_until_ = std::chrono::steady_clock::now() + kShortagePause;
+    throw SystemError("accept", err);
   }
+  if (own) shortage_reported_ = false;
   return UnixSocket(Fd(c));
+}
+
+int UnixListener::poll_fd() const noexcept {
+  return std::chrono::steady_clock::now() < paused_until_ ? -1 : fd_.get();
+}
+
+int UnixListener::poll_timeout_ms() const noexcept {
+  const auto left = paused_until_ - std::chrono::steady_clock::now();
+  if (left <= std::chrono::steady_clock::duration::zero()) return -1;
+  return static_cast<int>(std::chrono::ceil<Millis>(left).count());
 }
 
 }  // namespace tensorwire::os

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "os/listeners.h"
@@ -113,9 +114,18 @@ class UnixListener {
   // returned: the caller's next step that needs a descriptor fails (out_of_descriptors())
   // and it can tell the client why before it closes the connection. Left waiting, the
   // connection kept the listener readable and a poll loop around it spun a core. With no
-  // reserve left either: SystemError.
+  // reserve left either: SystemError, and accepting pauses for kShortagePause.
   std::optional<UnixSocket> accept(Millis timeout = kForever);
   int fd() const noexcept { return fd_.get(); }
+  // For a poll loop that serves other sockets beside the listener: the fd to poll (-1 while
+  // accepting is paused: the connection left waiting keeps the fd readable, and a loop
+  // polling it would spin) and the longest wait in ms (-1: none) so the pause ends on time.
+  int poll_fd() const noexcept;
+  int poll_timeout_ms() const noexcept;
+  // Whether a shortage of descriptors is news: the first since a connection was accepted
+  // with a descriptor of its own (a server logs a paused listener once, not at each look).
+  bool shortage_is_news() noexcept { return !std::exchange(shortage_reported_, true); }
+  static constexpr Millis kShortagePause{100};
   const std::string& name() const noexcept { return name_; }
   void close() noexcept {
     mark_ = {};
@@ -126,17 +136,18 @@ class UnixListener {
  private:
   Fd fd_;
   Fd reserve_;  // /dev/null, spent on a connection that came when no descriptor was left
+  std::chrono::steady_clock::time_point paused_until_{};
+  bool shortage_reported_ = false;
   std::string name_;
   ListenerMark mark_;  // released by runner workers forked meanwhile (listeners.h)
 };
 
-// A server's look at an error admitting a connection (`server` names it): when the process
-// (or the system) has no file descriptor left, it logs that and returns what to tell the
-// client, naming the limit; with no socket to tell it on (`have_socket` false) it first
-// waits 100 ms, so a poll loop on the listener does not spin. std::nullopt for any other
-// error.
+// A server's look at an error admitting a connection on `listener` (`server` names it): when
+// the process (or the system) has no file descriptor left, it logs that (once while the
+// listener is paused without a socket to refuse) and returns what to tell the client,
+// naming the limit. std::nullopt for any other error.
 std::optional<std::string> descriptor_refusal(const SystemError& e, const std::string& server,
-                                              bool have_socket);
+                                              UnixListener& listener, bool have_socket);
 
 // A name unique to this process and call, for abstract addresses: "tensorwire-<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);

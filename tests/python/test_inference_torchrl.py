@@ -127,6 +127,10 @@ def test_a_response_of_another_dtype_is_cast_to_the_spec_like_torchrl():
     with InferenceServer(double, t, max_batch_size=4):
         r = t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
         assert r["action"].dtype == torch.float32 and r["action"].tolist() == [2.0, 2.0]
+        # A bfloat16 spec (a torch leaf in the transport's spec, numpy has no bfloat16).
+        bf16 = SharedMemoryTransport(specs(False)[0], TensorDict({"action": torch.zeros(
+            2, dtype=torch.bfloat16)}), num_slots=2)
+        assert bf16._response_dtypes == {"action": torch.bfloat16}
         # A request's dtype is not cast (documented): the error names key and dtypes.
         with pytest.raises(ValueError, match="'observation': expected float32\\[4\\], got float64"):
             t.client()(TensorDict({"observation": torch.ones(4, dtype=torch.float64)}), timeout=10)
