@@ -349,6 +349,18 @@ void PipeImpl::drain_control() {
   fail("the peer closed the pipe", Fault::ConnectionLost);
 }
 
+// A message in the middle of its receive whose sender closed the pipe: the sender's close
+// message follows every send of its on the same endpoint, and a send that completed has
+// been received whole, so once the close is here and one more progress does not finish the
+// receive, the rest never comes (the sender closed during the send: a timeout, Ctrl-C,
+// another thread). Without this the receive waited for ever on a peer that stays alive.
+template <class Done>
+void PipeImpl::check_cut(Done done) {
+  if (!ep_->has_message(kControlTag)) return;
+  progress();
+  if (!done()) drain_control();
+}
+
 void PipeImpl::check_alive() {
   if (!failure_.empty()) {
     if (failure_is_protocol_) throw ProtocolError(failure_);
@@ -590,6 +602,7 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
     }
     if (state_ == RecvState::Frame) {
       if (!frame_req_.done()) {
+        check_cut([&] { return frame_req_.done(); });
         check_alive();
         return nullptr;
       }
@@ -629,6 +642,7 @@ TensorDict* PipeImpl::step_recv(TensorDict* into) {
     if (state_ == RecvState::Payload) {
       for (auto& r : payload_reqs_)
         if (!r.done()) {
+          check_cut([&] { return r.done(); });
           check_alive();
           return nullptr;
         }

@@ -126,7 +126,9 @@ class PipeImpl : public runtime::Beating {
   void check_alive();  // under mu_: throws ClosedError
   // Under mu_: ClosedError "<what>: the pipe is closed" once closed or abandoned.
   void check_open(const char* what) const;
-  void drain_control();                                            // under mu_
+  void drain_control();  // under mu_
+  template <class Done>
+  void check_cut(Done done);  // under mu_, a receive in progress: see pipe_impl.cpp
   [[noreturn]] void fail(const std::string& reason, Fault fault);  // under mu_
   // Throws ClosedError when this process is a fork of the one that made the pipe.
   void check_process() const;

@@ -977,3 +977,44 @@ def test_ucx_stays_out_of_the_host_programs_crash_signals(tmp_path, make_a_liste
     r = run(path)
     assert r.returncode == -11  # the default action, not UCX's handler
     assert "Caught signal" not in r.stderr and "backtrace" not in r.stderr, r.stderr
+
+
+CUT_BY_CLOSE = """
+import subprocess, sys, time
+import numpy as np
+import tensorwire as tw
+if len(sys.argv) > 1:  # the sender: a send that times out in the middle, then close()
+    pipe = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
+    big = tw.TensorDict({"w": np.ones(12_500_000, np.float32)}, batch_size=[])  # 50 MB
+    try:
+        pipe.send(big, timeout=0.05)
+    except TimeoutError:
+        pass
+    pipe.close()
+    print("closed", flush=True)
+    time.sleep(60)  # alive: nothing but the close tells the receiver
+listener = tw.PipeListener(0)
+child = subprocess.Popen([sys.executable, __file__, str(listener.port)], stdout=subprocess.PIPE,
+                         text=True)
+pipe = listener.accept(timeout=30)
+assert child.stdout.readline().strip() == "closed"
+t0 = time.monotonic()
+try:
+    pipe.recv(timeout=20)
+    print("received")
+except tw.ClosedError as e:
+    print("ClosedError", round(time.monotonic() - t0, 1), e)
+finally:
+    child.kill()
+"""
+
+
+def test_a_receive_cut_by_the_senders_close_ends_over_tcp(tmp_path):
+    # The sender closed in the middle of a message and lives on: the receive waited for the
+    # rest for ever (its close message was never read while a payload was expected).
+    path = script(tmp_path, "cut_by_close.py", CUT_BY_CLOSE)
+    r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120,
+                       env=dict(ENV, UCX_TLS="tcp"))
+    words = r.stdout.split()
+    assert words[:1] == ["ClosedError"] and float(words[1]) < 10, (r.stdout, r.stderr)
+    assert "the peer closed the pipe" in r.stdout
