@@ -283,6 +283,22 @@ void bind_tensordict(nb::module_& m) {
              return PyTensorDict(td.clone());
            })
       .def("copy", [](const PyTensorDict& self) { return PyTensorDict(TensorDict(self.td())); })
+      .def("_same_views",  // the same keys, each leaf viewing the very same bytes alike
+           [](const PyTensorDict& self, const PyTensorDict& other) {
+             const TensorDict &a = self.td(), &b = other.td();
+             const std::vector<Key> keys = b.keys(true, true);
+             if (a.keys(true, true) != keys) return false;
+             for (const Key& k : keys) {
+               const Entry &ea = a.entry(k), &eb = b.entry(k);
+               if (ea.is_tensor() != eb.is_tensor()) return false;
+               if (!eb.is_tensor()) continue;
+               const Tensor &x = ea.tensor(), &y = eb.tensor();
+               if (x.data() != y.data() || x.dtype() != y.dtype() || x.shape() != y.shape() ||
+                   x.strides() != y.strides())
+                 return false;
+             }
+             return true;
+           })
       .def("update_",
            [](PyTensorDict& self, nb::handle other) {
              TensorDict& td = self.td();

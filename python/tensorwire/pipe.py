@@ -333,10 +333,13 @@ class TensorDictPipe:
 
     def _to_send(self, td) -> TensorDict:
         """``td`` as a tensorwire.TensorDict: the conversion made for it before when its send
-        is the one in flight (a retry continues that send)."""
-        if self._unfinished is not None and self._unfinished[0] is td:
-            return self._unfinished[1]
-        return _as_tensorwire(td)
+        is the one in flight and it still holds the same leaves (a retry continues that send;
+        a dict whose leaves were replaced since is a new message, sent after it)."""
+        fresh = _as_tensorwire(td)
+        pending = self._unfinished
+        if pending is not None and pending[0] is td and fresh._same_views(pending[1]):
+            return pending[1]
+        return fresh
 
     async def arecv(self, td: Optional[TensorDict] = None, *, device=None) -> TensorDict:
         self._check_open("recv")

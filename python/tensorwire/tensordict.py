@@ -34,6 +34,8 @@ class TensorDictPipe(_ReferencePipe):
         self._consolidated = impl.consolidated
         self._out_cache: tuple = (None, None, None)  # (tensordict storage, metadata, tensorwire td)
         self._in_cache: tuple = (None, None)  # (tensorwire td received, tensordict td)
+        self._in_flight = None  # the tensorwire td of a send not finished (timed out, cancelled)
+        self._in_flight_td = None  # the dict it was made from
 
     @classmethod
     async def connect(cls, host: str, port: int, *, consolidated: bool = True,
@@ -75,10 +77,26 @@ class TensorDictPipe(_ReferencePipe):
 
     # -- data -------------------------------------------------------------------
     async def asend(self, td: TensorDictBase) -> None:
-        await self._tw.asend(self._to_wire(td))
+        wire = self._in_flight = self._to_send(td)
+        await self._tw.asend(wire)
+        self._in_flight = None
 
     def send(self, td: TensorDictBase) -> None:
-        self._tw.send(self._to_wire(td))
+        wire = self._in_flight = self._to_send(td)
+        self._tw.send(wire)
+        self._in_flight = None
+
+    def _to_send(self, td: TensorDictBase):
+        """The conversion the send in flight was given when ``td`` is its dict with the same
+        leaves (a retry after a timeout or a cancelled asend finishes it instead of sending
+        it twice), else a new one."""
+        wire = self._to_wire(td)
+        pending = self._in_flight
+        if pending is not None and pending is not wire and self._in_flight_td is td and \
+                wire._same_views(pending):
+            return pending
+        self._in_flight_td = td
+        return wire
 
     async def arecv(self, td: Optional[TensorDictBase] = None, *, device=None) -> TensorDictBase:
         got = await self._tw.arecv(self._into(td), device=device)

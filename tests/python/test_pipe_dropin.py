@@ -132,3 +132,36 @@ def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
 
 async def _append(lst, p):
     lst.append(p)
+
+
+@pytest.mark.parametrize("consolidated", [False, True], ids=["plain", "consolidated"])
+def test_an_asend_cancelled_then_retried_with_the_same_dict_arrives_once(consolidated):
+    # A plain (not consolidated) dict was converted anew at each call, so the retry did not
+    # find the send in flight and the message arrived twice.
+    async def run():
+        ports = []
+        listen = asyncio.ensure_future(TensorDictPipe.listen(0, on_listening=ports.append))
+        while not ports:
+            await asyncio.sleep(0.01)
+        client = await TensorDictPipe.connect("127.0.0.1", ports[0])
+        server = await asyncio.wait_for(listen, 30)
+        td = TensorDict({"w": torch.zeros(10_000_000), "tag": torch.tensor(1)}, batch_size=[])
+        if consolidated:
+            td = td.consolidate()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.asend(td), 0.01)  # nobody receives yet: in flight
+        tags = []
+
+        async def receive():
+            for _ in range(3):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    tags.append(int((await asyncio.wait_for(server.arecv(), 5))["tag"]))
+
+        receiving = asyncio.ensure_future(receive())
+        await client.asend(td)  # the retry finishes the send in flight
+        await client.asend(TensorDict({"w": torch.zeros(3), "tag": torch.tensor(3)}, batch_size=[]))
+        await receiving
+        assert tags == [1, 3]
+        await client.aclose()
+        await server.aclose()
+    asyncio.run(run())

@@ -197,6 +197,35 @@ def test_a_send_that_timed_out_resumes_with_the_same_dict_and_arrives_once(pair)
     assert accepted.recv(timeout=30)["v"].tolist() == [7.0, 7.0]
 
 
+def test_a_tensordict_whose_leaf_was_replaced_after_its_send_timed_out_is_a_new_message(pair):
+    # The conversion of a tensordict.TensorDict made for the send in flight was reused for
+    # any later send of the same object: a replaced leaf was never sent, and send() returned.
+    import torch
+    from tensordict import TensorDict as TD
+    accepted, connected = pair
+    td = TD({"w": torch.zeros(1 << 22), "tag": torch.tensor(1)}, batch_size=[])
+    with pytest.raises(TimeoutError):
+        connected.send(td, timeout=0.01)  # nobody receives yet: in flight
+    td["tag"] = torch.tensor(2)  # a new leaf: a new message, after the one in flight
+    got = []
+    t = threading.Thread(target=lambda: got.extend(
+        int(np.asarray(accepted.recv(timeout=30)["tag"])) for _ in range(2)))
+    t.start()
+    connected.send(td, timeout=30)
+    t.join(30)
+    assert got == [1, 2]
+    td2 = TD({"w": torch.zeros(1 << 22), "tag": torch.tensor(5)}, batch_size=[])
+    with pytest.raises(TimeoutError):
+        connected.send(td2, timeout=0.01)
+    t = threading.Thread(target=lambda: got.append(int(np.asarray(accepted.recv(timeout=30)["tag"]))))
+    t.start()
+    connected.send(td2, timeout=30)  # unchanged: the retry finishes it, once
+    t.join(30)
+    assert got == [1, 2, 5]
+    with pytest.raises(TimeoutError):
+        accepted.recv(timeout=0.5)
+
+
 def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
     accepted, connected = pair
     with pytest.raises(TimeoutError):
