@@ -1,5 +1,6 @@
 #include "tensorwire/runtime/liveness.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -13,7 +14,9 @@ constexpr double kMaxSeconds = 86400.0 * 365;
 
 std::chrono::milliseconds from_seconds(double s) {
   if (s > kMaxSeconds) s = kMaxSeconds;
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000.0)));
+  // A positive timeout below a millisecond is one: rounded to 0 it meant "no checks".
+  const int64_t ms = std::llround(s * 1000.0);
+  return std::chrono::milliseconds(s > 0 ? std::max<int64_t>(ms, 1) : ms);
 }
 }  // namespace
 

@@ -6,7 +6,12 @@
 namespace tensorwire::runtime {
 
 int64_t heartbeat_ms(std::chrono::milliseconds liveness_timeout) {
-  return liveness_timeout.count() <= 0 ? 0 : std::max<int64_t>(1, liveness_timeout.count() / 4);
+  // At most an hour: the most a handshake accepts (wire/handshake.cpp), and often enough for
+  // any longer timeout. Asking for a quarter of a timeout past 4 h refused every peer.
+  constexpr int64_t kMaxMs = 3600 * 1000;
+  return liveness_timeout.count() <= 0
+             ? 0
+             : std::clamp<int64_t>(liveness_timeout.count() / 4, 1, kMaxMs);
 }
 
 std::optional<std::chrono::milliseconds> PeerLiveness::start(

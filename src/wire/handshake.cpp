@@ -117,9 +117,11 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
       version->get<int64_t>() != kVersion)
     return "peer does not speak tensorwire handshake version " + std::to_string(kVersion);
   if (str_field(h, "role") != expected_role) return std::string("peer is not a ") + expected_role;
+  // Named by role, not "this side": a server's reason is relayed to the client as it is.
+  const std::string me = std::string(expected_role) == "server" ? "client" : "server";
   if (str_field(h, "protocol") != c.protocol)
-    return "protocol mismatch: this side is a '" + c.protocol + "', the peer a '" +
-           str_field(h, "protocol") + "'";
+    return "protocol mismatch: the " + me + " is a '" + c.protocol + "', the " + expected_role +
+           " a '" + str_field(h, "protocol") + "'";
   if (auto it = h.find("heartbeat_ms");
       it != h.end() &&
       (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxHeartbeatMs))
@@ -129,8 +131,9 @@ std::string check_hello(const HandshakeConfig& c, const Json& h, const char* exp
     if (auto it = h.find(flag); it != h.end() && !it->is_boolean())
       return std::string(flag) + " must be a boolean, got " + it->dump();
   if (str_field(h, "mode") != c.mode)
-    return "mode mismatch: this side uses consolidated=" +
-           std::string(c.mode == "consolidated" ? "True" : "False") + ", the peer consolidated=" +
+    return "mode mismatch: the " + me +
+           " uses consolidated=" + std::string(c.mode == "consolidated" ? "True" : "False") +
+           ", the " + expected_role + " consolidated=" +
            std::string(str_field(h, "mode") == "consolidated" ? "True" : "False");
   return "";
 }

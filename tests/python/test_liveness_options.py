@@ -59,3 +59,18 @@ def test_a_malformed_environment_variable_is_a_value_error_naming_it():
     assert r.returncode != 0
     assert "ValueError: TENSORWIRE_LIVENESS_TIMEOUT must be a number of seconds >= 0" in r.stderr
     assert "'ten'" in r.stderr
+
+
+@pytest.mark.parametrize("seconds", [14401, 86400 * 30, float("inf")])
+def test_a_timeout_past_four_hours_still_connects(seconds):
+    # A quarter of it, asked of the peer as its heartbeat interval, was past the handshake's
+    # 1 h cap: every connection was refused ("heartbeat_ms must be ... to 3600000").
+    server, client, served = connected_pair(liveness_timeout=seconds)
+    assert client.liveness_timeout == served.liveness_timeout > 14400
+    server.close()
+
+
+def test_a_positive_timeout_below_a_millisecond_is_one_not_off():
+    server, client, served = connected_pair(liveness_timeout=0.0004)
+    assert client.liveness_timeout == served.liveness_timeout == 0.001  # 0 would mean off
+    server.close()
