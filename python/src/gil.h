@@ -11,10 +11,10 @@
 // the GIL (the process is exiting and nothing waits for it).
 #pragma once
 
-#include <cxxabi.h>
 #include <nanobind/nanobind.h>
 
 #include <atomic>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -89,8 +89,10 @@ decltype(auto) with_gil(F&& f) {
     state = PyGILState_Ensure();
     release.state = &state;
     return std::forward<F>(f)();
-  } catch (abi::__forced_unwind&) {
-    release.state = nullptr;
+  } catch (...) {
+    // No C++ exception: pthread_exit's unwinding (not caught as abi::__forced_unwind&, a
+    // reference UBSan sees bound to null). The state is not current any more.
+    if (!std::current_exception()) release.state = nullptr;
     throw;
   }
 }

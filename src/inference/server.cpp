@@ -1,7 +1,5 @@
 #include "tensorwire/inference/server.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -206,10 +204,13 @@ void InferenceServer::State::serve(Drained& d, std::vector<Group>& groups) {
       errors[k].reset();
       try {
         outputs[k] = policy(*groups[k].input);
-      } catch (abi::__forced_unwind&) {
-        throw;  // pthread_exit in the policy (Python ending it at exit): the thread ends
       } catch (...) {
-        errors[k] = RemoteError(describe_exception(std::current_exception()));
+        // No C++ exception: pthread_exit's unwinding (Python ending the thread at exit),
+        // which must go on (the thread ends). Told apart this way rather than by catching
+        // abi::__forced_unwind&, a reference UBSan sees bound to null.
+        std::exception_ptr e = std::current_exception();
+        if (!e) throw;
+        errors[k] = RemoteError(describe_exception(e));
       }
     }
     forward_end = Clock::now();
