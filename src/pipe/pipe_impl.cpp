@@ -760,15 +760,32 @@ void PipeImpl::close() {
   frame_req_.cancel(worker_->handle());
   for (auto& r : payload_reqs_) r.cancel(worker_->handle());
   progress();
+  ucx::Request close_msg;
   if (failure_.empty() && ep_->error() == UCS_OK && connected_) {
     // Tell the peer, so its receive ends with "the peer closed the pipe" at once.
     try {
-      ucx::Request req = post_control({{"close", true}});
-      flush(req, std::chrono::milliseconds(500));
+      close_msg = post_control({{"close", true}});
+      flush(close_msg, std::chrono::milliseconds(500));
     } catch (const Error&) {
     }
   }
   if (failure_.empty()) failure_ = "the pipe is closed";
+  frame_req_ = ucx::Request();
+  payload_reqs_.clear();
+  heartbeats_.drop();
+  if (first_ep_) {  // closed during the switch to a direct endpoint
+    first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
+    first_ep_.reset();
+  }
+  if (linger(close_msg)) {
+    waiting_.wake_all(*worker_);
+    return;
+  }
+  close_msg = ucx::Request();  // released to UCX before the endpoint goes, as it was sent
+  close_endpoint(/*force=*/false);
+}
+
+void PipeImpl::close_endpoint(bool force) {
   // A send still in flight (abandoned, or refused by the peer: a rendezvous the peer will
   // never take) is dropped with the endpoint: a graceful close would wait for it, and UCX
   // 1.13 aborts destroying the worker while the endpoint still holds it.
@@ -779,16 +796,9 @@ void PipeImpl::close() {
     } catch (const Error&) {
     }
   }
-  frame_req_ = ucx::Request();
-  payload_reqs_.clear();
   send_reqs_.clear();
-  heartbeats_.drop();
   sending_ = false;
   sending_td_ = nullptr;
-  if (first_ep_) {  // closed during the switch to a direct endpoint
-    first_ep_->close(/*force=*/true, std::chrono::milliseconds(200));
-    first_ep_.reset();
-  }
   // A peer that is gone (its process exited, silent, closed) takes nothing more: a
   // graceful close would wait for it, then leave a receive that had matched its
   // rendezvous attached to the endpoint (cancelling does not end one), and UCX 1.13
@@ -798,7 +808,8 @@ void PipeImpl::close() {
   // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
   // reaches the peer before the disconnect (a forced close can reset the connection under
   // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
-  ep_->close(/*force=*/!wired_up_ || sends_in_flight || peer_gone, std::chrono::milliseconds(1000));
+  ep_->close(/*force=*/force || !wired_up_ || sends_in_flight || peer_gone,
+             std::chrono::milliseconds(1000));
   ep_->discard_unexpected();
   // Whoever sleeps on the pipe's fds looks again and meets ClosedError: an event loop's
   // coroutine on a pipe that its TensorDictServer closed has no other way to hear of it.

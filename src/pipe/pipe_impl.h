@@ -168,6 +168,14 @@ class PipeImpl : public runtime::Beating {
   void start_liveness(int64_t peer_heartbeat_ms, bool same_host);
   // Whether a message on `tag` is one this pipe reads, now (check_alive). Under mu_.
   bool reads_tag(uint64_t tag) const;
+  // close() with a send in flight whose close message could not leave (pipe_liveness.cpp):
+  // true when the liveness thread took the rest of the close over.
+  bool linger(ucx::Request& close_msg);  // under mu_
+  // On the liveness thread, under mu_: one turn of a lingering close; once it is over, the
+  // pipe's own reference and the message's storages, to let go of outside mu_.
+  void linger_turn(std::shared_ptr<PipeImpl>& self, std::optional<TensorDict>& storages);
+  // The end of every close: the endpoint closed (by force when `force`).
+  void close_endpoint(bool force);  // under mu_
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe
@@ -214,6 +222,11 @@ class PipeImpl : public runtime::Beating {
   // lets the dict go. Taken out (taken_in_flight()) once the send is over and destroyed
   // outside mu_: a storage that wraps a Python buffer takes the GIL to let it go.
   std::optional<TensorDict> in_flight_;
+  // A lingering close (linger()): the pipe itself, kept alive until the close message has
+  // left, the peer is gone or linger_until_ passed; and that close message.
+  std::shared_ptr<PipeImpl> lingering_;
+  ucx::Request close_msg_;
+  std::chrono::steady_clock::time_point linger_until_{};
   std::vector<std::span<const std::byte>> pieces_;
   std::vector<ucp_dt_iov_t> frame_iov_;
   std::vector<ucp_dt_iov_t> payload_iov_;

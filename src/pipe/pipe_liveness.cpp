@@ -17,6 +17,13 @@
 
 namespace tensorwire::detail {
 
+namespace {
+// How often a lingering close is progressed (the liveness thread's shortest period).
+constexpr std::chrono::milliseconds kLingerTurn{10};
+// How long a close lingers where liveness checks are off (the liveness timeout's default).
+constexpr std::chrono::milliseconds kLingerOff{10'000};
+}  // namespace
+
 void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
   // Same host and namespaces: the kernel tells when the peer dies (its pidfd, or the reset
   // of its connection), and a peer stopped in a debugger is not taken for gone. Heartbeats
@@ -31,7 +38,12 @@ void PipeImpl::start_liveness(int64_t peer_heartbeat_ms, bool same_host) {
 
 void PipeImpl::beat() noexcept {
   if (ucx::inherited(generation_)) return;  // the parent's pipe: not ours to beat
+  // Let go of outside mu_, in this order: the storages (which may take the GIL), then the
+  // pipe's own reference (the last one destroys the pipe and its mutex).
+  std::shared_ptr<PipeImpl> self;
+  std::optional<TensorDict> storages;
   std::lock_guard<std::mutex> lock(mu_);
+  if (lingering_) return linger_turn(self, storages);
   if (closed_ || !failure_.empty()) return;
   try {
     // Whatever this progress takes in may be what a waiter sleeps for: wake it to look.
@@ -48,6 +60,66 @@ void PipeImpl::beat() noexcept {
     // The pipe failed (failure_ says why): wake every waiter so that it sees it.
     waiting_.wake_all(*worker_);
   }
+}
+
+// A close with a send in flight. Over shared memory everything a pipe sends goes through the
+// peer's FIFO in order, and a message bigger than the FIFO waits at the sender until the
+// peer's receive makes room: the close message queues behind it. Dropping the endpoint
+// then (as over TCP, where the peer sees the connection go) left a peer that lives on and
+// receives later waiting for the rest of the message for ever: nothing else tells it of the
+// close (no heartbeats on one host, the process lives). So the close lingers, as a socket's
+// does: the liveness thread progresses the pipe until the message and the close message
+// have left (the peer's next receive gets that message whole, the one after it
+// ClosedError), the peer is gone, or the liveness timeout (its default when off) passed,
+// holding the message's storages meanwhile. Not during the destructor (nothing owns the
+// pipe then) or before the endpoint's wire-up is over.
+bool PipeImpl::linger(ucx::Request& close_msg) {
+  bool stuck = false;
+  try {
+    stuck = !close_msg.done();
+  } catch (const Error&) {
+  }
+  bool sends_in_flight = false;
+  for (auto& r : send_reqs_) {
+    try {
+      sends_in_flight = !r.done() || sends_in_flight;
+    } catch (const Error&) {
+    }
+  }
+  if (!stuck || !sends_in_flight || !wired_up_ || peer_lost_ || ep_->error() != UCS_OK ||
+      (peer_watch_ && !peer_watch_->alive()))
+    return false;
+  auto self = std::static_pointer_cast<PipeImpl>(weak_from_this().lock());
+  if (!self) return false;
+  // A send started with start_send() reads the caller's dict, which the caller may let go
+  // of once close() returns: hold its storages from here.
+  if (!in_flight_ && sending_td_) in_flight_ = *sending_td_;
+  close_msg_ = std::move(close_msg);
+  const auto bound = options_.liveness_timeout;
+  linger_until_ = Clock::now() + (bound > std::chrono::milliseconds::zero() ? bound : kLingerOff);
+  lingering_ = std::move(self);
+  runtime::keep_alive(weak_from_this(), kLingerTurn);
+  return true;
+}
+
+void PipeImpl::linger_turn(std::shared_ptr<PipeImpl>& self,
+                           std::optional<TensorDict>& storages) {
+  bool over = false;
+  bool left = false;
+  try {
+    // Progress for up to a millisecond: each turn moves what the peer's FIFO has room for.
+    const auto until = Clock::now() + std::chrono::milliseconds(1);
+    while (!(left = close_msg_.done()) && Clock::now() < until) progress();
+  } catch (const Error&) {
+    over = true;  // the close message failed: the endpoint is broken
+  }
+  const bool gone = ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
+  if (!(over || left || gone || Clock::now() >= linger_until_)) return;
+  close_msg_ = ucx::Request();
+  close_endpoint(/*force=*/!left || gone);
+  storages = std::move(in_flight_);
+  in_flight_.reset();
+  self = std::move(lingering_);
 }
 
 }  // namespace tensorwire::detail

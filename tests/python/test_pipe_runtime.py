@@ -1027,10 +1027,12 @@ child = subprocess.Popen([sys.executable, __file__, str(listener.port)], stdout=
                          text=True)
 pipe = listener.accept(timeout=30)
 assert child.stdout.readline().strip() == "closed"
+time.sleep({delay})  # the receiver comes late
 t0 = time.monotonic()
 try:
-    pipe.recv(timeout=20)
-    print("received")
+    while True:  # the message whole (a close that lingered), then the close
+        got = pipe.recv(timeout=20)
+        print("received", int(got["w"].sum()), flush=True)
 except tw.ClosedError as e:
     print("ClosedError", round(time.monotonic() - t0, 1), e)
 finally:
@@ -1038,12 +1040,20 @@ finally:
 """
 
 
-def test_a_receive_cut_by_the_senders_close_ends_over_tcp(tmp_path):
+# Over shared memory the message goes through the receiver's FIFO, and its close message
+# behind it: the receiver that comes 2 s late (past the close's own 500 ms) found neither,
+# and waited for ever, before the close lingered.
+@pytest.mark.parametrize("tls,delay", [("tcp", 0), ("", 0), ("", 2)])
+def test_a_receive_cut_by_the_senders_close_ends(tmp_path, tls, delay):
     # The sender closed in the middle of a message and lives on: the receive waited for the
     # rest for ever (its close message was never read while a payload was expected).
-    path = script(tmp_path, "cut_by_close.py", CUT_BY_CLOSE)
+    path = script(tmp_path, "cut_by_close.py", CUT_BY_CLOSE.replace("{delay}", str(delay)))
+    env = dict(ENV, UCX_TLS=tls) if tls else {k: v for k, v in ENV.items() if k != "UCX_TLS"}
     r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120,
-                       env=dict(ENV, UCX_TLS="tcp"))
-    words = r.stdout.split()
+                       env=env)
+    lines = r.stdout.splitlines()
+    # At most the message itself, whole, then the close, within seconds.
+    assert lines[:-1] in ([], ["received 12500000"]), (r.stdout, r.stderr)
+    words = lines[-1].split() if lines else []
     assert words[:1] == ["ClosedError"] and float(words[1]) < 10, (r.stdout, r.stderr)
     assert "the peer closed the pipe" in r.stdout

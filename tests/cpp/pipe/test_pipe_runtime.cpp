@@ -263,6 +263,33 @@ TEST(PipeRuntime, AStartWhileAnotherSendIsInFlightSendsNothingAndSaysSo) {
 // drop the dict (its storage freed and handed out again) and the peer still receives what
 // was sent, whole, then the next dict. Both for a dict sent from its own storage (a
 // consolidated one) and, on a non-consolidated pipe, from its leaves.
+// Over shared memory a message bigger than the receiver's FIFO waits at the sender until
+// the receiver takes it, and the close message waits behind it: a close that dropped it
+// with the endpoint after its 500 ms left a receiver that came later waiting for ever (the
+// sender lives, and one host has no heartbeats). The close lingers until it is delivered.
+TEST(PipeRuntime, AReceiverThatComesAfterTheSendersCloseIsToldOfIt) {
+  Pair p;
+  ASSERT_NE(p.connected->transports().find("sysv"), std::string::npos)
+      << "not over shared memory: " << p.connected->transports();
+  {
+    TensorDict td;
+    td.set("x", Tensor::empty({32 << 20}, DType::UInt8));
+    EXPECT_THROW(p.connected->send(td, 50ms), TimeoutError);
+  }  // dropped: the lingering close holds its storage
+  p.connected->close();
+  std::this_thread::sleep_for(1500ms);  // past the close's own 500 ms
+  const auto start = Clock::now();
+  try {
+    // The message whole (its rest went before the close message), then the close.
+    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").nbytes(), size_t{32} << 20);
+    EXPECT_THROW(p.accepted->recv(nullptr, 20s), ClosedError);
+  } catch (const ClosedError& e) {
+    EXPECT_NE(std::string(e.what()).find("the peer closed the pipe"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
 TEST(PipeRuntime, ADictDroppedAfterItsSendTimedOutStillArrivesWhole) {
   for (const bool consolidated : {true, false}) {
     SCOPED_TRACE(consolidated ? "consolidated" : "non-consolidated");
