@@ -1,4 +1,5 @@
 #include "convert.h"
+#include "gil.h"
 
 #include <nanobind/ndarray.h>
 
@@ -54,6 +55,8 @@ Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
   return detail::external_view(const_cast<void*>(a.data()), std::move(shape), std::move(strides),
                                *dtype, [keep] {
                                  if (!Py_IsInitialized()) return;  // nothing left to release into
+                                 // Finalizing: a library thread taking the GIL would end.
+                                 if (NoGil::finalizing() && !PyGILState_Check()) return;
                                  nb::gil_scoped_acquire gil;
                                  delete keep;
                                });
