@@ -54,11 +54,7 @@ Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
   auto* keep = new nb::ndarray<nb::device::cpu>(a);
   return detail::external_view(const_cast<void*>(a.data()), std::move(shape), std::move(strides),
                                *dtype, [keep] {
-                                 if (!Py_IsInitialized()) return;  // nothing left to release into
-                                 // Finalizing: a library thread taking the GIL would end.
-                                 if (NoGil::finalizing() && !PyGILState_Check()) return;
-                                 nb::gil_scoped_acquire gil;
-                                 delete keep;
+                                 release_unless_exiting([keep] { delete keep; });
                                });
 }
 

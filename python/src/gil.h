@@ -67,6 +67,25 @@ class NoGil {
   PyThreadState* state_;
 };
 
+// Releases Python objects (`f`, run with the GIL) from any thread, unless the process is
+// exiting: a library thread (a lingering pipe close on the liveness thread) that took the
+// GIL once finalization began would be ended mid-unwind in a noexcept frame. It counts as
+// a thread taking the GIL back (NoGil), so the exit hook waits for it or it leaks.
+template <class F>
+void release_unless_exiting(F&& f) {
+  if (!Py_IsInitialized()) return;  // nothing left to release into
+  NoGil::restoring().fetch_add(1);
+  if (!PyGILState_Check() && (NoGil::exiting().load() || NoGil::finalizing())) {
+    NoGil::restoring().fetch_sub(1);
+    return;
+  }
+  {
+    nb::gil_scoped_acquire gil;
+    f();
+  }
+  NoGil::restoring().fetch_sub(1);
+}
+
 // Runs `f` with the GIL on a thread of the library (the serving thread, a monitor's
 // callback). While the interpreter finalizes, CPython ends such a thread with pthread_exit
 // when it takes the GIL (here, or within `f` after a sleep or a torch op): the forced

@@ -63,6 +63,19 @@ TensorDict* into_of(nb::handle td) {
 // A pipe as Python sees it: the C++ pipe plus the Python object of the last receive, so
 // a steady-state receive returns the very same TensorDict object.
 struct PyPipe {
+  // What a send sends is a copy of the dict's structure (its leaves shared), taken under the
+  // GIL: while the send runs without it (a blocking send, or UCX reading after start_send),
+  // other threads may add, replace or remove the dict's entries; the copy keeps what is sent
+  // whole and its leaves alive. The send in flight (one that timed out, was interrupted, or
+  // whose poll loop was abandoned) keeps its copy here with the dict it was taken from:
+  // that dict sent again, with the same leaves, gives the pipe that same copy, and the pipe
+  // resumes the send instead of sending the message twice.
+  struct Sent {
+    nb::object obj;
+    std::shared_ptr<const TensorDict> copy;
+  } sent;
+  // Declared after `sent`, so destroyed first: a close that lingers (pipe.md) copies the
+  // send in flight out of `sent`.
   TensorDictPipe pipe;
   nb::object cached;  // PyTensorDict of the current schema (consolidated mode)
   // The targets given to receives not completed yet (timed out, interrupted, an abandoned
@@ -76,17 +89,6 @@ struct PyPipe {
     TensorDict& td() const { return nb::cast<PyTensorDict&>(obj).td(); }
   };
   std::vector<Target> targets;
-  // What a send sends is a copy of the dict's structure (its leaves shared), taken under the
-  // GIL: while the send runs without it (a blocking send, or UCX reading after start_send),
-  // other threads may add, replace or remove the dict's entries; the copy keeps what is sent
-  // whole and its leaves alive. The send in flight (one that timed out, was interrupted, or
-  // whose poll loop was abandoned) keeps its copy here with the dict it was taken from:
-  // that dict sent again, with the same leaves, gives the pipe that same copy, and the pipe
-  // resumes the send instead of sending the message twice.
-  struct Sent {
-    nb::object obj;
-    std::shared_ptr<const TensorDict> copy;
-  } sent;
 
   // Whether the send in flight is `obj`'s.
   bool sending(nb::handle obj) {
@@ -197,7 +199,7 @@ void bind_acceptor(nb::module_& m, const char* name) {
       else
         got = self.accept(t);
     }
-    return got ? std::optional<PyPipe>(PyPipe{std::move(*got), {}}) : std::nullopt;
+    return got ? std::optional<PyPipe>(PyPipe{{}, std::move(*got), {}}) : std::nullopt;
   };
   nb::class_<T>(m, name)
       .def(
@@ -304,7 +306,7 @@ void bind_pipe(nb::module_& m) {
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
         uint16_t p = port_of(port);
         NoGil nogil;
-        return PyPipe{TensorDictPipe::connect(host, p, o), {}};
+        return PyPipe{{}, TensorDictPipe::connect(host, p, o), {}};
       },
       nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
       nb::arg("timeout").none(), nb::arg("max_message_bytes"),

@@ -785,7 +785,7 @@ void PipeImpl::close() {
   close_endpoint(/*force=*/false);
 }
 
-void PipeImpl::close_endpoint(bool force) {
+void PipeImpl::close_endpoint(bool force, std::chrono::milliseconds budget) {
   // A send still in flight (abandoned, or refused by the peer: a rendezvous the peer will
   // never take) is dropped with the endpoint: a graceful close would wait for it, and UCX
   // 1.13 aborts destroying the worker while the endpoint still holds it.
@@ -808,8 +808,7 @@ void PipeImpl::close_endpoint(bool force) {
   // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
   // reaches the peer before the disconnect (a forced close can reset the connection under
   // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
-  ep_->close(/*force=*/force || !wired_up_ || sends_in_flight || peer_gone,
-             std::chrono::milliseconds(1000));
+  ep_->close(/*force=*/force || !wired_up_ || sends_in_flight || peer_gone, budget);
   ep_->discard_unexpected();
   // Whoever sleeps on the pipe's fds looks again and meets ClosedError: an event loop's
   // coroutine on a pipe that its TensorDictServer closed has no other way to hear of it.

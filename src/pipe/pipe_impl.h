@@ -174,8 +174,10 @@ class PipeImpl : public runtime::Beating {
   // On the liveness thread, under mu_: one turn of a lingering close; once it is over, the
   // pipe's own reference and the message's storages, to let go of outside mu_.
   void linger_turn(std::shared_ptr<PipeImpl>& self, std::optional<TensorDict>& storages);
-  // The end of every close: the endpoint closed (by force when `force`).
-  void close_endpoint(bool force);  // under mu_
+  // The end of every close: the endpoint closed (by force when `force`), waiting up to
+  // `budget` for a graceful one.
+  void close_endpoint(bool force,
+                      std::chrono::milliseconds budget = std::chrono::milliseconds(1000));  // mu_
 
   PipeOptions options_;
   uint64_t generation_;  // os::fork_generation() of the process that made the pipe

@@ -86,8 +86,10 @@ bool PipeImpl::linger(ucx::Request& close_msg) {
     } catch (const Error&) {
     }
   }
-  if (!stuck || !sends_in_flight || !wired_up_ || peer_lost_ || ep_->error() != UCS_OK ||
-      (peer_watch_ && !peer_watch_->alive()))
+  // A receive of ours in flight writes into the caller's dict, which nothing holds once
+  // close() returns: only the forced close ends it.
+  if (!stuck || !sends_in_flight || state_ != RecvState::Idle || !wired_up_ || peer_lost_ ||
+      ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive()))
     return false;
   auto self = std::static_pointer_cast<PipeImpl>(weak_from_this().lock());
   if (!self) return false;
@@ -104,19 +106,28 @@ bool PipeImpl::linger(ucx::Request& close_msg) {
 
 void PipeImpl::linger_turn(std::shared_ptr<PipeImpl>& self,
                            std::optional<TensorDict>& storages) {
-  bool over = false;
+  bool failed = false;
   bool left = false;
+  bool sent = true;
   try {
-    // Progress for up to a millisecond: each turn moves what the peer's FIFO has room for.
+    // Up to a millisecond while the close message waits: each turn moves what the peer's
+    // FIFO has room for. Once it has left, one look a turn.
     const auto until = Clock::now() + std::chrono::milliseconds(1);
     while (!(left = close_msg_.done()) && Clock::now() < until) progress();
+    if (left) progress();
+    for (auto& r : send_reqs_) sent = r.done() && sent;
   } catch (const Error&) {
-    over = true;  // the close message failed: the endpoint is broken
+    failed = true;  // a request failed: the endpoint is broken
   }
   const bool gone = ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
-  if (!(over || left || gone || Clock::now() >= linger_until_)) return;
+  // The storages go only once UCX is done reading them (a peer that pulls a rendezvous
+  // itself may still read them after the close message overtook the data), the peer is
+  // gone, or the bound passed.
+  if (!(failed || (left && sent) || gone || Clock::now() >= linger_until_)) return;
   close_msg_ = ucx::Request();
-  close_endpoint(/*force=*/!left || gone);
+  // By force: a graceful close waits up to a second for the peer, on the thread every
+  // cross-host pipe's heartbeats share.
+  close_endpoint(/*force=*/true, std::chrono::milliseconds(100));
   storages = std::move(in_flight_);
   in_flight_.reset();
   self = std::move(lingering_);
