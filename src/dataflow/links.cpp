@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <new>
 #include <thread>
 #include <tuple>
 
@@ -20,14 +21,46 @@ void MainLink::make_sockets(int n) {
   for (int i = 0; i < n; ++i)
     std::tie(parent_ends[static_cast<size_t>(i)], child_ends[static_cast<size_t>(i)]) =
         os::UnixSocket::pair();
+  sent_ = shm::Segment::create("dataflow-sent", sizeof(std::atomic<uint64_t>) * parent_ends.size());
+  for (size_t s = 0; s < parent_ends.size(); ++s)
+    new (sent_.data() + s * sizeof(std::atomic<uint64_t>)) std::atomic<uint64_t>(0);
+  received_.assign(parent_ends.size(), 0);
+  draining_.assign(parent_ends.size(), false);
+}
+
+std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
+  return std::launder(
+      reinterpret_cast<std::atomic<uint64_t>*>(sent_.data() + sender * sizeof(std::atomic<uint64_t>)));
 }
 
 uint16_t MainLink::next_generation(int index) {
+  const uint16_t dead = sender_of(index);
   ++generation[static_cast<size_t>(index)];
   const uint16_t sender = sender_of(index);
   if (receiver) receiver->forget(sender);
   std::tie(parent_ends[sender], child_ends[sender]) = os::UnixSocket::pair();
+  // The new worker counts from zero; what the dead one sent is final now.
+  sent_count(sender)->store(0, std::memory_order_relaxed);
+  received_[sender] = 0;
+  draining_[sender] = false;
+  draining_[dead] = true;
+  retire_if_drained(dead);
   return sender;
+}
+
+void MainLink::count_received(uint16_t sender) {
+  if (!valid_sender(sender)) return;  // the caller refuses it
+  ++received_[sender];
+  if (draining_[sender]) retire_if_drained(sender);
+}
+
+void MainLink::retire_if_drained(uint16_t sender) {
+  if (!draining_[sender] || received_[sender] < sent_count(sender)->load(std::memory_order_acquire))
+    return;
+  draining_[sender] = false;
+  // Datapoints already handed out keep their own mappings (shm::Segment::storage).
+  if (receiver) receiver->forget(sender);
+  parent_ends[sender].close();
 }
 
 bool MainLink::await_death(int index) {
@@ -134,6 +167,7 @@ std::optional<ShmReceiver::Received> MainLink::receive(Deadline deadline) {
         }
         rest_ = rest_.subspan(4 + d.size());
         out = receiver->decode(d);
+        count_received(out->header.sender);
         return true;
       }
       if (slice.passed()) return false;
@@ -163,13 +197,14 @@ void MainLink::close() noexcept {
 
 // ---- WorkerLink --------------------------------------------------------------------------
 
-WorkerLink::WorkerLink(int index_, os::UnixSocket socket_, const std::string& endpoint, int sndhwm,
-                       size_t min_chunks)
+WorkerLink::WorkerLink(int index_, std::atomic<uint64_t>* sent_count_, os::UnixSocket socket_,
+                       const std::string& endpoint, int sndhwm, size_t min_chunks)
     : index(index_),
       socket(std::move(socket_)),
       push(ctx, zmq::socket_type::push, zmqio::SocketOptions{.sndhwm = sndhwm}),
       sender("dataflow-w" + std::to_string(index_), min_chunks,
-             [this](uint32_t i, const shm::Segment& s) { send_segment(socket, i, s); }) {
+             [this](uint32_t i, const shm::Segment& s) { send_segment(socket, i, s); }),
+      sent_count(sent_count_) {
   push.connect(endpoint);
 }
 
@@ -218,10 +253,15 @@ void WorkerLink::flush() {
 void WorkerLink::flush_locked() {
   if (batched_.load(std::memory_order_relaxed) == 0) return;
   zmq::message_t m(batch_.data(), batch_.size());
+  // Counted first: a count short of what went out would let the main process drop this
+  // sender's segments while a descriptor naming them is still on its way (MainLink).
+  const uint64_t n = batched_.load(std::memory_order_relaxed);
+  sent_count->fetch_add(n, std::memory_order_release);
   try {
     while (!push.send(m, Millis(200)))
       if (parent_gone()) ::_exit(0);
   } catch (...) {
+    sent_count->fetch_sub(n, std::memory_order_release);
     // Not sent: give the chunks back (the caller reports the error).
     DescriptorBatch b(std::as_bytes(std::span(batch_)));
     for (auto d = b.next(); !d.empty(); d = b.next())

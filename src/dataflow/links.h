@@ -13,6 +13,13 @@
 // segments, never the new one's. An id comes back after kGenerations restarts of the
 // same worker, long after its dead owner's last descriptor was read.
 //
+// A dead sender's segments are let go of as soon as its last descriptor has been read:
+// each worker counts the descriptors it hands to ZeroMQ in a shared counter per sender id
+// (made before the first fork, so every worker and the fork server map it), and the main
+// process counts those it reads. Once a dead sender's two counts meet, nothing more of it
+// can come. A descriptor the dead worker counted but ZeroMQ never sent (it died with the
+// message in its own queue) keeps its segments mapped until the id comes round again.
+//
 // WorkerLink (a worker): its own ZeroMQ context (created after the fork), the PUSH
 // socket, and an ShmSender whose new segments go to the main process over the worker's
 // Unix socket before any descriptor names them. Descriptors are batched: one ZeroMQ
@@ -59,6 +66,8 @@ struct MainLink {
   int index_of(uint16_t sender) const { return sender % num_workers; }
   bool is_current(uint16_t sender) const { return sender_of(index_of(sender)) == sender; }
   bool valid_sender(uint16_t sender) const { return sender < parent_ends.size(); }
+  // Where the worker of `sender` counts the descriptors it sends (see above).
+  std::atomic<uint64_t>* sent_count(uint16_t sender) const;
   // In a child, before anything else: drops what belongs to the parent and returns the
   // child's own end of its socket pair.
   os::UnixSocket take_child_end(uint16_t sender);
@@ -99,14 +108,22 @@ struct MainLink {
 
  private:
   shm::Segment fetch_segment(uint16_t sender, uint32_t index);
+  // Counts a descriptor read from `sender`; a dead sender whose last one this was is let go.
+  void count_received(uint16_t sender);
+  // A dead sender all of whose descriptors were read: its segments and socket let go of.
+  void retire_if_drained(uint16_t sender);
+  shm::Segment sent_;                 // std::atomic<uint64_t> per sender id, shared
+  std::vector<uint64_t> received_;    // per sender id
+  std::vector<bool> draining_;        // per sender id: dead, descriptors still to come
   zmq::message_t msg_;               // the message being read
   std::span<const std::byte> rest_;  // its descriptors not read yet
 };
 
 struct WorkerLink {
-  // `min_chunks`: see ShmSender. Connects a PUSH socket to `endpoint`.
-  WorkerLink(int index, os::UnixSocket socket, const std::string& endpoint, int sndhwm,
-             size_t min_chunks);
+  // `min_chunks`: see ShmSender. Connects a PUSH socket to `endpoint`. `sent_count`:
+  // MainLink::sent_count(index), counted before each message goes to ZeroMQ.
+  WorkerLink(int index, std::atomic<uint64_t>* sent_count, os::UnixSocket socket,
+             const std::string& endpoint, int sndhwm, size_t min_chunks);
 
   // Encodes `td` into shared memory and adds its descriptor to the batch (not sent yet).
   void add_datapoint(const TensorDict& td, DescriptorHeader h);
@@ -137,6 +154,7 @@ struct WorkerLink {
   ShmSender sender;
   uint64_t peer_schema = 0;  // the last schema the main process got
   std::string scratch;
+  std::atomic<uint64_t>* sent_count;
 
  private:
   void add_locked(std::string_view descriptor);

@@ -122,7 +122,7 @@ void MultiProcessMapDataZMQ::Impl::worker_main(int index, uint16_t sender, os::U
   detail::WorkerProgress* progress_slot = progress(index);
   // The task socket's end in this worker: its own queue is as deep as the whole buffer,
   // so that the main process never blocks sending a task.
-  detail::WorkerLink w(sender, std::move(sock), result_endpoint, 0,
+  detail::WorkerLink w(sender, link.sent_count(sender), std::move(sock), result_endpoint, 0,
                        buffer_size / static_cast<size_t>(opt.num_proc) + 4);
   zmqio::Socket pull(w.ctx, zmq::socket_type::pull, {.rcvhwm = static_cast<int>(buffer_size) + 1});
   pull.connect(task_endpoint + std::to_string(sender));

@@ -90,7 +90,7 @@ struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSour
 };
 
 void MultiProcessRunnerZMQ::Impl::worker_main(int index, uint16_t sender, os::UnixSocket socket) {
-  detail::WorkerLink w(sender, std::move(socket), endpoint, opt.hwm + 2,
+  detail::WorkerLink w(sender, link.sent_count(sender), std::move(socket), endpoint, opt.hwm + 2,
                        static_cast<size_t>(opt.hwm) + 4);
   detail::WorkerProgress* progress_slot = progress(index);
   w.start_flusher(kMaxDelay);

@@ -252,6 +252,54 @@ def test_a_strict_map_stays_exact_when_workers_are_killed_from_outside():
         assert m.restarts >= 4
 
 
+class Megabytes:
+    """20 datapoints of 1 MB an epoch."""
+
+    def reset_state(self):
+        pass
+
+    def __len__(self):
+        return 20
+
+    def __iter__(self):
+        for i in range(20):
+            yield [np.full(125_000, i, np.int64)]
+
+
+def worker_segments_mapped():
+    """How many segments of the runners' workers this process maps."""
+    with open("/proc/self/maps") as f:
+        return sum(":dataflow-w" in line for line in f)
+
+
+# A dead worker's segments stayed mapped until its sender id came round again, four
+# restarts of that worker later: up to 4 x (hwm + 4) datapoints of shared memory per
+# worker. Now they go once its last datapoint has been read. The worker is killed while it
+# waits for credits, so that nothing it sent is lost in its own ZeroMQ queue (which would
+# keep its segments until its id comes round, as before).
+@pytest.mark.parametrize("kind", ["runner", "map"])
+def test_a_dead_workers_shared_memory_goes_once_its_last_datapoint_was_read(kind):
+    if kind == "runner":
+        r = twdf.MultiProcessRunnerZMQ(Megabytes(), num_proc=1, hwm=4, on_worker_death="restart")
+    else:
+        r = twdf.MultiProcessMapDataZMQ(Megabytes(), 1, lambda dp: dp, buffer_size=4,
+                                        strict=True, on_worker_death="restart")
+    with r, warnings.catch_warnings():
+        warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
+        r.reset_state()
+        got = [int(dp[0][0]) for dp in r]
+        first = worker_segments_mapped()
+        mapped = []
+        for _ in range(3):
+            time.sleep(0.3)  # the worker now waits for credits (or for tasks)
+            os.kill(r.pids[0], signal.SIGKILL)
+            got = [int(dp[0][0]) for dp in r]
+            assert got == list(range(20)) or kind == "runner"
+            mapped.append(worker_segments_mapped())
+        assert r.restarts == 3
+        assert first >= 1 and max(mapped) <= 2 * first, (first, mapped)
+
+
 class StuckAt:
     def __init__(self, bad, size=20):
         self.bad, self.size = bad, size
