@@ -9,10 +9,8 @@ tests/python/peers/remote_inference_peer.py `loop`); B's link is cut silently at
 after the cut the client's call raised and the server dropped the client (its `connected`
 count fell to 0, polled every 10 ms), median and max of the trials. Run as root.
 """
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -20,6 +18,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 from hosts import Hosts  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import link_cut_table  # noqa: E402
 
 PEER = os.path.join(ROOT, "tests", "python", "peers", "remote_inference_peer.py")
 
@@ -68,21 +69,5 @@ def trial(setting):
         return seen["after"], float(dropped[1]), f'{seen["error"]}: {seen["message"][:60]}'
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--settings", default="default,2")
-    a = ap.parse_args()
-    print(f"{'liveness_timeout':>16} {'client median':>14} {'client max':>11} {'server median':>14} "
-          f"{'server max':>11}  raised")
-    for setting in a.settings.split(","):
-        runs = [trial(setting) for _ in range(a.trials)]
-        c = [r[0] for r in runs]
-        s = [r[1] for r in runs]
-        print(f"{setting:>16} {statistics.median(c):>13.2f}s {max(c):>10.2f}s "
-              f"{statistics.median(s):>13.2f}s {max(s):>10.2f}s  {sorted({r[2] for r in runs})}",
-              flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    link_cut_table.run(trial)

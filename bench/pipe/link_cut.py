@@ -8,10 +8,8 @@ FIN, no RST). Reports, per liveness setting, how long after the cut each side ra
 (median and max of the trials). Setting 0 (liveness off) shows what UCX alone does: the
 wait ends only at its own 120 s timeout. Run as root.
 """
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -19,6 +17,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 from hosts import Hosts  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import link_cut_table  # noqa: E402
 
 PEER = os.path.join(ROOT, "tests", "python", "peers", "host_peer.py")
 
@@ -43,20 +44,5 @@ def trial(setting):
         return client_s, server_s, seen.get("error")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--settings", default="default,2")
-    a = ap.parse_args()
-    print(f"{'liveness_timeout':>16} {'client median':>14} {'client max':>11} {'server median':>14} "
-          f"{'server max':>11}  raised")
-    for setting in a.settings.split(","):
-        runs = [trial(setting) for _ in range(a.trials if setting != "0" else 1)]
-        c = [r[0] for r in runs]
-        s = [r[1] for r in runs]
-        print(f"{setting:>16} {statistics.median(c):>13.2f}s {max(c):>10.2f}s {statistics.median(s):>13.2f}s "
-              f"{max(s):>10.2f}s  {sorted({r[2] for r in runs})}", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    link_cut_table.run(trial)
