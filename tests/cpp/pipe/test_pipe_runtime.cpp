@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/dlpack_dtype.h"
 #include "pipe/pipe_impl.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
@@ -268,26 +269,39 @@ TEST(PipeRuntime, AStartWhileAnotherSendIsInFlightSendsNothingAndSaysSo) {
 // with the endpoint after its 500 ms left a receiver that came later waiting for ever (the
 // sender lives, and one host has no heartbeats). The close lingers until it is delivered.
 TEST(PipeRuntime, AReceiverThatComesAfterTheSendersCloseIsToldOfIt) {
-  Pair p;
-  ASSERT_NE(p.connected->transports().find("sysv"), std::string::npos)
-      << "not over shared memory: " << p.connected->transports();
+  PipeOptions o;
+  o.liveness_timeout = 3s;  // what bounds a lingering close (the receiver comes at 1.5 s)
+  PipeListener listener(0, o);
+  std::optional<TensorDictPipe> accepted;
+  std::thread t([&] { accepted = listener.accept(20s); });
+  TensorDictPipe connected = TensorDictPipe::connect("127.0.0.1", listener.port(), o);
+  t.join();
+  ASSERT_NE(connected.transports().find("sysv"), std::string::npos)
+      << "not over shared memory: " << connected.transports();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(size_t{32} << 20);
+  auto released = std::make_shared<std::atomic<bool>>(false);
   {
     TensorDict td;
-    td.set("x", Tensor::empty({32 << 20}, DType::UInt8));
-    EXPECT_THROW(p.connected->send(td, 50ms), TimeoutError);
+    td.set("x", detail::external_view(bytes->data(), {32 << 20}, {}, DType::UInt8,
+                                      [bytes, released] { *released = true; }));
+    EXPECT_THROW(connected.send(td, 50ms), TimeoutError);
   }  // dropped: the lingering close holds its storage
-  p.connected->close();
+  connected.close();
+  EXPECT_FALSE(*released);
   std::this_thread::sleep_for(1500ms);  // past the close's own 500 ms
   const auto start = Clock::now();
   try {
     // The message whole (its rest went before the close message), then the close.
-    EXPECT_EQ(p.accepted->recv(nullptr, 20s).get("x").nbytes(), size_t{32} << 20);
-    EXPECT_THROW(p.accepted->recv(nullptr, 20s), ClosedError);
+    EXPECT_EQ(accepted->recv(nullptr, 20s).get("x").nbytes(), size_t{32} << 20);
+    EXPECT_THROW(accepted->recv(nullptr, 20s), ClosedError);
   } catch (const ClosedError& e) {
     EXPECT_NE(std::string(e.what()).find("the peer closed the pipe"), std::string::npos)
         << e.what();
   }
   EXPECT_LT(Clock::now() - start, 10s);
+  // The linger ends within its bound and lets go of the message's storage.
+  for (int i = 0; i < 500 && !*released; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(*released);
 }
 
 TEST(PipeRuntime, ADictDroppedAfterItsSendTimedOutStillArrivesWhole) {
