@@ -53,9 +53,7 @@ Tensor to_tensor_view(const nb::ndarray<nb::device::cpu>& a) {
   }
   auto* keep = new nb::ndarray<nb::device::cpu>(a);
   return detail::external_view(const_cast<void*>(a.data()), std::move(shape), std::move(strides),
-                               *dtype, [keep] {
-                                 release_unless_exiting([keep] { delete keep; });
-                               });
+                               *dtype, [keep] { release_unless_exiting([keep] { delete keep; }); });
 }
 
 // The dtype of an array-like, described for the message on an unsupported one.

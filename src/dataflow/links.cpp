@@ -29,8 +29,8 @@ void MainLink::make_sockets(int n) {
 }
 
 std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
-  return std::launder(
-      reinterpret_cast<std::atomic<uint64_t>*>(sent_.data() + sender * sizeof(std::atomic<uint64_t>)));
+  return std::launder(reinterpret_cast<std::atomic<uint64_t>*>(
+      sent_.data() + sender * sizeof(std::atomic<uint64_t>)));
 }
 
 uint16_t MainLink::next_generation(int index) {

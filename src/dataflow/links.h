@@ -112,9 +112,9 @@ struct MainLink {
   void count_received(uint16_t sender);
   // A dead sender all of whose descriptors were read: its segments and socket let go of.
   void retire_if_drained(uint16_t sender);
-  shm::Segment sent_;                 // std::atomic<uint64_t> per sender id, shared
-  std::vector<uint64_t> received_;    // per sender id
-  std::vector<bool> draining_;        // per sender id: dead, descriptors still to come
+  shm::Segment sent_;                // std::atomic<uint64_t> per sender id, shared
+  std::vector<uint64_t> received_;   // per sender id
+  std::vector<bool> draining_;       // per sender id: dead, descriptors still to come
   zmq::message_t msg_;               // the message being read
   std::span<const std::byte> rest_;  // its descriptors not read yet
 };

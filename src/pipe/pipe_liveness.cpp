@@ -104,8 +104,7 @@ bool PipeImpl::linger(ucx::Request& close_msg) {
   return true;
 }
 
-void PipeImpl::linger_turn(std::shared_ptr<PipeImpl>& self,
-                           std::optional<TensorDict>& storages) {
+void PipeImpl::linger_turn(std::shared_ptr<PipeImpl>& self, std::optional<TensorDict>& storages) {
   bool failed = false;
   bool left = false;
   bool sent = true;
