@@ -785,17 +785,26 @@ void PipeImpl::close() {
   close_endpoint(/*force=*/false);
 }
 
+bool PipeImpl::sends_in_flight() {
+  bool running = false;
+  for (auto& r : send_reqs_) {
+    try {
+      running = !r.done() || running;
+    } catch (const Error&) {
+    }
+  }
+  return running;
+}
+
+bool PipeImpl::peer_gone() const {
+  return ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
+}
+
 void PipeImpl::close_endpoint(bool force, std::chrono::milliseconds budget) {
   // A send still in flight (abandoned, or refused by the peer: a rendezvous the peer will
   // never take) is dropped with the endpoint: a graceful close would wait for it, and UCX
   // 1.13 aborts destroying the worker while the endpoint still holds it.
-  bool sends_in_flight = false;
-  for (auto& r : send_reqs_) {
-    try {
-      sends_in_flight = !r.done() || sends_in_flight;
-    } catch (const Error&) {
-    }
-  }
+  const bool in_flight = sends_in_flight();
   send_reqs_.clear();
   sending_ = false;
   sending_td_ = nullptr;
@@ -803,12 +812,11 @@ void PipeImpl::close_endpoint(bool force, std::chrono::milliseconds budget) {
   // graceful close would wait for it, then leave a receive that had matched its
   // rendezvous attached to the endpoint (cancelling does not end one), and UCX 1.13
   // aborts destroying the worker ("proto_reqs" not empty). A forced close fails them.
-  const bool peer_gone =
-      peer_lost_ || ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
+  const bool gone = peer_lost_ || peer_gone();
   // Otherwise graceful once the endpoint's wire-up is over, so a refusal or error just sent
   // reaches the peer before the disconnect (a forced close can reset the connection under
   // it); by force before that: UCX 1.13 aborts when it flushes an endpoint in wire-up.
-  ep_->close(/*force=*/force || !wired_up_ || sends_in_flight || peer_gone, budget);
+  ep_->close(/*force=*/force || !wired_up_ || in_flight || gone, budget);
   ep_->discard_unexpected();
   // Whoever sleeps on the pipe's fds looks again and meets ClosedError: an event loop's
   // coroutine on a pipe that its TensorDictServer closed has no other way to hear of it.

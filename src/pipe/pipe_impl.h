@@ -174,6 +174,10 @@ class PipeImpl : public runtime::Beating {
   // On the liveness thread, under mu_: one turn of a lingering close; once it is over, the
   // pipe's own reference and the message's storages, to let go of outside mu_.
   void linger_turn(std::shared_ptr<PipeImpl>& self, std::optional<TensorDict>& storages);
+  // Under mu_: whether a send request is still running (a failed one counts as over).
+  bool sends_in_flight();
+  // Under mu_: the endpoint failed or the same-host peer process has exited.
+  bool peer_gone() const;
   // The end of every close: the endpoint closed (by force when `force`), waiting up to
   // `budget` for a graceful one.
   void close_endpoint(bool force,
@@ -224,8 +228,8 @@ class PipeImpl : public runtime::Beating {
   // lets the dict go. Taken out (taken_in_flight()) once the send is over and destroyed
   // outside mu_: a storage that wraps a Python buffer takes the GIL to let it go.
   std::optional<TensorDict> in_flight_;
-  // A lingering close (linger()): the pipe itself, kept alive until the close message has
-  // left, the peer is gone or linger_until_ passed; and that close message.
+  // A lingering close (linger()): the pipe itself, kept alive until the close message and
+  // the sends have left, the peer is gone or linger_until_ passed; and that close message.
   std::shared_ptr<PipeImpl> lingering_;
   ucx::Request close_msg_;
   std::chrono::steady_clock::time_point linger_until_{};

@@ -79,17 +79,10 @@ bool PipeImpl::linger(ucx::Request& close_msg) {
     stuck = !close_msg.done();
   } catch (const Error&) {
   }
-  bool sends_in_flight = false;
-  for (auto& r : send_reqs_) {
-    try {
-      sends_in_flight = !r.done() || sends_in_flight;
-    } catch (const Error&) {
-    }
-  }
   // A receive of ours in flight writes into the caller's dict, which nothing holds once
   // close() returns: only the forced close ends it.
-  if (!stuck || !sends_in_flight || state_ != RecvState::Idle || !wired_up_ || peer_lost_ ||
-      ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive()))
+  if (!stuck || !sends_in_flight() || state_ != RecvState::Idle || !wired_up_ || peer_lost_ ||
+      peer_gone())
     return false;
   auto self = std::static_pointer_cast<PipeImpl>(weak_from_this().lock());
   if (!self) return false;
@@ -118,7 +111,7 @@ void PipeImpl::linger_turn(std::shared_ptr<PipeImpl>& self, std::optional<Tensor
   } catch (const Error&) {
     failed = true;  // a request failed: the endpoint is broken
   }
-  const bool gone = ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
+  const bool gone = peer_gone();
   // The storages go only once UCX is done reading them (a peer that pulls a rendezvous
   // itself may still read them after the close message overtook the data), the peer is
   // gone, or the bound passed.
