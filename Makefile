@@ -94,7 +94,11 @@ test-sanitize: deps
 	@cmake -S . -B $(BUILD)-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=address,undefined -DTENSORWIRE_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
-	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	@# fast_unwind_on_malloc=0: a leak's stack goes through libraries built without frame
+	@# pointers (UCX), which the suppressions in tests/sanitize/lsan.supp must see.
+	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+	  LSAN_OPTIONS=suppressions=$(abspath tests/sanitize/lsan.supp):print_suppressions=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -LE forked-child
 
 # Concurrent code under ThreadSanitizer.
