@@ -16,7 +16,8 @@ void MainLink::make_sockets(int n) {
   owner_pid = ::getpid();
   num_workers = n;
   generation.assign(static_cast<size_t>(n), 0);
-  parent_ends.resize(static_cast<size_t>(n * kGenerations));
+  slot.assign(static_cast<size_t>(n), 0);
+  parent_ends.resize(static_cast<size_t>(n * kSlots));
   child_ends.resize(parent_ends.size());
   for (int i = 0; i < n; ++i)
     std::tie(parent_ends[static_cast<size_t>(i)], child_ends[static_cast<size_t>(i)]) =
@@ -26,6 +27,7 @@ void MainLink::make_sockets(int n) {
     new (sent_.data() + s * sizeof(std::atomic<uint64_t>)) std::atomic<uint64_t>(0);
   received_.assign(parent_ends.size(), 0);
   draining_.assign(parent_ends.size(), false);
+  died_.assign(parent_ends.size(), 0);
 }
 
 std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
@@ -35,7 +37,20 @@ std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
 
 uint16_t MainLink::next_generation(int index) {
   const uint16_t dead = sender_of(index);
-  ++generation[static_cast<size_t>(index)];
+  const auto i = static_cast<size_t>(index);
+  // The next id of this worker whose last owner's descriptors have all been read, else the
+  // one that has drained longest (see links.h).
+  auto id = [&](int s) { return static_cast<size_t>(index + num_workers * s); };
+  int next = -1;
+  for (int k = 1; k < kSlots && next < 0; ++k)
+    if (!draining_[id((slot[i] + k) % kSlots)]) next = (slot[i] + k) % kSlots;
+  if (next < 0) {
+    next = (slot[i] + 1) % kSlots;
+    for (int k = 2; k < kSlots; ++k)
+      if (died_[id((slot[i] + k) % kSlots)] < died_[id(next)]) next = (slot[i] + k) % kSlots;
+  }
+  ++generation[i];
+  slot[i] = next;
   const uint16_t sender = sender_of(index);
   if (receiver) receiver->forget(sender);
   std::tie(parent_ends[sender], child_ends[sender]) = os::UnixSocket::pair();
@@ -44,6 +59,7 @@ uint16_t MainLink::next_generation(int index) {
   received_[sender] = 0;
   draining_[sender] = false;
   draining_[dead] = true;
+  died_[dead] = ++deaths_;
   retire_if_drained(dead);
   return sender;
 }

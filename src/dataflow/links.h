@@ -7,18 +7,21 @@
 // every worker's pidfd, so a dead worker ends any wait within `liveness`: it throws
 // WorkerDiedError, or hands the death to `on_death` when one is set (a restart).
 //
-// Senders: a replaced worker gets a new sender id (its index + num_workers x generation,
-// kGenerations of them in turn), with its own socket pair and receiver state, so that
-// descriptors of the dead one still queued in ZeroMQ are read against the dead one's
-// segments, never the new one's. An id comes back after kGenerations restarts of the
-// same worker, long after its dead owner's last descriptor was read.
+// Senders: a replaced worker gets a new sender id (its index + num_workers x slot, one of
+// kSlots), with its own socket pair and receiver state, so that descriptors of the dead
+// one still queued in ZeroMQ are read against the dead one's segments, never the new one's.
+// The new id is one whose last owner's descriptors have all been read (below), so a quick
+// run of deaths behind a slow consumer never hands a new worker an id that descriptors
+// still in the queue name (they were decoded against its segments: a ProtocolError, or
+// another datapoint's bytes). Only when every other id of the worker still drains does the
+// one that has drained longest come back: one kept by a descriptor lost with its worker.
 //
 // A dead sender's segments are let go of as soon as its last descriptor has been read:
 // each worker counts the descriptors it hands to ZeroMQ in a shared counter per sender id
 // (made before the first fork, so every worker and the fork server map it), and the main
 // process counts those it reads. Once a dead sender's two counts meet, nothing more of it
 // can come. A descriptor the dead worker counted but ZeroMQ never sent (it died with the
-// message in its own queue) keeps its segments mapped until the id comes round again.
+// message in its own queue) keeps its segments mapped until the id is taken again.
 //
 // WorkerLink (a worker): its own ZeroMQ context (created after the fork), the PUSH
 // socket, and an ShmSender whose new segments go to the main process over the worker's
@@ -48,7 +51,8 @@ namespace tensorwire::dataflow::detail {
 using Millis = std::chrono::milliseconds;
 
 struct MainLink {
-  static constexpr int kGenerations = 4;
+  // Sender ids per worker: num_proc <= 1024 keeps every id within 16 bits.
+  static constexpr int kSlots = 16;
 
   explicit MainLink(std::string owner_name, Millis liveness_interval)
       : owner(std::move(owner_name)), workers(owner), liveness(liveness_interval) {}
@@ -60,8 +64,7 @@ struct MainLink {
   // pair, the receiver's state of that id forgotten. Returns the id.
   uint16_t next_generation(int index);
   uint16_t sender_of(int index) const {
-    return static_cast<uint16_t>(index +
-                                 num_workers * static_cast<int>(generation[index] % kGenerations));
+    return static_cast<uint16_t>(index + num_workers * slot[static_cast<size_t>(index)]);
   }
   int index_of(uint16_t sender) const { return sender % num_workers; }
   bool is_current(uint16_t sender) const { return sender_of(index_of(sender)) == sender; }
@@ -94,6 +97,7 @@ struct MainLink {
   Millis liveness;
   int num_workers = 0;
   std::vector<uint32_t> generation;                     // per worker index
+  std::vector<int> slot;                                // per worker index: its sender id's
   std::vector<os::UnixSocket> parent_ends, child_ends;  // per sender id
   std::function<void(const WorkerProcesses::Death&)> on_death;
   std::function<void()> watchdog;  // at each liveness check (kills stuck workers)
@@ -112,9 +116,11 @@ struct MainLink {
   void count_received(uint16_t sender);
   // A dead sender all of whose descriptors were read: its segments and socket let go of.
   void retire_if_drained(uint16_t sender);
-  shm::Segment sent_;                // std::atomic<uint64_t> per sender id, shared
-  std::vector<uint64_t> received_;   // per sender id
-  std::vector<bool> draining_;       // per sender id: dead, descriptors still to come
+  shm::Segment sent_;               // std::atomic<uint64_t> per sender id, shared
+  std::vector<uint64_t> received_;  // per sender id
+  std::vector<bool> draining_;      // per sender id: dead, descriptors still to come
+  std::vector<uint64_t> died_;      // per sender id: when its owner died (a death count)
+  uint64_t deaths_ = 0;
   zmq::message_t msg_;               // the message being read
   std::span<const std::byte> rest_;  // its descriptors not read yet
 };

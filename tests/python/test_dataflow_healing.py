@@ -276,7 +276,7 @@ def worker_segments_mapped():
 # restarts of that worker later: up to 4 x (hwm + 4) datapoints of shared memory per
 # worker. Now they go once its last datapoint has been read. The worker is killed while it
 # waits for credits, so that nothing it sent is lost in its own ZeroMQ queue (which would
-# keep its segments until its id comes round, as before).
+# keep its segments until its id is taken again, as before).
 @pytest.mark.parametrize("kind", ["runner", "map"])
 def test_a_dead_workers_shared_memory_goes_once_its_last_datapoint_was_read(kind):
     if kind == "runner":
@@ -298,6 +298,52 @@ def test_a_dead_workers_shared_memory_goes_once_its_last_datapoint_was_read(kind
             mapped.append(worker_segments_mapped())
         assert r.restarts == 3
         assert first >= 1 and max(mapped) <= 2 * first, (first, mapped)
+
+
+class Numbered:
+    """Datapoint i: 125,000 int64 of value i (1 MB), and the pid that made it."""
+
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        for i in range(10**9):
+            yield [np.full(125_000, i, np.int64), np.array([os.getpid()], np.int64)]
+
+    def __len__(self):
+        return 10**9
+
+
+# A worker killed again and again behind a slow consumer: each dead one leaves its hwm
+# datapoints queued. Its fourth replacement was given the sender id of the first dead one,
+# whose descriptors were still to be read, and they were decoded against the new worker's
+# segments ("ProtocolError: datapoint descriptor for schema 1, but the last schema from
+# sender 0 is 0", or another datapoint's bytes). Every datapoint of every worker now
+# arrives whole and in order, and stays intact while held.
+def test_a_worker_killed_again_and_again_behind_a_slow_consumer_loses_nothing():
+    held = []
+    r = twdf.MultiProcessRunnerZMQ(Numbered(), num_proc=1, hwm=20, on_worker_death="restart",
+                                   max_restarts=100)
+    with r, warnings.catch_warnings():
+        warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
+        r.reset_state()
+        it = iter(r)
+        for _ in range(6):
+            time.sleep(0.5)  # the worker fills its window
+            os.kill(r.pids[0], signal.SIGKILL)
+            time.sleep(0.05)
+            held += [next(it) for _ in range(3)]
+            time.sleep(0.15)
+        held += [next(it) for _ in range(20 * 8)]
+        assert r.restarts == 6
+    by_pid = {}
+    for a, pid in held:
+        a = np.asarray(a)
+        assert (a == a[0]).all()
+        by_pid.setdefault(int(np.asarray(pid)[0]), []).append(int(a[0]))
+    assert len(by_pid) >= 5, by_pid.keys()
+    for values in by_pid.values():
+        assert values == list(range(len(values))), values
 
 
 class StuckAt:
