@@ -26,8 +26,7 @@ void MainLink::make_sockets(int n) {
   for (size_t s = 0; s < parent_ends.size(); ++s)
     new (sent_.data() + s * sizeof(std::atomic<uint64_t>)) std::atomic<uint64_t>(0);
   received_.assign(parent_ends.size(), 0);
-  draining_.assign(parent_ends.size(), false);
-  died_.assign(parent_ends.size(), 0);
+  draining_since_.assign(parent_ends.size(), 0);
 }
 
 std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
@@ -38,17 +37,12 @@ std::atomic<uint64_t>* MainLink::sent_count(uint16_t sender) const {
 uint16_t MainLink::next_generation(int index) {
   const uint16_t dead = sender_of(index);
   const auto i = static_cast<size_t>(index);
-  // The next id of this worker whose last owner's descriptors have all been read, else the
-  // one that has drained longest (see links.h).
-  auto id = [&](int s) { return static_cast<size_t>(index + num_workers * s); };
-  int next = -1;
-  for (int k = 1; k < kSlots && next < 0; ++k)
-    if (!draining_[id((slot[i] + k) % kSlots)]) next = (slot[i] + k) % kSlots;
-  if (next < 0) {
-    next = (slot[i] + 1) % kSlots;
-    for (int k = 2; k < kSlots; ++k)
-      if (died_[id((slot[i] + k) % kSlots)] < died_[id(next)]) next = (slot[i] + k) % kSlots;
-  }
+  // The next id of this worker (in turn) whose last owner's descriptors have all been read
+  // (0), else the one that has drained longest (the lowest death number; see links.h).
+  auto since = [&](int s) { return draining_since_[static_cast<size_t>(index + num_workers * s)]; };
+  int next = (slot[i] + 1) % kSlots;
+  for (int k = 2; k < kSlots && since(next) != 0; ++k)
+    if (since((slot[i] + k) % kSlots) < since(next)) next = (slot[i] + k) % kSlots;
   ++generation[i];
   slot[i] = next;
   const uint16_t sender = sender_of(index);
@@ -57,9 +51,8 @@ uint16_t MainLink::next_generation(int index) {
   // The new worker counts from zero; what the dead one sent is final now.
   sent_count(sender)->store(0, std::memory_order_relaxed);
   received_[sender] = 0;
-  draining_[sender] = false;
-  draining_[dead] = true;
-  died_[dead] = ++deaths_;
+  draining_since_[sender] = 0;
+  draining_since_[dead] = ++deaths_;
   retire_if_drained(dead);
   return sender;
 }
@@ -67,13 +60,14 @@ uint16_t MainLink::next_generation(int index) {
 void MainLink::count_received(uint16_t sender) {
   if (!valid_sender(sender)) return;  // the caller refuses it
   ++received_[sender];
-  if (draining_[sender]) retire_if_drained(sender);
+  if (draining_since_[sender] != 0) retire_if_drained(sender);
 }
 
 void MainLink::retire_if_drained(uint16_t sender) {
-  if (!draining_[sender] || received_[sender] < sent_count(sender)->load(std::memory_order_acquire))
+  if (draining_since_[sender] == 0 ||
+      received_[sender] < sent_count(sender)->load(std::memory_order_acquire))
     return;
-  draining_[sender] = false;
+  draining_since_[sender] = 0;
   // Datapoints already handed out keep their own mappings (shm::Segment::storage).
   if (receiver) receiver->forget(sender);
   parent_ends[sender].close();

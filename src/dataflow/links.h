@@ -118,8 +118,9 @@ struct MainLink {
   void retire_if_drained(uint16_t sender);
   shm::Segment sent_;               // std::atomic<uint64_t> per sender id, shared
   std::vector<uint64_t> received_;  // per sender id
-  std::vector<bool> draining_;      // per sender id: dead, descriptors still to come
-  std::vector<uint64_t> died_;      // per sender id: when its owner died (a death count)
+  // Per sender id: 0, or the id's owner is dead with descriptors still to come, and this
+  // is the number of the death (deaths_ then), so the longest draining has the lowest.
+  std::vector<uint64_t> draining_since_;
   uint64_t deaths_ = 0;
   zmq::message_t msg_;               // the message being read
   std::span<const std::byte> rest_;  // its descriptors not read yet

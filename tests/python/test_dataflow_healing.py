@@ -253,17 +253,21 @@ def test_a_strict_map_stays_exact_when_workers_are_killed_from_outside():
 
 
 class Megabytes:
-    """20 datapoints of 1 MB an epoch."""
+    """`size` datapoints an epoch, datapoint i: 125,000 int64 of value i (1 MB), and the pid
+    of the worker that made it."""
+
+    def __init__(self, size=20):
+        self.size = size
 
     def reset_state(self):
         pass
 
     def __len__(self):
-        return 20
+        return self.size
 
     def __iter__(self):
-        for i in range(20):
-            yield [np.full(125_000, i, np.int64)]
+        for i in range(self.size):
+            yield [np.full(125_000, i, np.int64), np.array([os.getpid()], np.int64)]
 
 
 def worker_segments_mapped():
@@ -300,20 +304,6 @@ def test_a_dead_workers_shared_memory_goes_once_its_last_datapoint_was_read(kind
         assert first >= 1 and max(mapped) <= 2 * first, (first, mapped)
 
 
-class Numbered:
-    """Datapoint i: 125,000 int64 of value i (1 MB), and the pid that made it."""
-
-    def reset_state(self):
-        pass
-
-    def __iter__(self):
-        for i in range(10**9):
-            yield [np.full(125_000, i, np.int64), np.array([os.getpid()], np.int64)]
-
-    def __len__(self):
-        return 10**9
-
-
 # A worker killed again and again behind a slow consumer: each dead one leaves its hwm
 # datapoints queued. Its fourth replacement was given the sender id of the first dead one,
 # whose descriptors were still to be read, and they were decoded against the new worker's
@@ -322,7 +312,7 @@ class Numbered:
 # arrives whole and in order, and stays intact while held.
 def test_a_worker_killed_again_and_again_behind_a_slow_consumer_loses_nothing():
     held = []
-    r = twdf.MultiProcessRunnerZMQ(Numbered(), num_proc=1, hwm=20, on_worker_death="restart",
+    r = twdf.MultiProcessRunnerZMQ(Megabytes(10**9), num_proc=1, hwm=20, on_worker_death="restart",
                                    max_restarts=100)
     with r, warnings.catch_warnings():
         warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
