@@ -134,7 +134,22 @@ void ShmReceiver::add_segment(uint16_t sender, uint32_t index, shm::Segment segm
     throw ProtocolError("segment " + std::to_string(index) + " from sender " +
                         std::to_string(sender) + " out of order (expected " +
                         std::to_string(p.segments.size()) + ")");
-  p.segments.push_back(std::move(segment));
+  map(p, std::move(segment));
+}
+
+void ShmReceiver::map(Peer& peer, shm::Segment segment) {
+  const size_t bytes = segment.size();
+  peer.segments.push_back(std::move(segment));
+  mapped_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void ShmReceiver::forget(uint16_t sender) {
+  auto it = peers_.find(sender);
+  if (it == peers_.end()) return;
+  size_t bytes = 0;
+  for (const auto& s : it->second.segments) bytes += s.size();
+  peers_.erase(it);
+  mapped_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 const shm::Segment& ShmReceiver::segment(uint16_t sender, Peer& peer, uint32_t index) {
@@ -144,16 +159,9 @@ const shm::Segment& ShmReceiver::segment(uint16_t sender, Peer& peer, uint32_t i
                           std::to_string(sender) + ", which has sent " +
                           std::to_string(peer.segments.size()));
     const auto next = static_cast<uint32_t>(peer.segments.size());
-    peer.segments.push_back(fetch_(sender, next));
+    map(peer, fetch_(sender, next));
   }
   return peer.segments[index];
-}
-
-size_t ShmReceiver::mapped_bytes() const {
-  size_t n = 0;
-  for (const auto& [id, p] : peers_)
-    for (const auto& s : p.segments) n += s.size();
-  return n;
 }
 
 ShmReceiver::Received ShmReceiver::decode(std::span<const std::byte> msg) {

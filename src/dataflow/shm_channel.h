@@ -15,6 +15,7 @@
 // Thread-safety: each object is used by one thread; the chunk release may happen on any.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <span>
 #include <string>
@@ -85,9 +86,11 @@ class ShmReceiver {
   Received decode(std::span<const std::byte> message);
 
   void add_segment(uint16_t sender, uint32_t index, shm::Segment segment);
-  size_t mapped_bytes() const;
-  // Forgets a sender's schema (it restarted, or its stream was cut).
-  void forget(uint16_t sender) { peers_.erase(sender); }
+  // Bytes of the segments mapped now. Atomic: the owner reads it from any thread while its
+  // consumer thread decodes (the map itself is the consumer's alone).
+  size_t mapped_bytes() const noexcept { return mapped_bytes_.load(std::memory_order_relaxed); }
+  // Forgets a sender's schema and segments (it restarted, or its stream was cut).
+  void forget(uint16_t sender);
 
  private:
   struct Peer {
@@ -99,10 +102,12 @@ class ShmReceiver {
     bool header_valid = false;
   };
   const shm::Segment& segment(uint16_t sender, Peer& peer, uint32_t index);
+  void map(Peer& peer, shm::Segment segment);
 
   FetchSegment fetch_;
   wire::Limits limits_;
   std::unordered_map<uint16_t, Peer> peers_;
+  std::atomic<size_t> mapped_bytes_{0};
 };
 
 // Segments over a Unix socket: "segment <index> <bytes>" with the memfd attached.

@@ -286,6 +286,24 @@ TEST_F(Runner, AConsumerThatKeepsDatapointsKeepsTheirMemory) {
   EXPECT_GE(r.shared_memory_bytes(), 100u * (64 << 10));
 }
 
+// shared_memory_bytes() is read from other threads (a monitor, Python with the GIL released
+// while another thread iterates) while the consumer maps segments: TSan checks it.
+TEST_F(Runner, SharedMemoryBytesCanBeReadWhileAnotherThreadIterates) {
+  MultiProcessRunnerZMQ r(counting(std::nullopt, 64 << 10), {.num_proc = 2, .hwm = 2});
+  r.reset_state();
+  std::atomic<bool> done{false};
+  size_t most = 0;
+  std::thread monitor([&] {
+    while (!done.load()) most = std::max(most, r.shared_memory_bytes());
+  });
+  std::vector<TensorDict> kept;  // kept: the runner must map more segments as it goes
+  for (int i = 0; i < 100; ++i) kept.push_back(r.next());
+  done = true;
+  monitor.join();
+  EXPECT_GE(r.shared_memory_bytes(), 100u * (64 << 10));
+  EXPECT_LE(most, r.shared_memory_bytes());
+}
+
 }  // namespace
 }  // namespace tensorwire::dataflow
 
