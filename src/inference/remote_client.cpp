@@ -393,16 +393,15 @@ std::unique_ptr<Pending> RemoteClient::submit(const TensorDict& td, Deadline dea
   std::vector<const Tensor*> leaves;
   validate_request(td, l->request, leaves, "RemoteTransport");
   auto r = std::make_unique<RemoteLink::Orphan>();
-  r->request = td;
-  r->copies.reserve(leaves.size());
+  size_t total = 0;
+  for (const Tensor* t : leaves) total += t->nbytes();
+  r->sent = Storage::allocate(std::max<size_t>(total, 1), 64);
   std::vector<std::span<const std::byte>> out;
+  size_t at = 0;
   for (const Tensor* t : leaves) {
-    const Tensor* src = t;
-    if (!t->is_contiguous()) {
-      r->copies.push_back(t->contiguous());
-      src = &r->copies.back();
-    }
-    out.emplace_back(static_cast<const std::byte*>(src->data()), src->nbytes());
+    t->copy_to(r->sent.data() + at);
+    out.emplace_back(r->sent.data() + at, t->nbytes());
+    at += t->nbytes();
   }
   r->buffer = Storage::allocate(l->response.bank_bytes(), 64);
   std::vector<std::span<std::byte>> in;
@@ -417,8 +416,16 @@ std::unique_ptr<Pending> RemoteClient::submit(const TensorDict& td, Deadline dea
       if (l->in_flight < l->num_slots) {
         r->seq = l->next_seq++;
         r->recv = l->ep->recv(remote::tag(remote::Kind::Response, r->seq), in, r->iov, &r->length);
-        r->send = l->ep->send(remote::tag(remote::Kind::Request, r->seq), out, r->send_iov);
         ++l->in_flight;
+        try {
+          r->send = l->ep->send(remote::tag(remote::Kind::Request, r->seq), out, r->send_iov);
+        } catch (...) {
+          // The receive is posted into r's buffer: r lives on as an orphan until UCX
+          // has let go of it (freeing it here would leave UCX a dangling buffer).
+          r->recv.cancel(l->worker->handle());
+          l->orphans.push_back(std::move(r));
+          throw;
+        }
         return true;
       }
       seen = l->worker->events();

@@ -64,8 +64,12 @@ class RemoteLink : public runtime::Beating {
     std::vector<ucp_dt_iov_t> send_iov;
     ucx::Request recv;
     ucx::Request send;
-    TensorDict request;          // keeps the sent tensors alive until the send completed
-    std::vector<Tensor> copies;  // leaves that were not contiguous, made contiguous
+    // The request's bytes, copied at submit: the caller may reuse its arrays at once, as
+    // with every other transport (UCX reads a large send's source only when the server
+    // posts its receive, which waits for a free slot). It also means an orphan holds no
+    // caller memory, whose release could need the GIL while `mu` is held (a Python
+    // thread holding the GIL and waiting for `mu` would then deadlock with it).
+    Storage sent;
   };
   std::vector<std::unique_ptr<Orphan>> orphans;
 

@@ -187,7 +187,8 @@ void Encoder::encode_non_consolidated(const TensorDict& td) {
 
 OutMessage Encoder::control(const Json& body) {
   OutMessage m;
-  m.metadata = body.dump();
+  // Invalid UTF-8 in a text (an error message from C++) is replaced, never a throw here.
+  m.metadata = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   m.header.kind = MessageKind::Control;
   m.header.metadata_bytes = m.metadata.size();
   m.header_bytes = m.header.encode();

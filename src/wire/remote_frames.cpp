@@ -8,6 +8,9 @@ namespace tensorwire::wire::remote {
 namespace {
 // Type names and messages are shown to users; longer ones are cut, never refused.
 constexpr size_t kMaxText = 16 * 1024;
+// What a server sends at most (6 bytes of JSON a byte at worst, and a frame of 64 KiB).
+constexpr size_t kMaxSentType = 256;
+constexpr size_t kMaxSentMessage = 8 * 1024;
 
 std::string text_field(const Json& body, const char* name) {
   auto it = body.find(name);
@@ -28,8 +31,23 @@ void check_request_length(uint64_t length, uint64_t expected) {
                         " bytes (a client built for another spec, or a malformed frame)");
 }
 
+namespace {
+// At most `max` bytes of `s`, cut at a UTF-8 character boundary, saying how much was cut.
+std::string clipped(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "... (" + std::to_string(s.size() - n) + " bytes cut)";
+}
+}  // namespace
+
 Json failure_json(const Failure& f) {
-  return {{"type", f.type}, {"message", f.message}, {"closed", f.closed}};
+  // Cut to fit one control frame (ucx::kMaxControlFrame, 64 KiB) even if every byte is
+  // escaped as \u00XX: a policy's exception with a huge message must reach its client as
+  // that exception, not as a frame the client refuses (which fails its whole link).
+  return {{"type", clipped(f.type, kMaxSentType)},
+          {"message", clipped(f.message, kMaxSentMessage)},
+          {"closed", f.closed}};
 }
 
 Failure parse_failure(const Json& body) {

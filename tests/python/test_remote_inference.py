@@ -7,6 +7,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -251,6 +252,88 @@ def test_threads_making_their_first_calls_on_one_client_together():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "answers 600 {3.0}" in out.stdout, out.stdout + out.stderr
+
+
+# Threads sharing one client, some dropping their futures (each dropped request is reaped by
+# whichever thread progresses the link next, under its mutex and without the GIL) while
+# another polls done() and a dropped future is released (both with the GIL, taking the
+# mutex): a reaped request that held the caller's arrays needed the GIL to free them, and
+# the two threads waited for each other for good.
+_DROPPERS_AND_A_POLLER = r"""
+import threading, time
+import numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+spec, resp = {"observation": np.zeros(4, np.float32)}, {"action": np.zeros(4, np.float32)}
+t = inf.RemoteTransport(spec, resp, num_slots=64, host="127.0.0.1")
+server = inf.InferenceServer(lambda b: tw.TensorDict({"action": b["observation"] * 2},
+                                                     batch_size=b.batch_size), t).start()
+c = t.client()
+stop = time.monotonic() + 2.0
+polled = []
+def dropper():
+    while time.monotonic() < stop:
+        c.submit({"observation": np.ones(4, np.float32)})
+def poller():
+    while time.monotonic() < stop:
+        f = c.submit({"observation": np.ones(4, np.float32)})
+        while not f.done():
+            pass
+        polled.append(f.result(timeout=5)["action"][0].item())
+threads = [threading.Thread(target=x) for x in (dropper, dropper, poller)]
+[th.start() for th in threads]
+[th.join() for th in threads]
+server.shutdown()
+t.close()
+print("polled", len(polled) > 0, set(polled))
+"""
+
+
+def test_threads_dropping_futures_beside_one_polling_done_never_deadlock():
+    out = subprocess.run([sys.executable, "-c", _DROPPERS_AND_A_POLLER], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "polled True {2.0}" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_caller_may_reuse_its_arrays_once_submit_returned():
+    # 1 MiB: UCX reads a send that large only when the server posts its receive, which
+    # waits here for the only slot.
+    n = 1 << 18
+    gate, seen = threading.Event(), []
+
+    def policy(b):
+        gate.wait(10)
+        seen.extend(b["obs"][:, 0].tolist())
+        return tw.TensorDict({"a": b["obs"][:, :1] * 1}, batch_size=b.batch_size)
+
+    t = inf.RemoteTransport({"obs": np.zeros(n, np.float32)}, {"a": np.zeros(1, np.float32)},
+                            num_slots=1, host="127.0.0.1")
+    with inf.InferenceServer(policy, t):
+        first, second = t.client(), t.client()
+        held = first.submit({"obs": np.full(n, 1.0, np.float32)})  # takes the only slot
+        buf = np.full(n, 2.0, np.float32)
+        f = second.submit({"obs": buf})
+        buf[:] = 99.0  # the next observation, written in place
+        gate.set()
+        assert held.result(timeout=10)["a"].tolist() == [1.0]
+        assert f.result(timeout=10)["a"].tolist() == [2.0]
+    assert sorted(seen) == [1.0, 2.0]
+
+
+def test_a_policy_error_with_a_huge_message_reaches_the_client_cut_and_the_link_survives():
+    def policy(b):
+        if b["observation"][0, 0] < 0:
+            raise ValueError("bad batch: " + "x" * 100_000 + "\u00e9" * 10)
+        return double(b)
+
+    t = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1")
+    with inf.InferenceServer(policy, t):
+        c = t.client()
+        with pytest.raises(ValueError, match=r"^bad batch: x+\.\.\. \(\d+ bytes cut\)$") as e:
+            c({"observation": np.full(4, -1, np.float32)})
+        assert len(str(e.value)) < 9000
+        assert c({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
 
 
 def test_local_and_remote_transports_share_one_server():

@@ -12,6 +12,7 @@
 #include "inference/multi_transport.h"
 #include "inference/remote_server.h"
 #include "ucx/control.h"
+#include "wire/control_frame.h"
 #include "wire/handshake.h"
 #include "wire/remote_frames.h"
 
@@ -637,3 +638,30 @@ TEST(SeveralTransports, NoTransportOrOneGivenTwiceIsAValueError) {
 
 }  // namespace
 }  // namespace tw_test
+
+namespace tensorwire::inference {
+namespace {
+
+// A failure frame fits one control frame whatever the message (every byte a control
+// character JSON escapes 6-fold, a multi-byte character at the cut) and parses back cut at a
+// character boundary, saying how much was cut; a short one goes as it is.
+TEST(RemoteFrames, AFailureOfAnySizeFitsOneControlFrameCutAtACharacter) {
+  namespace remote = wire::remote;
+  const std::string worst(100'000, '\x01');
+  const auto frame =
+      wire::control_frame(remote::failure_json({std::string(5'000, '\x02'), worst, false}));
+  EXPECT_LE(frame.size(), ucx::kMaxControlFrame);
+  const std::string accents = std::string(8 * 1024 - 1, 'x') + "\xc3\xa9\xc3\xa9";  // é at the cut
+  const remote::Failure back = remote::parse_failure(wire::parse_control_frame(
+      wire::control_frame(remote::failure_json({"ValueError", accents, false})), wire::Limits{},
+      "failure"));
+  EXPECT_EQ(back.message, std::string(8 * 1024 - 1, 'x') + "... (4 bytes cut)");
+  const remote::Failure small =
+      remote::parse_failure(remote::failure_json({"KeyError", "'obs'", true}));
+  EXPECT_EQ(small.type, "KeyError");
+  EXPECT_EQ(small.message, "'obs'");
+  EXPECT_TRUE(small.closed);
+}
+
+}  // namespace
+}  // namespace tensorwire::inference
