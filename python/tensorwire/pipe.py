@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from . import _C
@@ -278,7 +279,9 @@ class TensorDictPipe:
         memory to the receiver, and ``send`` returns when the peer has received it. ``timeout``: seconds (None: no limit, 0:
         try once); TimeoutError when it passes. A send that timed out (or was interrupted
         by Ctrl-C) is still in flight: call ``send`` again with the same TensorDict to
-        finish it (it arrives once); a different TensorDict is sent after it."""
+        finish it (it arrives once); a different TensorDict is sent after it, and is not
+        sent at all when the first takes past its timeout (``TimeoutError: send timed out
+        before it started``: send it again)."""
         _check_sync("send")
         self._check_open("send")
         mine = self._unfinished = (td, self._to_send(td))
@@ -581,6 +584,21 @@ class PipeListener(_Acceptor):
         self.close()
 
 
+def _clear_frames(exc: Optional[BaseException], seen: Optional[set] = None) -> None:
+    """Clears the locals of every finished frame in `exc`'s traceback and in those of the
+    exceptions chained to it (file, line and code stay, for printing)."""
+    seen = set() if seen is None else seen
+    if exc is None or id(exc) in seen:
+        return
+    seen.add(id(exc))
+    try:
+        traceback.clear_frames(exc.__traceback__)
+    except RuntimeError:  # a frame still running: not ours to clear
+        pass
+    _clear_frames(exc.__cause__, seen)
+    _clear_frames(exc.__context__, seen)
+
+
 class TensorDictServer(_Acceptor):
     """Accepts many clients, each as its own TensorDictPipe.
 
@@ -631,6 +649,7 @@ class TensorDictServer(_Acceptor):
                         return
                     raise
                 task = asyncio.ensure_future(handler(pipe))
+                del pipe  # the handler's alone: this frame must not keep the last one alive
                 self._tasks.add(task)
                 task.add_done_callback(self._handler_done)
         finally:
@@ -643,8 +662,13 @@ class TensorDictServer(_Acceptor):
             return
         exc = task.exception()
         if exc is not None:
-            self.handler_errors.append(exc)
             _log.error("TensorDictServer handler failed", exc_info=exc)
+            # Kept with its traceback, but not with the handler's locals: its frames would
+            # keep its pipe (a UCX worker, its endpoint and about a dozen fds) for as long as
+            # handler_errors does, and a handler ends with ClosedError whenever its client
+            # leaves (`while True: await pipe.arecv()`).
+            _clear_frames(exc)
+            self.handler_errors.append(exc)
 
     async def __aiter__(self) -> AsyncIterator[TensorDictPipe]:
         while True:

@@ -415,7 +415,12 @@ void PipeImpl::fail(const std::string& reason, Fault fault) {
 
 // Progress that wakes the other waiting thread (ucx/worker_wait.h). Under mu_.
 unsigned PipeImpl::progress() {
-  return waiting_.progress(*worker_);
+  const unsigned n = waiting_.progress(*worker_);
+  // A payload on its way in: what progressed is its bytes coming (the peer's heartbeats
+  // wait behind them on the same connection; a message of GiBs over a slow link takes
+  // longer than the liveness timeout). A cut link progresses nothing, so it is still seen.
+  if (n && heartbeats_on_ && state_ == RecvState::Payload) heartbeats_.heard();
+  return n;
 }
 
 bool PipeImpl::arm() {
@@ -544,7 +549,16 @@ void PipeImpl::send(const TensorDict& td, Timeout timeout) {
   const bool resumed = sending(td);
   // Another TensorDict's send still in flight (an earlier call timed out): it completes
   // first, so messages arrive in the order they were sent, each once.
-  wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  try {
+    wait_until([&] { return !sending_ || step_send(); }, deadline, "send");
+  } catch (const TimeoutError&) {
+    if (resumed) throw;
+    // Unlike a send that timed out in flight, this one never started: say so, or the
+    // caller would take it for sent later.
+    throw TimeoutError(
+        "send timed out before it started: an earlier send that timed out was still in "
+        "flight, and this TensorDict was not sent (send it again)");
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     done = taken_in_flight();

@@ -29,6 +29,9 @@ class Heartbeats {
                                   const wire::Limits& limits, const std::string& peer);
   // Forgets the heartbeat in flight (the connection is going).
   void drop() noexcept { in_flight_ = Request(); }
+  // Something else came from the peer just now: it counts as a heartbeat (a long message
+  // whose bytes keep coming holds the peer's heartbeats behind it on the same connection).
+  void heard() noexcept { liveness_.heard(runtime::PeerLiveness::Clock::now()); }
 
  private:
   runtime::PeerLiveness liveness_;

@@ -146,6 +146,56 @@ def test_a_cut_shorter_than_the_liveness_timeout_is_survived(hosts):
     assert served["echoed"] == 1 and served["error"] is None, served
 
 
+_SLOW_RECEIVER = r"""
+import sys, time, numpy as np, tensorwire as tw
+with tw.PipeListener(0, liveness_timeout=1.0) as listener:
+    print("port", listener.port, flush=True)
+    pipe = listener.accept(timeout=60)
+    t = time.monotonic()
+    try:
+        td = pipe.recv(timeout=60)
+        print("got", int(np.asarray(td["v"]).sum()), round(time.monotonic() - t, 1), flush=True)
+    except Exception as e:
+        print("failed", type(e).__name__, round(time.monotonic() - t, 1), flush=True)
+    pipe.close()
+"""
+_SLOW_SENDER = r"""
+import sys, numpy as np, tensorwire as tw
+pipe = tw.TensorDictPipe.connect(sys.argv[1], int(sys.argv[2]), timeout=30, liveness_timeout=1.0)
+try:
+    pipe.send(tw.TensorDict({"v": np.ones(4_000_000 // 8)}, batch_size=[]), timeout=60)
+except Exception as e:
+    print("sender", type(e).__name__, flush=True)
+pipe.close()
+"""
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["healthy", "cut-mid-message"])
+def test_a_message_longer_than_the_liveness_timeout_arrives_and_a_cut_in_it_is_seen(hosts, cut):
+    # 4 MB at 8 Mbit/s: 4 s on the wire, four liveness timeouts. The sender's heartbeats
+    # wait behind the message on the same connection; the bytes coming in are the peer's
+    # sign of life. A link cut in the middle stops them: the receiver fails within its bound.
+    a, b = hosts
+    shaped = a.run(["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "8mbit",
+                    "burst", "32kbit", "latency", "400ms"])
+    assert shaped.returncode == 0, shaped.stderr
+    receiver = b.python(_SLOW_RECEIVER)
+    port = first_line(receiver, "port")
+    sender = a.python(_SLOW_SENDER, b.addr, port)
+    if cut:
+        time.sleep(3.0)
+        hosts.cut(a)
+    out, err = receiver.communicate(timeout=60)
+    sender.communicate(timeout=60)
+    words = out.split()
+    if cut:
+        assert words[0] == "failed" and words[1] == "ClosedError", out + err
+        assert float(words[2]) < 10.0, out  # about 3 s in, then the 1 s bound (UCX: 28 s)
+    else:
+        assert words[:2] == ["got", str(4_000_000 // 8)], out + err
+        assert float(words[2]) > 2.0, out  # it did outlast the liveness timeout
+
+
 def test_connecting_from_a_cut_host_raises_a_connection_error(hosts):
     # With no carrier on its only link, UCX has no device to connect with: the connect must
     # fail as a ConnectionError (ClosedError), promptly, not as a bare RuntimeError.

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -285,6 +286,53 @@ def test_server_serves_three_concurrent_clients_and_reports_handler_errors(tls):
         assert all(p.closed for p in served)
         for p in peers:
             finish(p)
+    asyncio.run(run())
+
+
+def test_a_handler_that_raises_does_not_keep_its_pipe_alive(caplog):
+    # handler_errors keeps each exception with its traceback; the handler's locals (its pipe:
+    # a UCX worker, its endpoint, about a dozen fds) must not stay alive with it. A handler
+    # reading until its client leaves ends this way once per client.
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    async def run():
+        server = tw.TensorDictServer(0)
+        pipes = []
+
+        async def handler(pipe):
+            pipes.append(weakref.ref(pipe))
+            await pipe.arecv()
+            raise RuntimeError("handler failed")
+
+        task = asyncio.ensure_future(server.serve(handler))
+
+        def clients(n):
+            for _ in range(n):
+                with tw.TensorDictPipe.connect("127.0.0.1", server.port, timeout=10) as p:
+                    p.send(tw.TensorDict({"x": np.arange(4)}, batch_size=[4]))
+
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, clients, 3)  # warm-up: lazily made state
+        for _ in range(200):
+            if len(server.handler_errors) == 3:
+                break
+            await asyncio.sleep(0.01)
+        gc.collect()
+        before = fds()
+        await loop.run_in_executor(None, clients, 20)
+        for _ in range(500):
+            if len(server.handler_errors) == 23:
+                break
+            await asyncio.sleep(0.01)
+        gc.collect()
+        assert len(server.handler_errors) == 23
+        assert all(isinstance(e, RuntimeError) and e.__traceback__ is not None
+                   for e in server.handler_errors)
+        assert [r for r in pipes if r() is not None] == []
+        assert fds() <= before + 2
+        server.close()
+        await asyncio.wait_for(task, 10)
     asyncio.run(run())
 
 

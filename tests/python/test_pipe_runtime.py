@@ -243,6 +243,27 @@ def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
     assert got == [float((1 << 20) - 1), [9.0, 9.0]]
 
 
+def test_a_send_whose_earlier_send_outlasts_its_timeout_says_it_was_not_sent(pair):
+    # Its TimeoutError must differ from one in flight's: this dict never left, and a caller
+    # that took it for in flight (to be finished later) would lose it.
+    accepted, connected = pair
+    with pytest.raises(TimeoutError, match="^send timed out$"):
+        connected.send(big(), timeout=0.05)  # nobody receives: in flight
+    with pytest.raises(TimeoutError, match="before it started.*was not sent"):
+        connected.send(small(1.0), timeout=0.05)
+    got = []
+
+    def receive():
+        got.append(float(accepted.recv(timeout=30)["x"][-1]))
+        got.append(accepted.recv(timeout=30)["v"].tolist())
+
+    t = threading.Thread(target=receive)
+    t.start()
+    connected.send(small(2.0), timeout=30)
+    t.join(30)
+    assert got == [float((1 << 20) - 1), [2.0, 2.0]]  # the big one, then 2.0; never 1.0
+
+
 def test_a_dict_dropped_after_its_send_timed_out_still_arrives_whole(pair):
     # A consolidated dict is sent from its own storage: the send in flight keeps it (the
     # C++ pipe holds a copy), or the peer would receive what the freed block holds next.

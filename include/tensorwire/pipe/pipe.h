@@ -69,7 +69,8 @@ class TensorDictPipe {
   // unchanged until the send is over, or the peer may get the new bytes. Calling send()
   // again with the same TensorDict object (with the same leaves) continues it (the message
   // arrives exactly once); with another TensorDict, the one in flight completes first
-  // (within this call's timeout), then the new one is sent.
+  // (within this call's timeout), then the new one is sent; when the timeout passes
+  // first, the new one was not sent (TimeoutError "send timed out before it started").
   void send(const TensorDict& td, Timeout timeout = Timeout::forever());
   // Returns the received TensorDict. Consolidated mode: the same object as the previous
   // receive while the structure is unchanged (its storage overwritten in place), or
