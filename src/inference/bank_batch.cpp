@@ -168,8 +168,14 @@ void write_response_row(const SlotLayout& layout, std::byte* bank, uint32_t slot
                                       : std::string("a ") + e.kind_name()));
     src[k] = &e.tensor();
   }
-  for (size_t k = 0; k < leaves.size(); ++k)
-    src[k]->copy_to(bank + leaves[k].offset + slot * leaves[k].row_bytes);
+  write_row(layout, bank, slot, src);
+}
+
+void write_row(const SlotLayout& layout, std::byte* bank, size_t slot,
+               const std::vector<const Tensor*>& leaves) {
+  const auto& l = layout.leaves();
+  for (size_t k = 0; k < l.size(); ++k)
+    leaves[k]->copy_to(bank + l[k].offset + slot * l[k].row_bytes);
 }
 
 void validate_request(const TensorDict& td, const SlotLayout& layout,

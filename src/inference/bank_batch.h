@@ -40,6 +40,11 @@ void write_response_rows(const SlotLayout& layout, std::byte* bank, const Draine
 void write_response_row(const SlotLayout& layout, std::byte* bank, uint32_t slot,
                         const TensorDict& response);
 
+// Copies `leaves` (in layout order, as validate_request collects them) into `slot`'s rows
+// of `bank`.
+void write_row(const SlotLayout& layout, std::byte* bank, size_t slot,
+               const std::vector<const Tensor*>& leaves);
+
 // Checks `td` against the request layout (before any slot is taken) and collects the
 // declared leaves in layout order; extra keys are ignored. `transport` names the transport
 // in the message about a non-CPU tensor.

@@ -393,16 +393,12 @@ std::unique_ptr<Pending> RemoteClient::submit(const TensorDict& td, Deadline dea
   std::vector<const Tensor*> leaves;
   validate_request(td, l->request, leaves, "RemoteTransport");
   auto r = std::make_unique<RemoteLink::Orphan>();
-  size_t total = 0;
-  for (const Tensor* t : leaves) total += t->nbytes();
-  r->sent = Storage::allocate(std::max<size_t>(total, 1), 64);
+  // The request goes out of a one-row bank of its own, as its answer comes into one.
+  r->sent = Storage::allocate(l->request.bank_bytes(), 64);
+  write_row(l->request, r->sent.data(), 0, leaves);
   std::vector<std::span<const std::byte>> out;
-  size_t at = 0;
-  for (const Tensor* t : leaves) {
-    t->copy_to(r->sent.data() + at);
-    out.emplace_back(r->sent.data() + at, t->nbytes());
-    at += t->nbytes();
-  }
+  for (const LeafSlot& leaf : l->request.leaves())
+    out.emplace_back(r->sent.data() + leaf.offset, leaf.row_bytes);
   r->buffer = Storage::allocate(l->response.bank_bytes(), 64);
   std::vector<std::span<std::byte>> in;
   for (const LeafSlot& leaf : l->response.leaves())

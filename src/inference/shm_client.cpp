@@ -238,9 +238,7 @@ std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Deadline deadli
     throw ClosedError("the inference server was shut down");
   const uint32_t slot = claim(*c, deadline);
   SlotControl& sc = r.slot(slot);
-  const auto& layout = r.request.leaves();
-  for (size_t k = 0; k < layout.size(); ++k)
-    leaves[k]->copy_to(r.request_data() + layout[k].offset + slot * layout[k].row_bytes);
+  write_row(r.request, r.request_data(), slot, leaves);
   sc.submitted_ns = now_ns();
   sc.state.store(pack_state(kReady, c->id), std::memory_order_seq_cst);
   r.ready.insert(slot);

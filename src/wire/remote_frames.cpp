@@ -21,6 +21,14 @@ std::string text_field(const Json& body, const char* name) {
   if (s.size() > kMaxText) s.resize(kMaxText);
   return s;
 }
+
+// At most `max` bytes of `s`, cut at a UTF-8 character boundary, saying how much was cut.
+std::string clipped(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "... (" + std::to_string(s.size() - n) + " bytes cut)";
+}
 }  // namespace
 
 void check_request_length(uint64_t length, uint64_t expected) {
@@ -30,16 +38,6 @@ void check_request_length(uint64_t length, uint64_t expected) {
                         std::to_string(expected) +
                         " bytes (a client built for another spec, or a malformed frame)");
 }
-
-namespace {
-// At most `max` bytes of `s`, cut at a UTF-8 character boundary, saying how much was cut.
-std::string clipped(const std::string& s, size_t max) {
-  if (s.size() <= max) return s;
-  size_t n = max;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return s.substr(0, n) + "... (" + std::to_string(s.size() - n) + " bytes cut)";
-}
-}  // namespace
 
 Json failure_json(const Failure& f) {
   // Cut to fit one control frame (ucx::kMaxControlFrame, 64 KiB) even if every byte is

@@ -226,10 +226,9 @@ def test_a_tensordict_whose_leaf_was_replaced_after_its_send_timed_out_is_a_new_
         accepted.recv(timeout=0.5)
 
 
-def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
-    accepted, connected = pair
-    with pytest.raises(TimeoutError):
-        connected.send(big(), timeout=0.05)
+def big_then_small(accepted, connected, value):
+    """Sends small(value) while another thread receives: what arrives, a big dict's last
+    element then the small one's values."""
     got = []
 
     def receive():
@@ -238,9 +237,16 @@ def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
 
     t = threading.Thread(target=receive)
     t.start()
-    connected.send(small(9.0), timeout=30)
+    connected.send(small(value), timeout=30)
     t.join(30)
-    assert got == [float((1 << 20) - 1), [9.0, 9.0]]
+    return got
+
+
+def test_after_a_timed_out_send_another_dict_is_sent_after_it_in_order(pair):
+    accepted, connected = pair
+    with pytest.raises(TimeoutError):
+        connected.send(big(), timeout=0.05)
+    assert big_then_small(accepted, connected, 9.0) == [float((1 << 20) - 1), [9.0, 9.0]]
 
 
 def test_a_send_whose_earlier_send_outlasts_its_timeout_says_it_was_not_sent(pair):
@@ -251,17 +257,8 @@ def test_a_send_whose_earlier_send_outlasts_its_timeout_says_it_was_not_sent(pai
         connected.send(big(), timeout=0.05)  # nobody receives: in flight
     with pytest.raises(TimeoutError, match="before it started.*was not sent"):
         connected.send(small(1.0), timeout=0.05)
-    got = []
-
-    def receive():
-        got.append(float(accepted.recv(timeout=30)["x"][-1]))
-        got.append(accepted.recv(timeout=30)["v"].tolist())
-
-    t = threading.Thread(target=receive)
-    t.start()
-    connected.send(small(2.0), timeout=30)
-    t.join(30)
-    assert got == [float((1 << 20) - 1), [2.0, 2.0]]  # the big one, then 2.0; never 1.0
+    # The big one, then 2.0; never 1.0.
+    assert big_then_small(accepted, connected, 2.0) == [float((1 << 20) - 1), [2.0, 2.0]]
 
 
 def test_a_dict_dropped_after_its_send_timed_out_still_arrives_whole(pair):
