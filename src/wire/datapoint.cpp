@@ -192,19 +192,22 @@ struct StructureReader {
     auto dt = parse_dtype(v[0].get_ref<const std::string&>());
     if (!dt) bad(p, "unknown dtype " + v[0].dump());
     e.dtype = *dt;
-    uint64_t numel = 1;
+    Shape shape;
     for (const Json& d : v[1]) {
-      if (!is_count(d)) bad(p, "shape entries must be non-negative integers");
-      const uint64_t x = d.get<uint64_t>();
-      if (x != 0 && numel > storage_bytes / x) {
-        numel = UINT64_MAX;  // more elements than bytes: caught below
-        continue;
-      }
-      numel *= x;
-      e.shape.push_back(static_cast<size_t>(x));
+      if (!is_count(d) || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        bad(p, "shape entries must be integers in [0, 2^63)");
+      shape.push_back(d.get<int64_t>());
     }
-    if (e.shape.size() != v[1].size() || numel > storage_bytes / itemsize(e.dtype))
+    // A 0 anywhere makes the leaf empty, whatever the other dims (shape (1000, 0) of a
+    // 16-byte storage is valid), so the product is taken whole, not bounded as it goes.
+    uint64_t numel = UINT64_MAX;  // more than 2^63 elements: caught below
+    try {
+      numel = static_cast<uint64_t>(checked_numel(shape));
+    } catch (const ValueError&) {
+    }
+    if (numel > storage_bytes / itemsize(e.dtype))
       bad(p, "a leaf larger than the storage's " + std::to_string(storage_bytes) + " bytes");
+    e.shape.assign(shape.begin(), shape.end());
     e.nbytes = numel * itemsize(e.dtype);
     e.offset = v[2].get<uint64_t>();
     if (e.offset > storage_bytes || e.nbytes > storage_bytes - e.offset)

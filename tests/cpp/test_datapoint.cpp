@@ -81,6 +81,20 @@ TEST(DatapointCodec, RoundTripsEveryKind) {
   EXPECT_EQ(el[6].kind, ElementKind::Pickle);
 }
 
+// An empty leaf is empty whatever its other dims: (1000, 0) in a storage of a few bytes
+// (a batch of rows with no features) is valid, not "larger than the storage".
+TEST(DatapointCodec, EmptyLeavesWithLargeDimsRoundTrip) {
+  DatapointEncoder e(Container::List);
+  e.add_array({}, Tensor::zeros({1000, 0}, DType::Float64), false);
+  e.add_array({}, Tensor::zeros({3, 0, 5}, DType::Int64), false);
+  e.add_int({}, 1);
+  auto root = DatapointDecoder::structure(layout_of(std::move(e).finish()), true);
+  ASSERT_TRUE(root);
+  EXPECT_EQ(root->elements[0].shape, (std::vector<size_t>{1000, 0}));
+  EXPECT_EQ(root->elements[0].nbytes, 0u);
+  EXPECT_EQ(root->elements[1].shape, (std::vector<size_t>{3, 0, 5}));
+}
+
 TEST(DatapointCodec, DictKeepsKeyOrderAcrossKinds) {
   DatapointEncoder e(Container::Dict);
   e.add_none("z");

@@ -365,6 +365,8 @@ class Varied:
         "a bare string",
         [np.arange(5), 2],
         (np.zeros((0, 3)), {"empty": {}}),
+        # empty whatever its other dims: a batch of 100 rows with no features
+        [np.zeros((100, 0)), np.zeros((3, 0, 5), np.int64), 3],
     ]
 
     def reset_state(self):
