@@ -8,8 +8,9 @@ from ._C import (ClosedError, NonTensorStack, ProtocolError, RemoteTraceback, Te
                  set_storage_cache_limit, stack, storage_cache_stats)
 from . import _pickling  # noqa: F401  (registers how a TensorDict pickles)
 from .pipe import PipeListener, TensorDictPipe, TensorDictServer
-from .dataflow import MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
-from .inference import InferenceServer, SharedMemoryTransport, SocketTransport, ThreadTransport
+from .dataflow import (MultiProcessMapDataZMQ, MultiProcessRunnerZMQ, RemoteDataZMQ, WorkerRestartedWarning,
+                       send_dataflow_zmq)
+from .inference import InferenceServer, RemoteTransport, SharedMemoryTransport, SocketTransport, ThreadTransport
 
 # The same conversions as module functions (tensorwire.from_tensordict(td)).
 from_tensordict = TensorDict.from_tensordict
@@ -30,6 +31,7 @@ __all__ = [
     "TensorDictServer",
     "PipeListener",
     "MultiProcessRunnerZMQ", "MultiProcessMapDataZMQ", "RemoteDataZMQ", "send_dataflow_zmq",
-    "InferenceServer", "SharedMemoryTransport", "SocketTransport", "ThreadTransport",
+    "WorkerRestartedWarning",
+    "InferenceServer", "SharedMemoryTransport", "SocketTransport", "ThreadTransport", "RemoteTransport",
 ]
 __version__ = "0.1.0"
