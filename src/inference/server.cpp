@@ -337,6 +337,11 @@ void InferenceServer::join_worker() {
 }
 
 bool InferenceServer::shutdown(Timeout timeout) {
+  // It waits for the serving thread to end, which would be the caller: a hang for ever.
+  if (s_->in_policy.load() == std::this_thread::get_id())
+    throw Error(
+        "shutdown() called from the policy: it waits for the serving thread, which is the "
+        "caller; call it from another thread");
   const Deadline deadline = Deadline::after(timeout);
   std::unique_lock<runtime::TimedLock> life(s_->lifecycle_mu, std::defer_lock);
   if (!runtime::wait_until(deadline,

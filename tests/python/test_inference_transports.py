@@ -294,6 +294,21 @@ def test_update_model_from_the_policy_itself_is_an_error_not_a_deadlock(transpor
     assert not server.is_alive
 
 
+def test_shutdown_from_the_policy_itself_is_an_error_not_a_hang(transport):
+    server = None
+
+    def policy(b):
+        server.shutdown(timeout=None)  # it would wait for its own thread, for ever
+        return double_policy(b)
+
+    with tw.InferenceServer(policy, transport) as server:
+        c = transport.client()
+        with pytest.raises(RuntimeError, match="shutdown\\(\\) called from the policy"):
+            c(observation(1), timeout=5)
+        assert server.is_alive  # still serving
+    assert not server.is_alive
+
+
 def test_update_model_gives_up_at_its_timeout_while_a_policy_call_runs(transport):
     gate, arrived = threading.Event(), threading.Event()
 
