@@ -61,7 +61,6 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
         remote_handshake_config(options.auth_key, options.liveness_timeout), send, recv);
     num_slots = remote::parse_num_slots(recv());
     TensorDict specs[2];
-    wire::Decoder decoder(limits);
     for (TensorDict& spec : specs) {
       std::optional<ucx::Endpoint::Probed> m;
       const bool got = runtime::wait_until(deadline, [&](Deadline slice) {
@@ -78,8 +77,8 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
       if (m->length > kMaxSpecBytes)
         throw ProtocolError("remote inference spec of " + std::to_string(m->length) +
                             " bytes (at most " + std::to_string(kMaxSpecBytes) + ")");
-      spec = wire::decode_owned(
-          decoder, ucx::receive_probed(*worker, *ep, m->message, m->length, deadline, what));
+      spec = wire::decode_structure(
+          ucx::receive_probed(*worker, *ep, m->message, m->length, deadline, what), limits);
     }
     request = SlotLayout::from_spec(specs[0], 1, "the server's request_spec");
     response = SlotLayout::from_spec(specs[1], 1, "the server's response_spec");

@@ -27,19 +27,12 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
 }
-
-std::vector<std::byte> encode_spec(const TensorDict& spec) {
-  wire::Encoder enc(wire::Mode::NonConsolidated);
-  std::string out;
-  wire::append_encoded(enc.encode(spec), out);
-  auto* p = reinterpret_cast<const std::byte*>(out.data());
-  return std::vector<std::byte>(p, p + out.size());
-}
 }  // namespace
 
 wire::HandshakeConfig remote_handshake_config(const std::string& auth_key,
                                               std::chrono::milliseconds liveness_timeout) {
-  return {"inference-remote", "fixed", auth_key, runtime::heartbeat_ms(liveness_timeout)};
+  // "fixed-2": the specs go as their structure alone (wire::encode_structure).
+  return {"inference-remote", "fixed-2", auth_key, runtime::heartbeat_ms(liveness_timeout)};
 }
 
 // ---- RemoteServer ------------------------------------------------------------
@@ -292,8 +285,8 @@ void RemoteConnection::handshake() {
   }
   send({{"num_slots", s_.options.num_slots}});
   for (const TensorDict* spec : {&s_.request.spec(), &s_.response.spec()}) {
-    std::vector<std::byte> bytes = encode_spec(*spec);
-    ucx::Request req = ep_->send(remote::tag(remote::Kind::Spec), bytes);
+    const std::string text = wire::encode_structure(*spec);  // alive until sent (waited below)
+    ucx::Request req = ep_->send(remote::tag(remote::Kind::Spec), std::as_bytes(std::span(text)));
     ucx::wait_sent(*worker_, *ep_, req, deadline, "remote inference handshake: sending the specs",
                    stop);
   }

@@ -9,13 +9,6 @@ namespace tensorwire::inference::detail {
 
 namespace {
 
-std::string encode_spec(const TensorDict& spec) {
-  wire::Encoder enc(wire::Mode::NonConsolidated);
-  std::string out;
-  wire::append_encoded(enc.encode(spec), out);
-  return out;
-}
-
 os::Message expect(os::UnixSocket& socket, Deadline deadline, const char* what) {
   auto m = socket.recv(deadline);
   if (!m)
@@ -37,8 +30,8 @@ void send_welcome(os::UnixSocket& socket, const ShmRegion& region, uint32_t clie
           hello.dump(),
           {region.control_segment.fd(), region.request_segment.fd(), region.response_segment.fd()},
           deadline) ||
-      !socket.send(encode_spec(region.request.spec()), {}, deadline) ||
-      !socket.send(encode_spec(region.response.spec()), {}, deadline))
+      !socket.send(wire::encode_structure(region.request.spec()), {}, deadline) ||
+      !socket.send(wire::encode_structure(region.response.spec()), {}, deadline))
     throw TimeoutError("shared-memory transport: the client did not take its welcome within " +
                        Timeout(kWelcomeTimeout).str());
 }
@@ -83,13 +76,12 @@ Welcome receive_welcome(os::UnixSocket& socket, Deadline deadline) {
   if (hello.fds.size() != 3)
     throw ProtocolError("shared-memory welcome carries " + std::to_string(hello.fds.size()) +
                         " fds, expected 3");
-  wire::Decoder dec(limits);
   os::Message req = expect(socket, deadline, "request spec");
   TensorDict request_spec =
-      wire::decode_owned(dec, std::as_bytes(std::span<const char>(req.bytes)));
+      wire::decode_structure(std::as_bytes(std::span<const char>(req.bytes)), limits);
   os::Message resp = expect(socket, deadline, "response spec");
   TensorDict response_spec =
-      wire::decode_owned(dec, std::as_bytes(std::span<const char>(resp.bytes)));
+      wire::decode_structure(std::as_bytes(std::span<const char>(resp.bytes)), limits);
   Welcome w;
   w.region = ShmRegion::map(request_spec, response_spec, static_cast<uint32_t>(num_slots),
                             hello.fds[0].get(), hello.fds[1].get(), hello.fds[2].get());

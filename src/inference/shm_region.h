@@ -27,7 +27,7 @@
 namespace tensorwire::inference::detail {
 
 inline constexpr uint64_t kControlMagic = 0x314652494E495754ull;  // "TWINIRF1"
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kErrorBytes = 512;
 
 enum SlotState : uint32_t {

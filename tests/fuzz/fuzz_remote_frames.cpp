@@ -3,7 +3,9 @@
 //
 //   the first 8 bytes: a message length -> check_request_length (a bank of 16-byte rows);
 //   the rest: a received control frame -> parse_control_frame -> parse_failure and
-//   parse_num_slots (the client's side) and the heartbeat check.
+//   parse_num_slots (the client's side) and the heartbeat check; and a spec's structure
+//   (decode_structure, the shared-memory and remote clients' side), laid out as a client
+//   does (SlotLayout).
 //
 // A bad input may only be refused with tensorwire::ProtocolError; another tensorwire::Error
 // is a finding, anything else escapes and libFuzzer reports it. Seeds: valid frames of every
@@ -12,7 +14,9 @@
 #include <span>
 
 #include "check.h"
+#include "inference/slot_layout.h"
 #include "wire/control_frame.h"
+#include "wire/message_bytes.h"
 #include "wire/remote_frames.h"
 
 namespace tw = tensorwire;
@@ -43,6 +47,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint32_t n = wire::remote::parse_num_slots(body);
       if (n < 1 || n > (1u << 24)) finding("num_slots out of range accepted");
     });
+  });
+  refused_or_ok([&] {
+    const tw::TensorDict spec = wire::decode_structure(frame, kLimits);
+    try {
+      (void)tw::inference::detail::SlotLayout::from_spec(spec, 1, "the server's spec");
+    } catch (const tw::ValueError&) {  // a spec of no leaf, a bank that overflows: the
+    } catch (const tw::TypeError&) {   // client refuses it by name
+    }
   });
   return 0;
 }

@@ -6,7 +6,7 @@
 //   socket: inference socket-transport frames of every kind (wire/socket_frame.h);
 //   handshake: what a pipe peer sends in its handshake, as real handshakes send it;
 //   remote: remote inference frames (wire/remote_frames.h): a request length and a control
-//     frame each.
+//     frame each; and a spec's structure (wire::encode_structure) after the length.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -113,6 +113,14 @@ void remote_corpus(const std::string& dir) {
     bytes.insert(bytes.end(), frame.begin(), frame.end());
     write(dir + "/frame_" + std::to_string(n++) + ".bin", bytes);
   }
+  tw::TensorDict spec;
+  spec.set("obs", tw::Tensor::zeros({84, 84, 3}, tw::DType::UInt8));
+  spec.set(tw::Key({"info", "mask"}), tw::Tensor::zeros({4}, tw::DType::Bool));
+  const std::string structure = wire::encode_structure(spec);
+  std::vector<std::byte> bytes(8);
+  bytes.insert(bytes.end(), reinterpret_cast<const std::byte*>(structure.data()),
+               reinterpret_cast<const std::byte*>(structure.data()) + structure.size());
+  write(dir + "/spec_structure.bin", bytes);
 }
 
 }  // namespace

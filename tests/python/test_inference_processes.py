@@ -172,3 +172,34 @@ def test_socket_transport_clients_in_spawned_processes():
         assert sorted(q.get(timeout=60) for _ in procs) == [(0, 100), (100, 100), (200, 100)]
         for p in procs:
             p.join(10)
+
+
+def _big_request(name, q):
+    import numpy as np
+    c = tw.SharedMemoryTransport.client_for(name)
+    r = c({"obs": np.full(64 << 20, 3, np.uint8)}, timeout=30)
+    t = tw.SharedMemoryTransport.attach(name, timeout=10)
+    spec = t.request_spec
+    q.put((float(r["action"][0]), tuple(spec["obs"].shape), int(spec["obs"].max())))
+
+
+def test_a_spec_of_64_mib_or_more_reaches_a_client_in_another_process():
+    # A client is sent the specs' structure, not their values: a 64 MiB leaf was sent whole
+    # to every client and did not fit in a socket message (64 MiB at most), so a client in
+    # another process failed with "peer closed the socket".
+    import numpy as np
+    t = tw.SharedMemoryTransport({"obs": np.full(64 << 20, 1, np.uint8)},
+                                 {"action": np.zeros(1, np.float32)}, num_slots=1)
+
+    def policy(batch):
+        return tw.TensorDict({"action": batch["obs"][:, :1].astype(np.float32)}, batch_size=[1])
+
+    with tw.InferenceServer(policy, t):
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=_big_request, args=(t.name, q))
+        p.start()
+        # The values of the attached spec are zero: only its structure travelled.
+        assert q.get(timeout=60) == (3.0, (64 << 20,), 0)
+        p.join(10)
+        assert p.exitcode == 0
