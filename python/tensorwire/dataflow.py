@@ -171,7 +171,8 @@ class _Forking(DataFlow):
 
 class WorkerRestartedWarning(RuntimeWarning):
     """A runner replaced a dead (or stuck) worker; the message names it, its pid and how it
-    died. The same line goes to the ``tensorwire`` logger."""
+    died. The same line goes to the ``tensorwire`` logger. Turned into an error, it is
+    raised by the iteration's next call, once the restart is complete."""
 
 
 def _warn_restart(message):

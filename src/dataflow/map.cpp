@@ -13,6 +13,7 @@
 #include "dataflow/links.h"
 #include "dataflow/raw_datapoint.h"
 #include "dataflow/runner_core.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow {
 
@@ -62,6 +63,9 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   // end of the outermost dispatch, which never runs inside the task pool's allocation.
   bool dispatching = false;
   uint64_t pass_index = 0;  // index in send_pass of the next task
+  // The dataflow's last next() threw (a Ctrl-C landing in it, a bug): a Python generator
+  // that raised is over, so an end right after it cuts the pass short, and says so.
+  bool ds_raised = false;
   std::vector<size_t> worker_in_flight;
   // Per worker, the task chunks sent to it that it may not have released yet. A worker
   // releases a task's chunk when its last view goes, which may be after it sent the result
@@ -85,13 +89,17 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   // Results (or a map function's error) of passes later than the one being yielded.
   std::map<uint32_t, std::deque<std::variant<RawDatapoint, std::exception_ptr>>> stash;
   std::string scratch;
-  // Non-strict: per pass, tasks sent and results back (kept or dropped). A pass whose
-  // every result was dropped means an endless epoch with nothing in it: an error instead.
+  // Non-strict: per pass, tasks sent and results back (kept or dropped). Passes whose every
+  // result was dropped, kDroppedInARow datapoints of them in a row, mean an endless epoch
+  // with nothing in it: an error instead. Not one such pass: a random filter (tensorpack's
+  // "None drops the datapoint") over a small dataflow drops a whole pass now and then.
   struct PassCount {
     size_t sent = 0, back = 0, kept = 0;
     bool ended = false;
   };
   std::map<uint32_t, PassCount> counts;
+  static constexpr size_t kDroppedInARow = 1000;
+  size_t dropped_passes = 0, dropped_in_a_row = 0;  // the current run of such passes
 
   [[noreturn]] void worker_main(int index, uint16_t sender, os::UnixSocket sock);
   void count_result(uint32_t pass, bool kept);
@@ -300,12 +308,27 @@ void MultiProcessMapDataZMQ::Impl::fill() {
   if (!reissue.empty()) flush_reissue();  // what an interrupted call left unsent goes first
   while (pending.size() < buffer_size) {
     if (opt.strict && send_pass > yield_pass + 1) return;  // prefetch one pass ahead at most
-    std::optional<TensorDict> dp = ds->next();
+    std::optional<TensorDict> dp;
+    try {
+      dp = ds->next();
+    } catch (...) {
+      ds_raised = true;
+      throw;
+    }
     if (dp) {
+      ds_raised = false;
       send_task(*dp);
       continue;
     }
     // The pass is over.
+    if (std::exchange(ds_raised, false))
+      log_message(LogLevel::Warning,
+                  std::string(kName) + ": pass " + std::to_string(send_pass) + " ended after " +
+                      std::to_string(pass_index) +
+                      " datapoints, at the first call of the dataflow after it raised (a "
+                      "Python generator that raised, here or by a Ctrl-C that landed in it, "
+                      "cannot go on): the rest of that pass is missing" +
+                      (size ? " (len(ds) = " + std::to_string(*size) + ")" : ""));
     pass_index = 0;
     if (opt.strict) complete[send_pass] = true;
     const bool empty = !pass_had_items;
@@ -442,10 +465,17 @@ void MultiProcessMapDataZMQ::Impl::check_pass(uint32_t pass) {
   if (it == counts.end() || !it->second.ended || it->second.back < it->second.sent) return;
   const PassCount c = it->second;
   counts.erase(it);
-  if (c.kept == 0)
+  if (c.kept > 0) {
+    dropped_passes = dropped_in_a_row = 0;
+    return;
+  }
+  ++dropped_passes;
+  dropped_in_a_row += c.sent;
+  if (dropped_in_a_row >= kDroppedInARow)
     throw ValueError(std::string(kName) + ": the map function returned None for all " +
-                     std::to_string(c.sent) +
-                     " datapoints of a pass of the dataflow, so there is nothing to yield");
+                     std::to_string(dropped_in_a_row) + " datapoints of the last " +
+                     std::to_string(dropped_passes) +
+                     " passes of the dataflow, so there is nothing to yield");
 }
 
 WorkerError MultiProcessMapDataZMQ::Impl::worker_error(detail::ShmReceiver::Received& r) {

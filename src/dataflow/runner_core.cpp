@@ -172,14 +172,8 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
   uint16_t sender = 0;
   const int pid = replace(d.index, sender);
   // Reported before after_replacing(): that may send tasks, wait, and see (and report)
-  // another death inside this one; the reports then keep their order. after_replacing()
-  // runs whatever the report does (a Python warning may be turned into an exception).
-  try {
-    report_restart(d, why, pid);
-  } catch (...) {
-    after_replacing(d.index, sender);
-    throw;
-  }
+  // another death inside this one; the reports then keep their order.
+  report_restart(d, why, pid);
   after_replacing(d.index, sender);
 }
 
@@ -197,7 +191,12 @@ void RunnerCore::report_restart(const WorkerProcesses::Death& d, const std::stri
               std::to_string(new_pid) + " with seed " + std::to_string(r.new_seed) + " (restart " +
               std::to_string(r.restarts) + ")";
   log_message(LogLevel::Warning, r.message);
-  if (policy.on_restart) policy.on_restart(r);
+  if (!policy.on_restart) return;
+  try {
+    policy.on_restart(r);
+  } catch (...) {
+    if (!deferred_report) deferred_report = std::current_exception();  // the first one
+  }
 }
 
 int RunnerCore::replace(int index, uint16_t& sender) {

@@ -54,9 +54,13 @@ struct RunnerCore {
   void mark_closed() noexcept;
 
   // The consumer's call (next(), an epoch's step, the map's first fill) while it runs:
-  // close() from another thread waits for it to leave the link (link.gate).
+  // close() from another thread waits for it to leave the link (link.gate). It begins by
+  // throwing what an on_restart callback threw in an earlier call (deferred_report).
   struct ConsumerCall : ConsumerGate::Call {
-    explicit ConsumerCall(RunnerCore& core) : ConsumerGate::Call(core.link.gate, core.name) {}
+    explicit ConsumerCall(RunnerCore& core) : ConsumerGate::Call(core.link.gate, core.name) {
+      if (std::exception_ptr e = std::exchange(core.deferred_report, nullptr))
+        std::rethrow_exception(e);
+    }
   };
   // Start of close(): false when the link must stay until the destructor (ConsumerGate).
   bool stop_consumer() noexcept { return link.gate.stop(kConsumerLeaves, name); }
@@ -83,6 +87,11 @@ struct RunnerCore {
   bool closed = false;
   MainLink link;
   std::exception_ptr failed;
+  // What policy.on_restart threw (a Python warning turned into an error), for the start of
+  // the consumer's next call: thrown where the restart was found, in the middle of sending
+  // a task or handing a new segment to the workers, it tore that apart (the task dropped,
+  // the segment given to some workers and then discarded).
+  std::exception_ptr deferred_report;
 
  protected:
   // Around a restart of worker `index`: before the fork (reset shared state the new worker

@@ -42,8 +42,37 @@ def test_a_dataflow_that_yields_nothing_raises_instead_of_blocking(flow):
 def test_a_map_that_drops_every_datapoint_raises_instead_of_blocking():
     with twdf.MultiProcessMapDataZMQ(Counting(6), 2, lambda dp: None, buffer_size=4) as m:
         m.reset_state()
-        with pytest.raises(ValueError, match="returned None for all 6 datapoints"):
+        # 1,000 in a row at least (a random filter may drop a whole pass of 6 now and then)
+        with pytest.raises(ValueError, match="returned None for all 1002 datapoints of the last "
+                                             "167 passes"):
             next(iter(m))
+
+
+class PassNumbered:
+    """Two datapoints [pass, i] per pass (the map's dataflow runs in the main process)."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def reset_state(self):
+        pass
+
+    def __iter__(self):
+        p, self.passes = self.passes, self.passes + 1
+        for i in range(2):
+            yield [p, i]
+
+
+def test_a_map_that_drops_a_whole_small_pass_now_and_then_goes_on():
+    # tensorpack's non-strict map is endless and skips what the map drops; a pass of two
+    # datapoints both dropped (a random crop failing half of the time) raised ValueError.
+    # Here every pass but one in three is dropped whole.
+    with twdf.MultiProcessMapDataZMQ(PassNumbered(), 2, lambda dp: dp if dp[0] % 3 == 0 else None,
+                                     buffer_size=2) as m:
+        m.reset_state()
+        it = iter(m)
+        got = [next(it)[0] for _ in range(20)]
+        assert all(p % 3 == 0 for p in got) and max(got) >= 27
 
 
 def make_runner():
@@ -112,6 +141,12 @@ def _send(**kw):
      "seed must be None or an integer, got str"),
     (lambda: twdf.MultiProcessRunnerZMQ(None, num_proc=1), TypeError,
      r"ds must be a DataFlow \(iterable, with reset_state\(\)\), got NoneType"),
+    (lambda: twdf.MultiProcessRunnerZMQ([1, 2, 3], num_proc=1), TypeError,
+     r"ds must be a DataFlow .*got list \(it has no reset_state\(\)"),
+    (lambda: twdf.MultiProcessMapDataZMQ([1, 2], 1, lambda dp: dp), TypeError,
+     r"got list \(it has no reset_state\(\)"),
+    (lambda: twdf.send_dataflow_zmq([1, 2], "tcp://127.0.0.1:1", max_datapoints=1), TypeError,
+     r"got list \(it has no reset_state\(\)"),
     (lambda: twdf.MultiProcessMapDataZMQ(Counting(5), 1, None), TypeError,
      "map_func must be callable, got a NoneType"),
     (lambda: twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, strict="yes"),
@@ -651,3 +686,14 @@ def test_a_port_closed_while_a_runner_worker_lives_can_be_bound_again(listener):
         again = listen()  # raised OSError (EADDRINUSE) before
         again.close()
         assert runner.pids and all(os.path.exists(f"/proc/{p}") for p in runner.pids)
+
+
+def test_an_endpoint_without_its_transport_is_an_error_that_says_so():
+    # ZeroMQ's own word for it is "Invalid argument".
+    remote = twdf.RemoteDataZMQ("127.0.0.1:5555")
+    with pytest.raises(OSError, match=r"zmq bind to 127\.0\.0\.1:5555: an endpoint names its "
+                                      r"transport, as in 'tcp://host:port'"):
+        remote.reset_state()
+    remote.close()
+    with pytest.raises(OSError, match=r"zmq connect to 127\.0\.0\.1:1: an endpoint names its"):
+        twdf.send_dataflow_zmq(Counting(3), "127.0.0.1:1", max_datapoints=1)

@@ -195,6 +195,55 @@ def test_a_strict_map_reissues_what_a_dead_worker_held_in_order():
         assert m.restarts == 1
 
 
+class KillsWorkerZeroBeforeABigOne:
+    """12 datapoints [array, i]; before yielding the 9th (1 MiB: the map needs a new task
+    segment for it) the main process kills worker 0 of `runner`, once."""
+
+    N, BIG = 12, 8
+
+    def __init__(self):
+        self.runner, self.killed = None, False
+
+    def reset_state(self):
+        pass
+
+    def __len__(self):
+        return self.N
+
+    def __iter__(self):
+        for i in range(self.N):
+            if i == self.BIG and self.runner is not None and not self.killed:
+                self.killed = True
+                os.kill(self.runner.pids[0], signal.SIGKILL)
+                time.sleep(0.5)  # dead, and replaced by the fork server, before the next send
+            yield [np.full((1 << 20) if i == self.BIG else 16, i, np.uint8), i]
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_a_restart_warning_turned_into_an_error_loses_nothing(num_proc):
+    # It was raised in the middle of handing the new segment to the workers: that task was
+    # dropped (a pass one short), and the segment discarded though the replacement had it
+    # (every later epoch: "the chunk at offset 128 is not in use").
+    ds = KillsWorkerZeroBeforeABigOne()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", twdf.WorkerRestartedWarning)
+        with twdf.MultiProcessMapDataZMQ(ds, num_proc, lambda dp: dp, buffer_size=4, strict=True,
+                                         on_worker_death="restart") as r:
+            ds.runner = r
+            r.reset_state()
+            got = []
+            with pytest.raises(twdf.WorkerRestartedWarning, match="worker 0"):
+                for dp in r:
+                    got.append(dp)
+            got += list(r)  # the next epoch yields the rest of that pass
+            for _ in range(2):
+                assert sorted(i for _, i in got) == list(range(ds.N))
+                for a, i in got:
+                    assert a.size == ((1 << 20) if i == ds.BIG else 16) and (a == i).all()
+                got = list(r)
+            assert r.restarts == 1
+
+
 class Reusing:
     """Fills one buffer and yields it for every datapoint (fine with tensorpack, which
     serializes a datapoint when it is yielded)."""

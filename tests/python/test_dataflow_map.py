@@ -121,3 +121,42 @@ def test_map_workers_are_seeded():
         m.reset_state()
         seeds = {s for s, _ in m}
     assert seeds == {99, 100}
+
+
+class RaisesOnceAt:
+    """Datapoints 0..n-1; the first pass raises before yielding datapoint `at` (as a Ctrl-C
+    landing in the generator does), which ends that generator."""
+
+    def __init__(self, n, at):
+        self.n, self.at, self.raised = n, at, False
+
+    def reset_state(self):
+        pass
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.at and not self.raised:
+                self.raised = True
+                raise ValueError("the dataflow failed")
+            yield [np.full(4, i, np.uint8), i]
+
+
+def test_a_pass_cut_short_by_the_dataflows_own_exception_is_reported(caplog):
+    # The generator that raised is over: the pass ended there, silently (an epoch of 9 of
+    # 16 datapoints, no word of it).
+    with twdf.MultiProcessMapDataZMQ(RaisesOnceAt(16, 9), 2, lambda dp: dp, buffer_size=4,
+                                     strict=True) as r:
+        r.reset_state()
+        got = []
+        with pytest.raises(ValueError, match="the dataflow failed"):
+            for dp in r:
+                got.append(dp[1])
+        got += [dp[1] for dp in r]
+        assert sorted(got) == list(range(9))
+        assert any("pass 0 ended after 9 datapoints, at the first call of the dataflow after it "
+                   "raised" in rec.getMessage() and "(len(ds) = 16)" in rec.getMessage()
+                   for rec in caplog.records if rec.name == "tensorwire")
+        assert sorted(dp[1] for dp in r) == list(range(16))  # the next pass starts over

@@ -76,6 +76,38 @@ TEST_F(Healing, AKilledRunnerWorkerIsReplacedAndTheStreamGoesOn) {
   r.close();
 }
 
+// An on_restart that throws (a Python warning turned into an error): the restart completes
+// and the exception comes out of the consumer's next call, once; the stream goes on whole.
+TEST_F(Healing, WhatOnRestartThrowsComesOutOfTheNextCallAndNothingIsLost) {
+  MapOptions o{.num_proc = 2, .buffer_size = 4, .strict = true, .seed = kSeed, .policy = restart()};
+  o.policy.on_restart = [](const WorkerRestart& r) { throw ValueError("report: " + r.message); };
+  MultiProcessMapDataZMQ m(
+      counting(40), [](TensorDict td) -> std::optional<TensorDict> { return td; }, o);
+  m.reset_state();
+  std::map<int64_t, int> seen;
+  int thrown = 0;
+  bool killed = false;
+  for (int epoch = 0; epoch < 3 && seen.size() < 40; ++epoch) {
+    Epoch e = m.epoch();
+    try {
+      while (auto dp = e.next(10s)) {
+        ++seen[testing::index_of(*dp)];
+        if (!killed && seen.size() == 5) {
+          killed = ::kill(m.pids()[0], SIGKILL) == 0;
+        }
+      }
+    } catch (const ValueError& err) {
+      EXPECT_THAT(err.what(), HasSubstr("report: "));
+      ++thrown;
+    }
+  }
+  EXPECT_EQ(thrown, 1);
+  EXPECT_EQ(m.restarts(), 1u);
+  EXPECT_EQ(seen.size(), 40u);
+  for (auto [i, c] : seen) EXPECT_EQ(c, 1) << i;
+  m.close();
+}
+
 TEST_F(Healing, TheReplacementGetsANewSeed) {
   RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart()};
   MultiProcessRunnerZMQ r(std::make_shared<testing::SeedFlow>(), o);

@@ -169,9 +169,9 @@ TEST(MapNothing, APassMappedToNothingIsAnErrorNotAnEndlessWait) {
                            {.num_proc = 2, .buffer_size = 4});
   m.reset_state();
   Epoch e = m.epoch();
-  EXPECT_THAT(
-      [&] { e.next(std::chrono::seconds(20)); },
-      ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("returned None for all 5")));
+  EXPECT_THAT([&] { e.next(std::chrono::seconds(20)); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
+                  "returned None for all 1000 datapoints of the last 200 passes")));
 }
 
 TEST(MapNothing, SomeDatapointsDroppedIsFine) {
