@@ -115,8 +115,12 @@ std::optional<uint64_t> count_arg(nb::handle value, const char* name) {
 }
 
 nb::object dataflow_arg(nb::object ds) {
-  if (!nb::hasattr(ds, "__iter__"))
-    throw TypeError("ds must be a DataFlow (iterable, with reset_state()), got " + py_type(ds));
+  // Both, checked here: a list (iterable, no reset_state()) would fail only in the worker.
+  if (!nb::hasattr(ds, "__iter__") || !nb::hasattr(ds, "reset_state"))
+    throw TypeError("ds must be a DataFlow (iterable, with reset_state()), got " + py_type(ds) +
+                    (nb::hasattr(ds, "__iter__") ? " (it has no reset_state(): wrap it, e.g. "
+                                                   "in tensorpack's DataFromList)"
+                                                 : ""));
   return ds;
 }
 

@@ -413,7 +413,8 @@ class InferenceServer:
             key (for a SharedMemoryTransport only when its response spec declares it).
 
     An exception raised by the policy fails every request of its batch: clients raise
-    the same exception type when it is a builtin, a RuntimeError naming it otherwise.
+    the same exception type when it is a builtin or a class of a module the client has
+    imported already, ``RuntimeError("module.Type: message")`` otherwise.
     """
 
     def __init__(self, policy, transport: _Transport, *, max_batch_size: int = 64,
@@ -480,6 +481,8 @@ class InferenceServer:
         Waits up to ``timeout`` seconds (None: for ever; Ctrl-C ends the wait) for a policy
         call in progress; TimeoutError when it still runs then, with ``fn`` not run.
         """
+        if not callable(fn):
+            raise TypeError(f"update_model: fn must be callable as fn(policy), got {type(fn).__name__}")
         return self._server.update_model(lambda: fn(self.policy), mark_weight_update, timeout)
 
     def stats(self, *, reset: bool = False) -> dict:

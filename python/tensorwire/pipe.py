@@ -10,6 +10,7 @@ Without ``auth_key`` a pipe authenticates nothing: use it on trusted networks on
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import threading
@@ -648,8 +649,14 @@ class TensorDictServer(_Acceptor):
                     if self.closed:
                         return
                     raise
-                task = asyncio.ensure_future(handler(pipe))
-                del pipe  # the handler's alone: this frame must not keep the last one alive
+                work = handler(pipe)
+                if not inspect.isawaitable(work):
+                    # A plain function: every client would meet the same mistake.
+                    pipe.close()
+                    raise TypeError("TensorDictServer.serve: the handler must be an async function "
+                                    f"(async def handler(pipe)); it returned {type(work).__name__}")
+                task = asyncio.ensure_future(work)
+                del pipe, work  # the handler's alone: this frame must not keep the last one alive
                 self._tasks.add(task)
                 task.add_done_callback(self._handler_done)
         finally:

@@ -94,7 +94,13 @@ UnixSocket UnixSocket::connect(const std::string& name, Deadline deadline) {
     std::this_thread::sleep_until(slice.min(Deadline::after(Millis{10})).when());
     return false;
   });
-  if (!connected) throw SystemError("connect to '" + name + "'", last);
+  if (!connected)
+    throw SystemError("connect to '" + name + "'" +
+                          (last == ECONNREFUSED || last == ENOENT
+                               ? " (nothing listened under that name until the timeout: not "
+                                 "created yet, closed, or a mistyped name)"
+                               : ""),
+                      last);
   return out;
 }
 

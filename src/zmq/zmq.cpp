@@ -21,6 +21,12 @@ namespace {
   throw SystemError("zmq " + what + " (" + e.what() + ")", e.num());
 }
 
+// What an endpoint ZeroMQ refused may be missing: its transport ("127.0.0.1:5555").
+std::string endpoint_hint(const std::string& endpoint) {
+  if (endpoint.find("://") != std::string::npos) return "";
+  return ": an endpoint names its transport, as in 'tcp://host:port' or 'ipc://name'";
+}
+
 }  // namespace
 
 Context::Context() : generation_(os::fork_generation()) {
@@ -70,7 +76,7 @@ void Socket::bind(const std::string& endpoint) {
     }
     sock_->bind(endpoint);
   } catch (const zmq::error_t& e) {
-    fail("bind to " + endpoint, e);
+    fail("bind to " + endpoint + endpoint_hint(endpoint), e);
   }
 }
 
@@ -78,7 +84,7 @@ void Socket::connect(const std::string& endpoint) {
   try {
     sock_->connect(endpoint);
   } catch (const zmq::error_t& e) {
-    fail("connect to " + endpoint, e);
+    fail("connect to " + endpoint + endpoint_hint(endpoint), e);
   }
 }
 

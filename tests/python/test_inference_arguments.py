@@ -88,6 +88,13 @@ def test_server_counts(kwargs, error, needle):
     one_line(e)
 
 
+def test_update_model_needs_a_callable():
+    server = tw.InferenceServer(lambda td: td, tw.ThreadTransport())
+    with pytest.raises(TypeError, match=r"update_model: fn must be callable as fn\(policy\), got int"):
+        server.update_model(5)
+    server.close()
+
+
 def test_clients_makes_that_many_and_names_a_bad_count():
     transport = tw.ThreadTransport()
     clients = transport.clients(3)

@@ -231,7 +231,8 @@ def test_attach_by_name_in_the_same_process():
 
 def test_attaching_to_a_name_nobody_listens_on_fails():
     # As for a pipe: nothing listening is a ConnectionRefusedError naming the address.
-    with pytest.raises(ConnectionRefusedError, match="tensorwire-test-nobody-listens"):
+    with pytest.raises(ConnectionRefusedError, match="tensorwire-test-nobody-listens' "
+                       r"\(nothing listened under that name until the timeout"):
         tw.SharedMemoryTransport.attach("tensorwire-test-nobody-listens", timeout=0.1)
 
 

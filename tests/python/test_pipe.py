@@ -780,3 +780,23 @@ def test_an_asend_waiting_for_the_turn_completes_a_send_another_thread_left_in_f
     assert got == [(1 << 21,), [7.0] * 4]
     client.close()
     server.close()
+
+
+def test_serve_with_a_plain_function_says_the_handler_must_be_async():
+    # It was asyncio's "An asyncio.Future, a coroutine or an awaitable is required".
+    async def run():
+        server = tw.TensorDictServer(0)
+        task = asyncio.ensure_future(server.serve(lambda pipe: None))
+        loop = asyncio.get_running_loop()
+
+        def client():
+            with tw.TensorDictPipe.connect("127.0.0.1", server.port, timeout=10):
+                pass
+
+        await loop.run_in_executor(None, client)
+        with pytest.raises(TypeError, match=r"the handler must be an async function \(async def "
+                                            r"handler\(pipe\)\); it returned NoneType"):
+            await asyncio.wait_for(task, 10)
+        server.close()
+
+    asyncio.run(run())
