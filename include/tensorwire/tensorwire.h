@@ -1,8 +1,34 @@
-// Everything a C++ user of tensorwire needs, in one include.
+// Everything a C++ user of tensorwire needs, in one include: TensorDict and its files, the
+// wire codec, the pipe, batched inference, the data-loading runners, and the runtime's
+// timeouts, interrupts and logging.
 #pragma once
 
 #include "tensorwire/core/consolidate.h"
+#include "tensorwire/core/error.h"
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/dataflow/epoch.h"
+#include "tensorwire/dataflow/map.h"
+#include "tensorwire/dataflow/remote.h"
+#include "tensorwire/dataflow/runner.h"
+#include "tensorwire/inference/client.h"
+#include "tensorwire/inference/remote_transport.h"
+#include "tensorwire/inference/server.h"
+#include "tensorwire/inference/shared_memory_transport.h"
+#include "tensorwire/inference/socket_transport.h"
+#include "tensorwire/inference/thread_transport.h"
+#include "tensorwire/inference/transport.h"
+#include "tensorwire/pipe/errors.h"
+#include "tensorwire/pipe/options.h"
+#include "tensorwire/pipe/pipe.h"
+#include "tensorwire/pipe/server.h"
+#include "tensorwire/runtime/interrupt.h"
+#include "tensorwire/runtime/liveness.h"
+#include "tensorwire/runtime/log.h"
+#include "tensorwire/runtime/remote_error.h"
+#include "tensorwire/runtime/timeout.h"
+#include "tensorwire/wire/datapoint.h"
 #include "tensorwire/wire/decoder.h"
 #include "tensorwire/wire/encoder.h"
 #include "tensorwire/wire/file.h"
+#include "tensorwire/wire/layout.h"

@@ -50,11 +50,8 @@ struct PeerIdentity {
   bool same_namespaces() const;
 };
 
-// Error raised when a handshake fails; its message says why, on both sides.
-class HandshakeError : public Error {
- public:
-  using Error::Error;
-};
+// Raised when a handshake fails (public: tensorwire/core/error.h).
+using tensorwire::HandshakeError;
 
 using SendControl = std::function<void(const Json&)>;
 using RecvControl = std::function<Json()>;  // throws on timeout or a closed connection

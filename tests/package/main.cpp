@@ -1,18 +1,12 @@
 // Built by tests/package/run.sh against an installed tensorwire: the public headers, the
 // library and every dependency its exported targets name must be found through
-// find_package(tensorwire) alone.
+// find_package(tensorwire) alone. Only the umbrella header is included: it promises every
+// type a C++ user needs, and this file uses some of each layer's.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include <tensorwire/dataflow/remote.h>
-#include <tensorwire/inference/server.h>
-#include <tensorwire/inference/shared_memory_transport.h>
-#include <tensorwire/inference/socket_transport.h>
-#include <tensorwire/inference/thread_transport.h>
-#include <tensorwire/pipe/pipe.h>
-#include <tensorwire/runtime/interrupt.h>
 #include <tensorwire/tensorwire.h>
 
 using namespace tensorwire;
@@ -59,7 +53,15 @@ int main() {
   // volatile: the compiler may not fold the pointers away, so the linker must resolve them.
   static auto* volatile connect = &TensorDictPipe::connect;
   static auto* volatile send_zmq = &dataflow::send_dataflow_zmq;
-  check(connect != nullptr && send_zmq != nullptr, "transport entry points linked");
+  static auto* volatile remote_connect = &inference::RemoteTransport::connect;
+  check(connect != nullptr && send_zmq != nullptr && remote_connect != nullptr,
+        "transport entry points linked");
+  // A refused handshake is a public type a caller can catch.
+  try {
+    throw HandshakeError("authentication failed");
+  } catch (const Error& e) {
+    check(dynamic_cast<const HandshakeError*>(&e) != nullptr, "HandshakeError is an Error");
+  }
 
   // Inference through the public headers only: a request through a thread transport's
   // client, answered by hand on the server side, with the one Timeout type.

@@ -72,6 +72,14 @@ class ConnectionRefused : public ClosedError {
                     listener + " listening there?)") {}
 };
 
+// A connection whose handshake failed (a wrong or missing auth_key, a consolidated / non-
+// consolidated mismatch, another protocol): thrown on both sides, its message says why
+// (Python: RuntimeError). TensorDictPipe::connect and RemoteTransport::connect throw it.
+class HandshakeError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A failing operating-system call; the message carries the call and strerror (Python:
 // RuntimeError).
 class SystemError : public Error {

@@ -66,7 +66,7 @@ class RemoteTransport : public Transport {
                                                  RemoteOptions options);
   // A client connected to the transport at host:port: the handshake runs now
   // (ConnectionRefused when nothing listens, ClosedError when the connection breaks,
-  // HandshakeError for a wrong key).
+  // HandshakeError, tensorwire/core/error.h, for a wrong or missing key).
   static Client connect(const std::string& host, uint16_t port, RemoteClientOptions options = {});
   // A client of "host:port" that connects on first use (so it can be sent to another process
   // by address). ValueError for an address that is not "host:port".

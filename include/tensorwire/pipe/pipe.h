@@ -48,7 +48,8 @@ class TensorDictPipe {
   // Connects to a listener or server on host:port (handshake included), within
   // options.connect_timeout. ConnectionRefused when nothing listens there, ClosedError
   // when the connection ends before the server took it up, TimeoutError when the handshake
-  // does not complete in time.
+  // does not complete in time, HandshakeError when the server refuses it (a wrong or
+  // missing auth_key, another `consolidated` mode).
   static TensorDictPipe connect(const std::string& host, uint16_t port,
                                 const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first
