@@ -738,13 +738,13 @@ std::unique_lock<runtime::TimedLock> PipeImpl::turn(runtime::TimedLock& one_at_a
 bool PipeImpl::failed() {
   if (ucx::inherited(generation_)) return true;
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return true;
-  if (!failure_.empty() || ep_->error() != UCS_OK) return true;
-  if (peer_watch_ && !peer_watch_->alive()) return true;
+  if (closed_ || !failure_.empty()) return true;
+  const bool broken = ep_->error() != UCS_OK || (peer_watch_ && !peer_watch_->alive());
   // A close or error message already here: read it now (the pipe fails as the next call
-  // would make it; data sent before it is still delivered), so closed_by_peer() knows.
+  // would make it; data sent before it is still delivered), so closed_by_peer() knows;
+  // also when the connection is gone since (a peer that closed the pipe, then exited).
   progress();
-  if (!ep_->has_message(kControlTag)) return false;
+  if (!ep_->has_message(kControlTag)) return broken;
   try {
     drain_control();
   } catch (const Error&) {

@@ -722,6 +722,24 @@ def test_async_for_ends_on_a_normal_close_and_raises_when_the_peer_dies(tmp_path
             child.communicate(timeout=30)
 
 
+def test_a_peer_that_closed_and_exited_is_closed_by_its_peer_not_broken(tmp_path):
+    # Its close message had arrived, but the pipe's failure check returned at the dead
+    # connection before reading it: closed_by_peer stayed False (repr: "broken") until a recv.
+    path = script(tmp_path, "peer.py", """
+    import sys
+    import tensorwire as tw
+    tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30).close()
+    """)
+    with tw.PipeListener(0) as listener:
+        child = start(path, listener.port)
+        pipe = listener.accept(timeout=30)
+        child.communicate(timeout=30)
+        assert child.returncode == 0
+        time.sleep(0.5)  # the connection's end reaches this side too
+        assert "closed by its peer" in repr(pipe)
+        assert pipe.closed_by_peer
+
+
 # ---- one client never stops a server --------------------------------------------------
 
 def abandon_handshakes(port, n=4):
