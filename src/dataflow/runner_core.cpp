@@ -49,6 +49,10 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   if (!ds) throw ValueError(who + ": no dataflow");
   if (num_proc < 1 || num_proc > 1024)
     throw ValueError(who + ": num_proc must be in [1, 1024], got " + std::to_string(num_proc));
+  // 0 would make every blocked wait spin (a CPU at 100%), a negative one too.
+  if (liveness_interval.count() <= 0)
+    throw ValueError(who + ": liveness_interval must be positive, got " +
+                     seconds(liveness_interval));
   if (policy.max_restarts < 0)
     throw ValueError(who + ": max_restarts must be 0 or more, got " +
                      std::to_string(policy.max_restarts));

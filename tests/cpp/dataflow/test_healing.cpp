@@ -702,6 +702,15 @@ TEST(HealingArguments, BadPoliciesAreValueErrorsNamingTheArgument) {
                     counting(4), [](TensorDict td) { return td; }, o);
               }),
               HasSubstr("datapoint_timeout must be positive"));
+  EXPECT_THAT(msg([] { MultiProcessRunnerZMQ(counting(4), {.liveness_interval = 0ms}); }),
+              HasSubstr("liveness_interval must be positive, got 0"));
+  EXPECT_THAT(msg([] {
+                MapOptions o;
+                o.liveness_interval = -5ms;
+                MultiProcessMapDataZMQ(
+                    counting(4), [](TensorDict td) { return td; }, o);
+              }),
+              HasSubstr("liveness_interval must be positive"));
 }
 
 }  // namespace
