@@ -56,8 +56,8 @@ bool only_tensors(const TensorDict& td) {
 
 size_t alignment_arg(nb::handle v) {
   const int64_t a = int_arg(v, "alignment");
-  if (a <= 0 || (a & (a - 1)) != 0)
-    throw ValueError("alignment must be a positive power of two, got " + std::to_string(a));
+  if (a < 8 || (a & (a - 1)) != 0)
+    throw ValueError("alignment must be a power of two of at least 8, got " + std::to_string(a));
   return static_cast<size_t>(a);
 }
 
@@ -67,18 +67,39 @@ std::string path_arg(nb::handle v) {
   return nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(v));
 }
 
+// `value` set at `key` of `self`, converted as an entry of the dict it goes into (the
+// parent's batch size and device, as tensordict). The conversion runs Python code (a
+// tensor's __dlpack__, tensordict's own) that may change or drop the dict `self` views: the
+// dict is looked up again once it is done, never held across it.
+void set_value(PyTensorDict& self, nb::handle key, nb::handle value) {
+  Key k = to_key(key);
+  Shape batch;
+  std::optional<Device> device;
+  {
+    const TensorDict& td = self.td();
+    const TensorDict* parent = &td;
+    if (k.size() > 1 && td.contains(k.parent())) parent = &td.get_tensordict(k.parent());
+    batch = parent->batch_size();
+    device = parent->device();
+  }
+  Entry e = to_entry(value, batch, device, k);
+  self.td().set(k, std::move(e));
+}
+
 // Element-wise ==, as tensordict: a TensorDict of bool leaves (a non-tensor compares as
 // one value, broadcast over the batch). `other` is a TensorDict with the same keys or a
 // value every leaf is compared with.
 PyTensorDict compare(const PyTensorDict& self, nb::handle other, bool equal) {
-  const TensorDict& a = self.td();
+  // Copies of the structures (leaves shared): numpy runs Python code between the leaves.
+  const TensorDict a = snapshot(self);
   const PyTensorDict* b =
       nb::isinstance<PyTensorDict>(other) ? &nb::cast<PyTensorDict&>(other) : nullptr;
+  const std::optional<TensorDict> b_td = b ? std::optional<TensorDict>(snapshot(*b)) : std::nullopt;
   nb::module_ np = nb::module_::import_("numpy");
   TensorDict out(a.batch_size(), a.device());
   for (const Key& k : a.keys(true, true)) {
     nb::object x = from_entry(a.entry(k), self, k);
-    nb::object y = b ? from_entry(b->td().entry(k), *b, k) : nb::borrow(other);
+    nb::object y = b ? from_entry(b_td->entry(k), *b, k) : nb::borrow(other);
     nb::object cmp = nb::steal(PyObject_RichCompare(x.ptr(), y.ptr(), equal ? Py_EQ : Py_NE));
     if (!cmp.ptr()) throw nb::python_error();
     nb::object r = np.attr("asarray")(cmp);
@@ -139,8 +160,18 @@ void bind_tensordict(nb::module_& m) {
           nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
       .def("__getitem__",
            [](const PyTensorDict& self, nb::handle key) -> nb::object {
-             if (nb::isinstance<nb::int_>(key))
-               return nb::cast(PyTensorDict(self.td().index(nb::cast<int64_t>(key))));
+             if (nb::isinstance<nb::int_>(key)) {
+               // Out of range is an IndexError, as in tensordict (and a sequence: for loops
+               // over td[i] end on it).
+               const TensorDict& td = self.td();
+               const int64_t i = int_arg(key, "index");
+               if (!td.batch_size().empty() && (i >= td.batch_size()[0] || i < -td.batch_size()[0]))
+                 throw nb::index_error(("index " + std::to_string(i) +
+                                        " is out of range for batch dimension 0 of size " +
+                                        std::to_string(td.batch_size()[0]))
+                                           .c_str());
+               return nb::cast(PyTensorDict(td.index(i)));
+             }
              if (nb::isinstance<nb::slice>(key)) {
                const TensorDict& td = self.td();
                if (td.batch_size().empty())
@@ -165,20 +196,12 @@ void bind_tensordict(nb::module_& m) {
           nb::arg("key"), nb::arg("default").none() = nb::none())
       .def(
           "__setitem__",
-          [](PyTensorDict& self, nb::handle key, nb::handle value) {
-            Key k = to_key(key);
-            TensorDict& td = self.td();
-            const TensorDict* parent = &td;
-            if (k.size() > 1 && td.contains(k.parent())) parent = &td.get_tensordict(k.parent());
-            td.set(k, to_entry(value, parent->batch_size(), parent->device(), k));
-          },
+          [](PyTensorDict& self, nb::handle key, nb::handle value) { set_value(self, key, value); },
           nb::arg("key"), nb::arg("value").none())
       .def(
           "set",
           [](PyTensorDict& self, nb::handle key, nb::handle value) {
-            Key k = to_key(key);
-            TensorDict& td = self.td();
-            td.set(k, to_entry(value, td.batch_size(), td.device(), k));
+            set_value(self, key, value);
             return self;
           },
           nb::arg("key"), nb::arg("value").none())
@@ -301,9 +324,9 @@ void bind_tensordict(nb::module_& m) {
            })
       .def("update_",
            [](PyTensorDict& self, nb::handle other) {
-             TensorDict& td = self.td();
              if (nb::isinstance<PyTensorDict>(other)) {
                const TensorDict src = snapshot(nb::cast<PyTensorDict&>(other));
+               TensorDict& td = self.td();
                if (!only_tensors(src)) {
                  td.update_(src);  // its non-tensor values replace entries of `td`
                  return self;
@@ -314,7 +337,13 @@ void bind_tensordict(nb::module_& m) {
                NoGil nogil;
                into.update_(src);
              } else {
-               td.update_(tensordict_from(other, td.batch_size(), td.device(), "update_"));
+               // Converted first: that runs Python code, which may change or drop the dict
+               // `self` views (looked up again after it, as set_value does).
+               const TensorDict& td = self.td();
+               const Shape batch = td.batch_size();
+               const std::optional<Device> device = td.device();
+               TensorDict src = tensordict_from(other, batch, device, "update_");
+               self.td().update_(src);
              }
              return self;
            })

@@ -177,6 +177,12 @@ ConsolidatedPlan plan_consolidation(const TensorDict& td, const ConsolidateOptio
   if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0)
     throw ValueError("consolidate: alignment " + std::to_string(options.alignment) +
                      " is not a power of two");
+  // Less would start a leaf of 8-byte elements where it cannot be viewed: what came out
+  // could not be read back, here (load, a pickle) or by tensordict.
+  if (options.alignment < 8)
+    throw ValueError("consolidate: alignment " + std::to_string(options.alignment) +
+                     " is below 8 (every leaf must start where its elements can be viewed; "
+                     "tensordict uses 8)");
   ConsolidatedPlan plan;
   std::vector<std::string> path;
   plan_node(td, options, plan, plan.metadata, path);

@@ -169,10 +169,15 @@ TensorDict& TensorDict::set(const Key& key, Entry value) {
   } else if (!is_json_representable(value.non_tensor().value)) {
     throw ValueError("key " + key.str() + ": non-tensor value is not JSON-representable");
   }
-  if (Entry* e = parent.find(key.back()))
+  // The entry replaced is destroyed last, once this dict is whole again: releasing its
+  // storage may run code (a Python array's finalizer) that looks at this dict, or changes it.
+  std::optional<Entry> replaced;
+  if (Entry* e = parent.find(key.back())) {
+    replaced.emplace(std::move(*e));
     *e = std::move(value);
-  else
+  } else {
     parent.append_(key.back(), std::move(value));
+  }
   return *this;
 }
 
@@ -195,6 +200,10 @@ void TensorDict::erase(const Key& key) {
   auto it = std::find_if(parent.entries_.begin(), parent.entries_.end(),
                          [&](const auto& kv) { return kv.first == key.back(); });
   if (it == parent.entries_.end()) throw KeyError("key " + key.str() + " not found");
+  // Destroyed last, as in set(): while erase() shifts the entries, a finalizer run by the
+  // release of this one's storage saw a key named '' (a moved-from entry), and a key it
+  // added there ended up lost.
+  Entry erased = std::move(it->second);
   parent.entries_.erase(it);
   parent.rebuild_index_();
 }

@@ -208,3 +208,77 @@ def test_storage_cache_reuses_a_released_large_storage_and_honours_its_limit():
             tw.set_storage_cache_limit(-1)
     finally:
         tw.set_storage_cache_limit(saved)
+
+
+class _DeletesSubWhenConverted:
+    """An array-like whose conversion (its __dlpack__, as a torch tensor's runs Python code)
+    drops the sub-dict `td["sub"]` and refills the dict."""
+
+    def __init__(self, td):
+        self.td, self.a = td, np.arange(3.0)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def __dlpack__(self, *args, **kwargs):
+        del self.td["sub"]
+        for i in range(50):
+            self.td[f"k{i}"] = {"a": np.zeros(3)}
+        return self.a.__dlpack__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["setitem", "update_"])
+def test_a_nested_view_written_while_its_dict_is_dropped_does_not_touch_freed_memory(how):
+    # The view held the sub-dict across the value's conversion: a segfault (use after free).
+    td = tw.TensorDict({"sub": {"a": np.zeros(3)}}, batch_size=[3])
+    sub = td["sub"]
+    with pytest.raises(KeyError, match="sub"):
+        if how == "setitem":
+            sub["x"] = _DeletesSubWhenConverted(td)
+        else:
+            sub.update_({"a": _DeletesSubWhenConverted(td)})
+    assert "sub" not in td and td["k0", "a"].tolist() == [0.0, 0.0, 0.0]
+
+
+class _Finalized(np.ndarray):
+    """An array whose finalizer looks at (and adds to) `_Finalized.td`."""
+
+    td, seen = None, None
+
+    def __del__(self):
+        _Finalized.seen = _Finalized.td.keys()
+        _Finalized.td["z"] = np.zeros(3)
+
+
+@pytest.mark.parametrize("how", ["del", "replace"])
+def test_code_run_by_releasing_a_leaf_sees_the_dict_whole(how):
+    # erase() released the entry while the entries were half shifted: the finalizer saw a
+    # key named '' and the key it added was lost.
+    td = tw.TensorDict({}, batch_size=[3])
+    _Finalized.td = td
+    a = np.zeros(3).view(_Finalized)
+    td["a"] = a
+    del a
+    td["b"] = np.ones(3)
+    if how == "del":
+        del td["a"]
+        assert _Finalized.seen == ["b"] and td.keys() == ["b", "z"]
+    else:
+        td["a"] = np.full(3, 2.0)
+        assert _Finalized.seen == ["a", "b"] and td.keys() == ["a", "b", "z"]
+        assert td["a"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_set_of_a_nested_key_builds_a_dict_with_its_parents_batch_size():
+    td = tw.TensorDict({"sub": tw.TensorDict({}, batch_size=[3, 2])}, batch_size=[3])
+    td.set(("sub", "d"), {"x": np.zeros((3, 2))})  # was built with the root's [3]: ValueError
+    assert td["sub", "d"].batch_size == (3, 2)
+
+
+def test_an_index_out_of_range_is_an_indexerror():
+    td = tw.TensorDict({"x": np.arange(3)}, batch_size=[3])
+    with pytest.raises(IndexError, match="index 3 is out of range for batch dimension 0 of size 3"):
+        td[3]
+    with pytest.raises(IndexError):
+        td[-4]
+    assert int(td[-1]["x"]) == 2

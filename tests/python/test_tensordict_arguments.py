@@ -40,6 +40,7 @@ def test_bad_construction_arguments_are_named_in_one_line(kwargs, error, needle)
 
 
 @pytest.mark.parametrize("alignment, error", [(-8, ValueError), (0, ValueError), (3, ValueError),
+                                              (1, ValueError), (4, ValueError),
                                               ("8", TypeError), (None, TypeError)])
 def test_bad_alignment_is_named(tmp_path, alignment, error):
     with pytest.raises(error, match="alignment"):

@@ -13,7 +13,7 @@
 namespace tensorwire {
 
 struct ConsolidateOptions {
-  size_t alignment = 8;  // a power of two; tensordict uses 8
+  size_t alignment = 8;  // a power of two, at least 8; tensordict uses 8
   // Deepest nesting accepted (sub-dict levels, and list/dict levels of a non-tensor
   // value); more is a ValueError. Receivers accept wire::Limits::max_depth, by default
   // the same kMaxDepth: raise both together.
