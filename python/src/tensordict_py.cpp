@@ -95,6 +95,14 @@ PyTensorDict compare(const PyTensorDict& self, nb::handle other, bool equal) {
   const PyTensorDict* b =
       nb::isinstance<PyTensorDict>(other) ? &nb::cast<PyTensorDict&>(other) : nullptr;
   const std::optional<TensorDict> b_td = b ? std::optional<TensorDict>(snapshot(*b)) : std::nullopt;
+  if (b_td) {  // as tensordict: the same batch size and keys, nothing broadcast or ignored
+    if (b_td->batch_size() != a.batch_size())
+      throw ValueError("cannot compare TensorDicts of batch sizes " + shape_str(a.batch_size()) +
+                       " and " + shape_str(b_td->batch_size()));
+    for (const Key& k : b_td->keys(true, true))
+      if (!a.contains(k))
+        throw KeyError("key " + k.str() + " is in the right-hand TensorDict only");
+  }
   nb::module_ np = nb::module_::import_("numpy");
   TensorDict out(a.batch_size(), a.device());
   for (const Key& k : a.keys(true, true)) {

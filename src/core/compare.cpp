@@ -107,15 +107,46 @@ bool same_leaves(const TensorDict& a, const TensorDict& b) {
   return true;
 }
 
+namespace {
+
+// The bytes of one floating-point component (a real number, or half of a complex one):
+// those of IEEE binary formats and float8 keep the sign in the top bit of the last byte
+// (little-endian), so -0.0 is zero too, as the value it is.
+size_t float_component_bytes(DType t) {
+  switch (t) {
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Float32:
+    case DType::Float64:
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2:
+      return itemsize(t);
+    case DType::Complex64:
+    case DType::Complex128:
+      return itemsize(t) / 2;
+    default:
+      return 0;  // not floating point: every bit counts
+  }
+}
+
+}  // namespace
+
 bool all_true(const TensorDict& td) {
   for (const Key& k : td.keys(true, true)) {
     const Entry& e = td.entry(k);
     if (!e.is_tensor()) continue;
     Tensor t = e.tensor().contiguous();
     const auto* p = static_cast<const std::byte*>(t.data());
-    for (size_t i = 0; i < t.nbytes(); i += t.itemsize())
-      if (std::all_of(p + i, p + i + t.itemsize(), [](std::byte b) { return b == std::byte{0}; }))
-        return false;
+    const size_t component = float_component_bytes(t.dtype());
+    for (size_t i = 0; i < t.nbytes(); i += t.itemsize()) {
+      bool zero = true;
+      for (size_t j = 0; j < t.itemsize() && zero; ++j) {
+        std::byte b = p[i + j];
+        if (component && (j + 1) % component == 0) b &= std::byte{0x7f};  // the sign bit
+        zero = b == std::byte{0};
+      }
+      if (zero) return false;
+    }
   }
   return true;
 }

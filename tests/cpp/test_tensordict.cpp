@@ -205,6 +205,27 @@ TEST(TensorDict, AllTrueLooksAtEveryElementOfEveryTensorLeaf) {
   EXPECT_FALSE(all_true(td));
 }
 
+// -0.0 is zero (false), as torch's all() says; the sign bit alone made it true.
+TEST(TensorDict, AllTrueTakesMinusZeroForZero) {
+  for (double minus_zero : {-0.0}) {
+    TensorDict td({1});
+    td.set("d", Tensor::from_vector<double>({minus_zero}, {1}));
+    EXPECT_FALSE(all_true(td));
+    td.set("d", Tensor::from_vector<float>({-0.0f}, {1}));
+    EXPECT_FALSE(all_true(td));
+    td.set("d", Tensor::from_vector<float>({-1.5f}, {1}));
+    EXPECT_TRUE(all_true(td));
+  }
+  TensorDict c({1});  // complex: zero when both parts are (+-0)
+  Tensor z = Tensor::zeros({1}, DType::Complex64);
+  float* parts = static_cast<float*>(z.data());
+  parts[0] = -0.0f, parts[1] = -0.0f;
+  c.set("z", z);
+  EXPECT_FALSE(all_true(c));
+  parts[1] = 2.0f;
+  EXPECT_TRUE(all_true(c));
+}
+
 TEST(TensorDict, SetRejectsAnEmptyKeyName) {
   TensorDict td({3});
   EXPECT_THROW(td.set("", fill_f32({3}, 0.0f)), KeyError);

@@ -282,3 +282,20 @@ def test_an_index_out_of_range_is_an_indexerror():
     with pytest.raises(IndexError):
         td[-4]
     assert int(td[-1]["x"]) == 2
+
+
+def test_comparing_dicts_of_other_keys_or_batch_sizes_is_an_error_not_a_broadcast():
+    a = tw.TensorDict({"x": np.arange(3)}, batch_size=[3])
+    b = tw.TensorDict({"x": np.arange(3), "y": np.arange(3)}, batch_size=[3])
+    with pytest.raises(KeyError, match="'y'.* right-hand TensorDict only"):
+        a == b  # was all True: the extra key ignored
+    c = tw.TensorDict({"x": np.zeros((3, 4))}, batch_size=[3])
+    d = tw.TensorDict({"x": np.zeros((1, 4))}, batch_size=[1])
+    with pytest.raises(ValueError, match=r"batch sizes \[3\] and \[1\]"):
+        c == d  # was broadcast to a (3, 4) leaf
+    assert (a == a).all()
+
+
+def test_all_takes_minus_zero_for_zero():
+    assert not tw.TensorDict({"x": np.array([-0.0])}, batch_size=[1]).all()
+    assert tw.TensorDict({"x": np.array([-2.0])}, batch_size=[1]).all()
