@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/stack_layout.h"
+
 namespace tensorwire {
 
 namespace {
@@ -133,7 +135,13 @@ void plan_node(const TensorDict& td, const ConsolidateOptions& opt, Consolidated
                          std::to_string(opt.max_depth) + " (ConsolidateOptions::max_depth)");
       for (const Json& v : st.values)
         check_value_depth(v, opt.max_depth, "consolidate: key '" + name + "'");
-      append_member(node, name, stack_metadata(st, 0, 0, st.stack_dim));
+      // Its elements in the metadata are the slices along stack_dim (core/stack_layout.h).
+      append_member(
+          node, name,
+          st.stack_dim == 0
+              ? stack_metadata(st, 0, 0, 0)
+              : stack_metadata(detail::move_stack_dim(st, static_cast<size_t>(st.stack_dim), 0), 0,
+                               0, st.stack_dim));
     }
   }
   node["non_tensors"] = std::move(non_tensors);

@@ -8,6 +8,8 @@
 #include <limits>
 #include <unordered_set>
 
+#include "core/stack_layout.h"
+
 namespace tensorwire::wire {
 
 struct ConsolidatedLayout::Node {
@@ -335,6 +337,9 @@ struct Parser {
     // stack_dim arrives as a u64: one past INT64_MAX reads as negative here.
     if (st.stack_dim < 0 || st.stack_dim >= static_cast<int64_t>(st.batch_size.size()))
       bad(path, "stack_dim out of range");
+    // The elements read are the slices along stack_dim (core/stack_layout.h): that dim back
+    // where it belongs.
+    if (st.stack_dim > 0) st = detail::move_stack_dim(st, 0, static_cast<size_t>(st.stack_dim));
     return st;
   }
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tensorwire/core/consolidate.h"
+#include "tensorwire/wire/layout.h"
 
 namespace tensorwire {
 namespace {
@@ -138,6 +139,37 @@ TEST(Consolidate, AlignmentMustBeAPowerOfTwoOfAtLeastEight) {
   // tensordict refuse it).
   for (size_t a : {1u, 2u, 4u}) EXPECT_THROW(consolidate(example(), {.alignment = a}), ValueError);
   EXPECT_NO_THROW(consolidate(example(), {.alignment = 8}));
+}
+
+// tensordict lists a stack's elements along its stack_dim: element j of a stack of batch
+// [2, 3] stacked along dim 1 is its column j. Written so, and read back in place.
+TEST(Consolidate, AStackAlongALaterDimListsItsElementsAlongThatDim) {
+  NonTensorStack st;
+  st.batch_size = {2, 3};
+  st.stack_dim = 1;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      st.values.push_back("r" + std::to_string(i) + "c" + std::to_string(j));
+  TensorDict td({2, 3});
+  td.set("s", st);
+  TensorDict c = consolidate(td);
+  const Json& meta = *c.consolidated()->metadata;
+  EXPECT_EQ(meta["s"]["0"]["non_tensors"]["1"][0], "r1c0");  // column 0, row 1
+  EXPECT_EQ(meta["s"]["2"]["non_tensors"]["0"][0], "r0c2");
+  TensorDict back = wire::view_consolidated(c.consolidated()->storage, meta);
+  EXPECT_EQ(back.entry(Key("s")).non_tensor_stack(), st);
+
+  NonTensorStack deep;  // three dims, stacked along the last
+  deep.batch_size = {2, 3, 4};
+  deep.stack_dim = 2;
+  for (int v = 0; v < 24; ++v) deep.values.push_back(v);
+  TensorDict d({2, 3, 4});
+  d.set("s", deep);
+  TensorDict cd = consolidate(d);
+  EXPECT_EQ(wire::view_consolidated(cd.consolidated()->storage, *cd.consolidated()->metadata)
+                .entry(Key("s"))
+                .non_tensor_stack(),
+            deep);
 }
 
 TEST(Consolidate, StridedLeavesArePackedRowMajor) {

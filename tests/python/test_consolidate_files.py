@@ -67,6 +67,35 @@ def test_tensorwire_file_loads_in_tensordict(tmp_path):
     assert back["h"].dtype == torch.float16
 
 
+def _stacked_along_dim_1():
+    """A tensordict.TensorDict of batch [2, 3] whose non-tensor stack "s" was stacked along
+    dim 1: s[i, j] is f"r{i}c{j}"."""
+    from tensordict import NonTensorData
+    cols = []
+    for j in range(3):
+        col = TDTensorDict({"x": torch.zeros(2)}, [2])
+        col["s"] = TDNonTensorStack(*(NonTensorData(f"r{i}c{j}") for i in range(2)))
+        cols.append(col)
+    return torch.stack(cols, dim=1)
+
+
+GRID = [[f"r{i}c{j}" for j in range(3)] for i in range(2)]
+
+
+def test_a_stack_along_a_later_dim_is_read_and_written_as_tensordict_lays_it_out(tmp_path):
+    # tensordict's metadata lists such a stack's elements along its stack_dim; they were
+    # read (and written) as if along dim 0: the values came back transposed, both ways.
+    ref = _stacked_along_dim_1()
+    assert ref.get("s").stack_dim == 1 and ref.get("s").tolist() == GRID
+    ref.consolidate(filename=str(tmp_path / "ref.td"))
+    ours = tw.load(str(tmp_path / "ref.td"))
+    assert ours["s"].tolist() == GRID and ours["s"].stack_dim == 1
+    ours.save(str(tmp_path / "ours.td"))
+    back = TDTensorDict.from_consolidated(str(tmp_path / "ours.td"))
+    assert back.get("s").tolist() == GRID and back[0, 1]["s"] == "r0c1"
+    assert tw.load(str(tmp_path / "ours.td"))["s"].tolist() == GRID
+
+
 def test_load_memory_maps_without_copy_and_save_is_atomic(tmp_path):
     path = str(tmp_path / "m.td")
     big = np.arange(1 << 20, dtype=np.uint8)
