@@ -168,18 +168,8 @@ void bind_tensordict(nb::module_& m) {
           nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
       .def("__getitem__",
            [](const PyTensorDict& self, nb::handle key) -> nb::object {
-             if (nb::isinstance<nb::int_>(key)) {
-               // Out of range is an IndexError, as in tensordict (and a sequence: for loops
-               // over td[i] end on it).
-               const TensorDict& td = self.td();
-               const int64_t i = int_arg(key, "index");
-               if (!td.batch_size().empty() && (i >= td.batch_size()[0] || i < -td.batch_size()[0]))
-                 throw nb::index_error(("index " + std::to_string(i) +
-                                        " is out of range for batch dimension 0 of size " +
-                                        std::to_string(td.batch_size()[0]))
-                                           .c_str());
-               return nb::cast(PyTensorDict(td.index(i)));
-             }
+             if (nb::isinstance<nb::int_>(key))  // out of range: IndexError (errors.cpp)
+               return nb::cast(PyTensorDict(self.td().index(int_arg(key, "index"))));
              if (nb::isinstance<nb::slice>(key)) {
                const TensorDict& td = self.td();
                if (td.batch_size().empty())

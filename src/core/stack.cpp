@@ -101,10 +101,10 @@ TensorDict TensorDict::stack(const std::vector<TensorDict>& tds) {
 TensorDict TensorDict::index(int64_t i) const {
   if (batch_size_.empty()) throw ValueError("index: the TensorDict has no batch dimension");
   const int64_t n = batch_size_[0];
+  if (i >= n || i < -n)
+    throw IndexError("index " + std::to_string(i) +
+                     " is out of range for batch dimension 0 of size " + std::to_string(n));
   if (i < 0) i += n;
-  if (i < 0 || i >= n)
-    throw ValueError("index " + std::to_string(i) + " out of range for batch_size " +
-                     shape_str(batch_size_));
   TensorDict out(Shape(batch_size_.begin() + 1, batch_size_.end()), device_);
   out.names_.assign(names_.begin() + 1, names_.end());
   for (const auto& [name, e] : entries_) {

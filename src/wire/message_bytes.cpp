@@ -1,7 +1,6 @@
 #include "wire/message_bytes.h"
 
-#include <sys/mman.h>
-
+#include "core/zero_storage.h"
 #include "tensorwire/core/consolidate.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/wire/layout.h"
@@ -40,19 +39,8 @@ TensorDict decode_structure(std::span<const std::byte> bytes, const Limits& limi
     throw ProtocolError("spec structure: a storage of " + std::to_string(n) +
                         " bytes (at most max_message_bytes, " +
                         std::to_string(limits.max_message_bytes) + ")");
-  // Zero pages the kernel maps on a read or write: nothing is allocated for values nobody
-  // reads, whatever the spec's size.
-  Storage zeros;
-  if (n > 0) {
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw SystemError("spec structure: mmap of " + std::to_string(n), errno);
-    zeros = Storage::external(
-        p, n, [p, n] { ::munmap(p, n); }, Storage::Kind::External);
-  } else {
-    zeros = Storage::allocate(0);
-  }
-  TensorDict spec = view_consolidated(std::move(zeros), std::move(j["metadata"]), limits);
+  // Nothing is allocated for values nobody reads, whatever the spec's size.
+  TensorDict spec = view_consolidated(detail::zero_storage(n), std::move(j["metadata"]), limits);
   spec.unlock_();
   return spec;
 }

@@ -48,14 +48,11 @@ def test_a_map_that_drops_every_datapoint_raises_instead_of_blocking():
             next(iter(m))
 
 
-class PassNumbered:
+class PassNumbered(twdf.DataFlow):
     """Two datapoints [pass, i] per pass (the map's dataflow runs in the main process)."""
 
     def __init__(self):
         self.passes = 0
-
-    def reset_state(self):
-        pass
 
     def __iter__(self):
         p, self.passes = self.passes, self.passes + 1

@@ -195,7 +195,7 @@ def test_a_strict_map_reissues_what_a_dead_worker_held_in_order():
         assert m.restarts == 1
 
 
-class KillsWorkerZeroBeforeABigOne:
+class KillsWorkerZeroBeforeABigOne(twdf.DataFlow):
     """12 datapoints [array, i]; before yielding the 9th (1 MiB: the map needs a new task
     segment for it) the main process kills worker 0 of `runner`, once."""
 
@@ -203,9 +203,6 @@ class KillsWorkerZeroBeforeABigOne:
 
     def __init__(self):
         self.runner, self.killed = None, False
-
-    def reset_state(self):
-        pass
 
     def __len__(self):
         return self.N

@@ -123,15 +123,12 @@ def test_map_workers_are_seeded():
     assert seeds == {99, 100}
 
 
-class RaisesOnceAt:
+class RaisesOnceAt(twdf.DataFlow):
     """Datapoints 0..n-1; the first pass raises before yielding datapoint `at` (as a Ctrl-C
     landing in the generator does), which ends that generator."""
 
     def __init__(self, n, at):
         self.n, self.at, self.raised = n, at, False
-
-    def reset_state(self):
-        pass
 
     def __len__(self):
         return self.n

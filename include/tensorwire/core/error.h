@@ -38,6 +38,13 @@ class ValueError : public Error {
   using Error::Error;
 };
 
+// An index past the end of a dimension (Python: IndexError, as a sequence's: a loop over
+// td[i] ends on it). A ValueError, the kind it was before.
+class IndexError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
 // A value of the wrong type, e.g. get() of a tensor that is a sub-TensorDict (Python: TypeError).
 class TypeError : public Error {
  public:
