@@ -156,16 +156,25 @@ void bind_tensordict(nb::module_& m) {
             std::optional<Device> dev = device_arg(device);
             TensorDict td(batch_arg(batch_size), dev);
             if (names) td.set_names(*names);
-            if (!source.is_none()) {
+            if (nb::isinstance<nb::dict>(source)) {
               TensorDict filled =
                   tensordict_from(source, td.batch_size(), dev, "TensorDict(source)");
-              if (nb::isinstance<nb::dict>(source)) filled.set_names(td.names());
+              filled.set_names(td.names());
               td = std::move(filled);
+            } else if (!source.is_none()) {
+              // A TensorDict's entries (shared, not copied) in a dict of the batch size and
+              // device given here, as tensordict: none given is no batch dims, not the
+              // source's, and an entry that does not fit is refused.
+              const TensorDict src = tensordict_from(source, {}, dev, "TensorDict(source)");
+              for (const auto& [name, e] : src.items()) td.set(Key(name), e);
             }
             new (self) PyTensorDict(std::move(td));
           },
           nb::arg("source").none() = nb::none(), nb::arg("batch_size").none() = nb::none(),
-          nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none())
+          nb::arg("device").none() = nb::none(), nb::arg("names").none() = nb::none(),
+          "A dict's values converted (docs/conversion.md), or a TensorDict's (tensorwire's or\n"
+          "tensordict's) entries shared, in a dict of `batch_size` (None: no batch dims, as\n"
+          "tensordict, also for a TensorDict source) on `device`.")
       .def("__getitem__",
            [](const PyTensorDict& self, nb::handle key) -> nb::object {
              if (nb::isinstance<nb::int_>(key))  // out of range: IndexError (errors.cpp)
@@ -209,9 +218,29 @@ void bind_tensordict(nb::module_& m) {
              return (nb::isinstance<nb::str>(key) || nb::isinstance<nb::tuple>(key)) &&
                     self.td().contains(to_key(key));
            })
-      .def("__len__", [](const PyTensorDict& self) { return self.td().size(); })
-      .def("__iter__",
-           [](const PyTensorDict& self) { return nb::iter(key_list(self.td().keys())); })
+      // As tensordict: the length of the first batch dim (0 without one) and iteration
+      // along it (__bool__, below, refuses a truth value).
+      .def(
+          "__len__",
+          [](const PyTensorDict& self) {
+            const Shape& b = self.td().batch_size();
+            return b.empty() ? int64_t{0} : b[0];
+          },
+          "The size of the first batch dim; 0 with no batch dims (as tensordict).")
+      .def(
+          "__iter__",
+          [](const PyTensorDict& self) {
+            if (self.td().batch_size().empty())
+              throw TypeError(
+                  "iteration over a TensorDict with no batch dimension (iterate over keys())");
+            nb::list out;
+            for (TensorDict& t : self.td().unbind(0)) out.append(PyTensorDict(std::move(t)));
+            return nb::iter(out);
+          },
+          "The rows along the first batch dim (views, as unbind(0)); keys() lists the keys.")
+      .def(
+          "is_empty", [](const PyTensorDict& self) { return self.td().keys(true, true).empty(); },
+          "True when no leaf is in it (nested dicts without leaves do not count), as tensordict.")
       .def(
           "keys",
           [](const PyTensorDict& self, bool include_nested, bool leaves_only) {

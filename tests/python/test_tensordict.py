@@ -168,13 +168,54 @@ def test_stack_and_unbind_round_trip_with_non_tensors():
         tw.stack([make(), tw.TensorDict({"obs": np.zeros((2, 4), np.float32)}, batch_size=[2])])
 
 
-def test_delete_contains_len_iter():
+def test_delete_contains_keys():
     td = make()
-    assert len(td) == 3 and list(td) == ["obs", "info", "name"]
+    assert list(td.keys()) == ["obs", "info", "name"]
     del td["name"]
-    assert "name" not in td and len(td) == 2
+    assert "name" not in td and list(td.keys()) == ["obs", "info"]
     with pytest.raises(KeyError):
         del td["name"]
+
+
+def test_len_and_iteration_follow_the_first_batch_dim_as_in_tensordict():
+    td = make()
+    assert len(td) == 3
+    rows = list(td)
+    assert len(rows) == 3 and all(isinstance(r, tw.TensorDict) and r.batch_size == () for r in rows)
+    assert rows[2]["obs"].tolist() == [8.0, 9.0, 10.0, 11.0] and rows[2]["name"] == "cartpole"
+    rows[0]["obs"][0] = -1  # rows view the dict's storage, as unbind(0)
+    assert td["obs"][0, 0] == -1
+    scalar = tw.TensorDict({"x": np.zeros(3)})
+    assert len(scalar) == 0
+    with pytest.raises(TypeError, match="no batch dimension"):
+        iter(scalar)
+    assert len(tw.TensorDict({}, batch_size=[0])) == 0 and list(tw.TensorDict({}, batch_size=[0])) == []
+
+
+def test_truth_value_is_refused_and_is_empty_counts_leaves():
+    with pytest.raises(ValueError, match="truth value"):
+        bool(make())
+    with pytest.raises(ValueError, match="truth value"):
+        if tw.TensorDict({}):
+            pass
+    assert not make().is_empty()
+    assert tw.TensorDict({}).is_empty() and tw.TensorDict({"a": {"b": {}}}).is_empty()
+    assert not tw.TensorDict({"a": {"s": "text"}}).is_empty()
+
+
+def test_a_tensordict_source_takes_the_batch_size_and_device_given_as_tensordict():
+    src = make()
+    assert tw.TensorDict(src).batch_size == ()  # none given: no batch dims, as tensordict
+    same = tw.TensorDict(src, batch_size=[3])
+    assert same.batch_size == (3,) and same.equal(src)
+    same["obs"][0, 0] = 42  # the entries are shared, not copied
+    assert src["obs"][0, 0] == 42
+    assert tw.TensorDict(src, batch_size=[3], names=["t"]).names == ["t"]
+    with pytest.raises(ValueError, match="batch dimension mismatch.*'obs'"):
+        tw.TensorDict(src, batch_size=[2])
+    with pytest.raises(ValueError, match="batch dimension mismatch"):
+        tw.TensorDict(src, batch_size=[3, 4])
+    assert tw.TensorDict(src, batch_size=[3], device="cpu").device == "cpu"
 
 
 def test_locked_consolidated_dict_refuses_new_keys_but_allows_update_():

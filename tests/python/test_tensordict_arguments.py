@@ -92,6 +92,19 @@ def test_pickle_and_deepcopy_round_trip_also_inside_a_list():
     assert pickle.loads(pickle.dumps(locked)).is_locked
 
 
+def test_pickle_keeps_the_order_the_keys_were_set_in_as_tensordict():
+    # The consolidated metadata groups leaves, non-tensors and sub-dicts apart.
+    td = tw.TensorDict({"x": np.zeros(2), "n": {"s": "t", "q": np.ones(2), "e": {}}, "s": "str",
+                        "b": np.ones(2)}, batch_size=[2])
+    order = td.keys(True)
+    for locked in (False, True):
+        src = td.clone().lock_() if locked else td
+        back = pickle.loads(pickle.dumps(src))
+        assert back.keys(True) == order and back.is_locked == locked
+        assert back.equal(td) and back["n", "s"] == "t" and back["n", "e"].is_empty()
+    assert copy.deepcopy(td).keys(True) == order
+
+
 def test_equality_is_element_wise_as_in_tensordict():
     td = make()
     eq = td == td.clone()
