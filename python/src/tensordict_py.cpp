@@ -365,11 +365,10 @@ void bind_tensordict(nb::module_& m) {
                into.update_(src);
              } else {
                // Converted first: that runs Python code, which may change or drop the dict
-               // `self` views (looked up again after it, as set_value does).
-               const TensorDict& td = self.td();
-               const Shape batch = td.batch_size();
-               const std::optional<Device> device = td.device();
-               TensorDict src = tensordict_from(other, batch, device, "update_");
+               // `self` views (looked up again after it, as set_value does). No batch dims:
+               // a leaf need only broadcast to its destination (update_ checks that).
+               const std::optional<Device> device = self.td().device();
+               TensorDict src = tensordict_from(other, {}, device, "update_");
                self.td().update_(src);
              }
              return self;

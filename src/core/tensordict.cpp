@@ -1,5 +1,7 @@
 #include "tensorwire/core/tensordict.h"
 
+#include "cast.h"
+
 #include <algorithm>
 
 namespace tensorwire {
@@ -208,7 +210,8 @@ void TensorDict::erase(const Key& key) {
   parent.rebuild_index_();
 }
 
-void TensorDict::check_update(const TensorDict& other, const Key& prefix) const {
+TensorDict TensorDict::conform_update(const TensorDict& other, const Key& prefix) const {
+  TensorDict out(other.batch_size_, other.device_);
   for (const auto& [name, src] : other.entries_) {
     Key key = prefix.size() ? prefix.child(name) : Key(name);
     const Entry* dst = find(name);
@@ -217,17 +220,16 @@ void TensorDict::check_update(const TensorDict& other, const Key& prefix) const 
       if (!dst->is_tensor())
         throw TypeError("update_: key " + key.str() + " is a " + dst->kind_name() +
                         " in the destination, a tensor in the source");
+      // Broadcast and cast to the destination's shape and dtype, as torch's copy_ (which
+      // tensordict's update_ calls) does.
       const Tensor& a = dst->tensor();
-      const Tensor& b = src.tensor();
-      if (a.shape() != b.shape() || a.dtype() != b.dtype())
-        throw ValueError("update_: key " + key.str() + ": destination " +
-                         std::string(dtype_name(a.dtype())) + shape_str(a.shape()) + ", source " +
-                         std::string(dtype_name(b.dtype())) + shape_str(b.shape()));
+      out.append_(name, Entry(detail::cast_to(src.tensor(), a.shape(), a.dtype(),
+                                              "update_: key " + key.str())));
     } else if (src.is_tensordict()) {
       if (!dst->is_tensordict())
         throw TypeError("update_: key " + key.str() + " is a " + dst->kind_name() +
                         " in the destination, a TensorDict in the source");
-      dst->tensordict().check_update(src.tensordict(), key);
+      out.append_(name, Entry(dst->tensordict().conform_update(src.tensordict(), key)));
     } else {
       if (dst->is_tensor() || dst->is_tensordict())
         throw TypeError("update_: key " + key.str() + " is a " + dst->kind_name() +
@@ -241,8 +243,10 @@ void TensorDict::check_update(const TensorDict& other, const Key& prefix) const 
         throw ValueError(
             "update_: key " + key.str() +
             ": cannot change a non-tensor value of a consolidated TensorDict in place");
+      out.append_(name, src);
     }
   }
+  return out;
 }
 
 void TensorDict::apply_update(const TensorDict& other) {
@@ -258,8 +262,8 @@ void TensorDict::apply_update(const TensorDict& other) {
 }
 
 void TensorDict::update_(const TensorDict& other) {
-  check_update(other, Key(std::vector<std::string>{}));
-  apply_update(other);
+  // Everything is checked and converted before the first write: all or nothing.
+  apply_update(conform_update(other, Key(std::vector<std::string>{})));
 }
 
 std::vector<Key> TensorDict::keys(bool include_nested, bool leaves_only) const {

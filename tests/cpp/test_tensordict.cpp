@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "tensorwire/core/consolidate.h"
@@ -422,8 +423,64 @@ TEST(TensorDict, UpdateRejectsShapeAndDtypeMismatchesWithoutWritingAnything) {
 
   TensorDict src2({3});
   src2.set("obs", fill_f32({3, 4}, 5.0f));
-  src2.set({"info", "done"}, fill_f32({3}, 1.0f));  // float into bool
+  src2.set({"info", "reward"}, Tensor::zeros({3}, DType::Complex64));  // no complex casts
   EXPECT_THROW(td.update_(src2), ValueError);
+  EXPECT_EQ((td.get("obs").at<float>({0, 0})), 1.0f);
+
+  td.set({"info", "count"}, Tensor::zeros({3}, DType::Int32));
+  TensorDict src4({3});
+  src4.set("obs", fill_f32({3, 4}, 5.0f));
+  src4.set({"info", "count"}, fill_f32({3}, std::nanf("")));  // NaN into an integer
+  try {
+    td.update_(src4);
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("('info', 'count')"), HasSubstr("torch.int32")));
+  }
+  EXPECT_EQ((td.get("obs").at<float>({0, 0})), 1.0f);
+}
+
+TEST(TensorDict, UpdateBroadcastsAndCastsAsTorchCopy) {
+  TensorDict td = sample();
+  td.set("count", Tensor::zeros({3, 2}, DType::Int64));
+  td.set("half", Tensor::zeros({3}, DType::Float16));
+  td.set("bf", Tensor::zeros({3}, DType::BFloat16));
+  td.set("small", Tensor::zeros({3}, DType::UInt8));
+  const void* obs_memory = td.get("obs").data();
+  TensorDict src;  // no batch dims: every leaf broadcasts
+  src.set("obs", Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {4}));  // one row
+  src.set({"info", "reward"}, Tensor::from_vector(std::vector<int64_t>{7}, {}));
+  src.set({"info", "done"}, Tensor::from_vector(std::vector<float>{0.5f}, {}));
+  src.set("count", Tensor::from_vector(std::vector<double>{-2.9, 2.9}, {2}));
+  src.set("half", Tensor::from_vector(std::vector<double>{1.0 / 3}, {}));
+  src.set("bf", Tensor::from_vector(std::vector<double>{-1.5e38}, {}));
+  src.set("small", Tensor::from_vector(std::vector<int64_t>{300}, {}));
+  td.update_(src);
+  EXPECT_EQ(td.get("obs").data(), obs_memory);  // written in place
+  EXPECT_EQ((td.get("obs").at<float>({2, 3})), 4.0f);
+  EXPECT_EQ((td.get("obs").at<float>({1, 0})), 1.0f);
+  EXPECT_EQ((td.get({"info", "reward"}).at<float>({2})), 7.0f);
+  EXPECT_TRUE((td.get({"info", "done"}).at<bool>({0})));
+  EXPECT_EQ((td.get("count").at<int64_t>({1, 0})), -2);  // toward zero
+  EXPECT_EQ((td.get("count").at<int64_t>({1, 1})), 2);
+  uint16_t h, b;
+  std::memcpy(&h, td.get("half").data(), 2);
+  std::memcpy(&b, td.get("bf").data(), 2);
+  EXPECT_EQ(h, 0x3555);  // torch.tensor(1/3, dtype=torch.float16).view(torch.int16)
+  EXPECT_EQ(b, 0xfee2);  // torch.tensor(-1.5e38, dtype=torch.bfloat16).view(torch.int16)
+  EXPECT_EQ((td.get("small").at<uint8_t>({0})), 44);  // 300 wraps, as in torch
+}
+
+TEST(TensorDict, UpdateRefusesAShapeThatDoesNotBroadcastNamingIt) {
+  TensorDict td = sample();
+  TensorDict src;
+  src.set("obs", fill_f32({3}, 5.0f));  // [3] against [3, 4]: the trailing dims differ
+  try {
+    td.update_(src);
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("'obs'"), HasSubstr("[3]"), HasSubstr("[3, 4]")));
+  }
   EXPECT_EQ((td.get("obs").at<float>({0, 0})), 1.0f);
 }
 

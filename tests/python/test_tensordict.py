@@ -143,6 +143,40 @@ def test_update_copies_in_place_and_raises_for_unknown_key_without_partial_write
         td.update_({"obs": np.zeros((3, 5), np.float32)})
 
 
+def test_update_broadcasts_and_casts_as_tensordict():
+    td = make()
+    td["count"] = np.zeros((3, 2), np.int64)
+    td["half"] = torch.zeros(3, 5, dtype=torch.float16)
+    td["bf"] = torch.zeros(3, 5, dtype=torch.bfloat16)
+    td.update_({"obs": np.arange(4), "info": {"reward": 0.5}, "count": [1.9, -1.9]})
+    assert td["obs"].dtype == np.float32 and td["obs"][2].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert td["info", "reward"].dtype == np.float64 and (td["info", "reward"] == 0.5).all()
+    assert td["count"].tolist() == [[1, -1]] * 3
+    # Every float16 / bfloat16 rounding as torch's: subnormals, halfway cases, overflow, NaN.
+    values = torch.tensor([1e-7, 6e-8, 3e-8, 2.98e-8, 65519.0, 65520.0, 1e5, -1e39, float("nan"),
+                           float("inf"), 1 / 3, 1.00048828125, 1.0009765625, -0.0, 3.4e38, 1e-41],
+                          dtype=torch.float64)
+    for i in range(0, len(values), 5):
+        chunk = values[i:i + 5]
+        chunk = torch.cat([chunk, chunk.new_zeros(5 - len(chunk))])
+        td.update_({"half": chunk.numpy(), "bf": chunk.numpy()})
+        for key, dt in (("half", torch.float16), ("bf", torch.bfloat16)):
+            got = td.get_torch(key)[0].view(torch.int16)
+            assert got.tolist() == chunk.to(dt).view(torch.int16).tolist(), (key, chunk)
+
+
+def test_update_refuses_what_does_not_broadcast_or_cast_and_writes_nothing():
+    td = make()
+    td["count"] = np.zeros(3, np.int32)
+    for bad, match in (({"obs": np.zeros(3, np.float32)}, r"'obs'.*\[3\].*\[3, 4\]"),
+                       ({"count": np.array([1.0, np.nan, 2.0])}, r"'count'.*nan.*torch.int32"),
+                       ({"count": 1e10}, r"'count'.*torch.int32"),
+                       ({"obs": np.zeros((3, 4), np.complex64)}, "complex64 to torch.float32")):
+        with pytest.raises(ValueError, match=match):
+            td.update_({"info": {"reward": np.ones((3, 1))}, **bad})
+        assert (td["info", "reward"] == 0).all() and (td["obs"] == make()["obs"]).all()
+
+
 def test_select_strict_and_non_strict():
     td = make()
     s = td.select("obs", ("info", "reward"))

@@ -97,9 +97,10 @@ class TensorDict {
   void erase(const Key& key);  // KeyError if absent
 
   // Copies every tensor of `other` into the matching tensor of this one, in place
-  // (so views into a consolidated storage are written through). KeyError for a key
-  // this dict lacks, ValueError for a shape or dtype mismatch; non-tensor values are
-  // replaced. Nothing is written unless every key checks out.
+  // (so views into a consolidated storage are written through), broadcast and cast as
+  // torch's copy_ does (src/core/cast.h). KeyError for a key this dict lacks, ValueError
+  // for a shape that does not broadcast or a value that does not cast; non-tensor values
+  // are replaced. Nothing is written unless every key checks out.
   void update_(const TensorDict& other);
 
   // --- structure --------------------------------------------------------------
@@ -144,7 +145,7 @@ class TensorDict {
   const TensorDict* parent_for(const Key& key) const;
   void check_batch(const Key& key, const Shape& shape, const char* what) const;
   void check_mutable(const Key& key) const;
-  void check_update(const TensorDict& other, const Key& prefix) const;
+  TensorDict conform_update(const TensorDict& other, const Key& prefix) const;
   void apply_update(const TensorDict& other);
 
   Shape batch_size_;
