@@ -19,6 +19,7 @@ policy once per batch; the GIL is taken only for that call. The C++ core
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import weakref
 from typing import Any
@@ -51,7 +52,30 @@ def _client_for(kind: str, address: str) -> InferenceClient:
 def _remote_client(address: str, auth_key, liveness_timeout, connect_now: bool = False,
                    port: int | None = None):
     c = InferenceClient(_C._remote_client(address, port, auth_key, liveness_timeout, connect_now))
-    c._reconnect = (address if port is None else f"{address}:{port}", auth_key, liveness_timeout)
+    c._reconnect_with = (_remote_client, (address if port is None else f"{address}:{port}",
+                                          auth_key, liveness_timeout))
+    return c
+
+
+def _this_host() -> tuple:
+    """Which host and network this process is on: the boot and the network namespace.
+    127.0.0.1 reaches the same servers wherever both are the same."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return boot, os.stat("/proc/self/ns/net").st_ino
+
+
+def _loopback_client(address: str, auth_key, liveness_timeout, made_on: tuple):
+    """A client of a transport listening on 0.0.0.0, unpickled: 127.0.0.1 is that
+    transport only on the host (and network namespace) the client was made on."""
+    if _this_host() != made_on:
+        raise ValueError(
+            f"this client of a RemoteTransport listening on 0.0.0.0 was made for "
+            f"{address} on another host, where that address is this host's own: give "
+            "RemoteTransport host= the address the actors reach it at, or make the client "
+            "here with RemoteTransport.client_for('host:port')")
+    c = _remote_client(address, auth_key, liveness_timeout)
+    c._reconnect_with = (_loopback_client, (address, auth_key, liveness_timeout, made_on))
     return c
 
 
@@ -101,11 +125,11 @@ class InferenceClient:
     ValueError. ``close()`` disconnects the client: later calls raise ClosedError.
     """
 
-    __slots__ = ("_c", "_reconnect", "__weakref__")
+    __slots__ = ("_c", "_reconnect_with", "__weakref__")
 
     def __init__(self, client):
         self._c = client
-        self._reconnect = None  # a remote client's (address, auth_key, liveness_timeout)
+        self._reconnect_with = None  # a remote client's pickle: (function, arguments)
 
     def __call__(self, td, timeout: float | None = None):
         """Submits ``td`` and waits for its response (interruptible by Ctrl-C)."""
@@ -127,8 +151,8 @@ class InferenceClient:
                        doc="The name other processes attach to ('' for a thread transport).")
 
     def __reduce__(self):
-        if self._reconnect is not None:
-            return (_remote_client, self._reconnect)
+        if self._reconnect_with is not None:
+            return self._reconnect_with
         if not self.address:
             raise TypeError(f"a {self.kind} transport client cannot leave its process (use a "
                             "SharedMemoryTransport or SocketTransport)")
@@ -315,9 +339,16 @@ class RemoteTransport(_FixedLayout):
         self._response_keys = self._impl.response_keys
 
     def client(self) -> InferenceClient:
-        """A client connecting over UCX to this transport (on first use)."""
+        """A client connecting over UCX to this transport (on first use), at :attr:`address`.
+
+        Listening on 0.0.0.0 (the default), that is 127.0.0.1: the client pickles to
+        processes of this host only, and unpickled on another host it raises ValueError
+        (127.0.0.1 there is another machine). For actors on other hosts, give ``host=`` the
+        address they reach this one at, or make their clients with :meth:`client_for`."""
         if self.closed:
             return InferenceClient(self._impl.client())  # raises ClosedError
+        if self._impl.host == "0.0.0.0":  # reached at 127.0.0.1: on this host only
+            return _loopback_client(self.address, self._auth_key, self._liveness, _this_host())
         return _remote_client(self.address, self._auth_key, self._liveness)
 
     def clients(self, num_clients: int) -> list:

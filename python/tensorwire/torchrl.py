@@ -29,7 +29,9 @@ type's module, and as ``RuntimeError("module.Type: message")`` otherwise.
 ``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
 :class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``
 serves it unchanged, and its clients (``transport.client()``,
-``RemoteTransport.client_for("host:port", auth_key=...)``) pickle to their address.
+``RemoteTransport.client_for("host:port", auth_key=...)``) pickle to their address
+(``transport.client()`` of one listening on 0.0.0.0, the default, is for this host only:
+give ``host=`` the address the actors reach it at).
 
 torchrl is needed only when this module is imported.
 """

@@ -233,7 +233,11 @@ void RemoteLink::beat() noexcept {
   } catch (const ProtocolError& e) {
     fail(e.what(), true);
   } catch (const Error& e) {
-    fail(e.what(), false);
+    // The heartbeat's own send failed (a server killed while this client was idle): the
+    // raw engine error ("send: Endpoint timeout") named neither the server nor the fix.
+    fail("connection to the remote inference server at " + address + " lost: " + e.what() +
+             " (make a new client once a server listens there again)",
+         false);
   }
 }
 

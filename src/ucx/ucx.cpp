@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <ucm/api/ucm.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/debug.h>
@@ -419,8 +420,23 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
   params.conn_handler.arg = this;
   ucs_status_t st = ucp_listener_create(worker_.handle(), &params, &listener_);
   // UCX 1.13 reports a taken port as "Device is busy".
-  if (st == UCS_ERR_BUSY) throw SystemError("listen on port " + std::to_string(port), EADDRINUSE);
-  if (st != UCS_OK) throw_status("listen on port " + std::to_string(port), st);
+  const std::string where =
+      "listen on " + (host.empty() ? "0.0.0.0" : host) + ":" + std::to_string(port);
+  if (st == UCS_ERR_BUSY) throw SystemError(where, EADDRINUSE);
+  if (st != UCS_OK) {
+    // UCX says only "Input/output error" for an address that is not this host's: a plain
+    // socket bound to the same address tells the real cause (EADDRNOTAVAIL, EACCES).
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in any_port = addr;
+    any_port.sin_port = 0;
+    const int bound =
+        probe < 0 ? 0
+                  : ::bind(probe, reinterpret_cast<const sockaddr*>(&any_port), sizeof any_port);
+    const int err = errno;
+    if (probe >= 0) ::close(probe);
+    if (bound != 0) throw SystemError(where, err);
+    throw_status(where, st);
+  }
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   st = ucp_listener_query(listener_, &attr);

@@ -402,17 +402,52 @@ def go(proc):
     proc.stdin.flush()
 
 
-@pytest.mark.parametrize("bound", [2.0])
-def test_clients_raise_promptly_when_the_server_is_killed(hosts, bound):
+@pytest.mark.parametrize("idle", [False, True], ids=["calling", "idle"])
+def test_clients_raise_promptly_when_the_server_is_killed(hosts, idle):
     a, b = hosts
+    bound = 2.0
     server = peer(a, "server", "--liveness", bound)
     port = first_line(server, "port")
     client = calling_client(b, a.addr, port, bound)
-    go(client)
-    time.sleep(0.2)
+    if not idle:
+        go(client)
+        time.sleep(0.2)
     os.kill(server.command_pid(), signal.SIGKILL)
+    if idle:
+        # Its heartbeats, not a call, find the server gone: their engine error ("send:
+        # Endpoint timeout") once came back bare, naming no server.
+        server.wait(30)
+        time.sleep(1.5)  # heartbeats go out every bound / 4
+        go(client)
     (seen,) = results(client, timeout=60)
     assert seen["error"] == "ClosedError", seen
+    if idle:
+        assert f"remote inference server at {a.addr}:{port}" in seen["message"], seen
+
+
+def test_a_client_of_a_transport_on_0_0_0_0_stays_on_its_host(hosts):
+    # Its address is 127.0.0.1: on another host that is another machine (which may well
+    # run a server of its own at that port, and would answer).
+    t = inf.RemoteTransport(*SPECS, num_slots=2)
+    assert t.host == "0.0.0.0" and t.address.startswith("127.0.0.1:")
+    blob = pickle.dumps(t.client()).hex()
+    with inf.InferenceServer(double, t):  # this host: the unpickled client is served
+        back = pickle.loads(bytes.fromhex(blob))
+        assert back({"observation": np.ones(4, np.float32)})["action"].tolist() == [2.0] * 4
+        back.close()
+    code = ("import pickle, sys\n"
+            "try:\n    pickle.loads(bytes.fromhex(sys.argv[1]))\n"
+            "except ValueError as e:\n    print('ValueError', e)\n")
+    out, err = hosts[1].python(code, blob).communicate(timeout=60)
+    assert out.startswith("ValueError") and "another host" in out and "host=" in out, (out, err)
+    t.close()
+
+
+def test_listening_on_an_address_of_no_interface_here_is_an_oserror_naming_it():
+    import errno
+    with pytest.raises(OSError, match=r"169\.254\.77\.77:0") as e:
+        inf.RemoteTransport(*SPECS, num_slots=2, host="169.254.77.77")  # bound, never sent to
+    assert e.value.errno == errno.EADDRNOTAVAIL
 
 
 @pytest.mark.parametrize("bound", [2.0])
