@@ -27,6 +27,22 @@ std::string endpoint_hint(const std::string& endpoint) {
   return ": an endpoint names its transport, as in 'tcp://host:port' or 'ipc://name'";
 }
 
+// libzmq takes a TCP port modulo 65536 (99999 binds 34463) and connects to port 0 for
+// ever: a typo in a port must be an error, not another port.
+void check_tcp_port(const std::string& endpoint, bool binding) {
+  if (endpoint.rfind("tcp://", 0) != 0) return;
+  const size_t colon = endpoint.rfind(':');
+  const std::string port = colon > 5 ? endpoint.substr(colon + 1) : "";
+  if (binding && port == "*") return;
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string::npos;
+  const long value = digits ? std::stol(port) : -1;
+  if (value < (binding ? 0 : 1) || value > 65535)
+    throw ValueError(std::string(binding ? "zmq bind to " : "zmq connect to ") + endpoint +
+                     ": the port must be " + (binding ? "0 to 65535 or *" : "1 to 65535") +
+                     ", got '" + port + "'");
+}
+
 }  // namespace
 
 Context::Context() : generation_(os::fork_generation()) {
@@ -64,6 +80,7 @@ Socket::~Socket() {
 }
 
 void Socket::bind(const std::string& endpoint) {
+  check_tcp_port(endpoint, true);
   try {
     // A local (ipc) endpoint admits only this user: the runners bind abstract ipc names,
     // which carry no file permissions. libzmq checks each connection's SO_PEERCRED and
@@ -81,6 +98,7 @@ void Socket::bind(const std::string& endpoint) {
 }
 
 void Socket::connect(const std::string& endpoint) {
+  check_tcp_port(endpoint, false);
   try {
     sock_->connect(endpoint);
   } catch (const zmq::error_t& e) {

@@ -694,3 +694,15 @@ def test_an_endpoint_without_its_transport_is_an_error_that_says_so():
     remote.close()
     with pytest.raises(OSError, match=r"zmq connect to 127\.0\.0\.1:1: an endpoint names its"):
         twdf.send_dataflow_zmq(Counting(3), "127.0.0.1:1", max_datapoints=1)
+
+
+def test_a_tcp_port_out_of_range_is_an_error_not_another_port():
+    # libzmq takes the port modulo 65536 (99999 bound 34463) and connects to port 0 for ever.
+    for addr in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:-1", "tcp://127.0.0.1:x"):
+        remote = twdf.RemoteDataZMQ(addr)
+        with pytest.raises(ValueError, match=r"zmq bind to .*: the port must be 0 to 65535 or \*"):
+            remote.reset_state()
+        remote.close()
+    for addr in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1"):
+        with pytest.raises(ValueError, match=r"zmq connect to .*: the port must be 1 to 65535"):
+            twdf.send_dataflow_zmq(Counting(3), addr, max_datapoints=1)
