@@ -29,12 +29,17 @@ namespace df = tensorwire::dataflow;
 class PyDataFlow : public df::DataFlow {
  public:
   explicit PyDataFlow(nb::object ds) : ds_(dataflow_arg(std::move(ds))) {
-    // len() as tensorpack reads it: unknown when __len__ is missing or raises.
-    try {
-      size_ = nb::len(ds_);
-    } catch (const nb::python_error& e) {
-      if (!e.matches(PyExc_NotImplementedError) && !e.matches(PyExc_TypeError)) throw;
-    } catch (const nb::cast_error&) {
+    // The length as tensorpack reads it: ds.__len__(), unknown when there is none or it
+    // raises NotImplementedError (any other exception is the dataflow's and goes out), or
+    // when it is not above 0 (tensorpack then streams for ever).
+    if (nb::hasattr(ds_, "__len__")) {
+      try {
+        const int64_t n = nb::cast<int64_t>(ds_.attr("__len__")());
+        if (n > 0) size_ = static_cast<size_t>(n);
+      } catch (const nb::python_error& e) {
+        if (!e.matches(PyExc_NotImplementedError)) throw;
+      } catch (const nb::cast_error&) {  // not an int: tensorpack keeps it and never stops
+      }
     }
   }
   ~PyDataFlow() override {

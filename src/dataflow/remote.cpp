@@ -137,7 +137,10 @@ RawDatapoint RemoteDataZMQ::Impl::decode(int which) {
     if (frames.size() != kFrames)
       throw ProtocolError("expected " + std::to_string(kFrames) +
                           " frames [header][metadata][storage], got " +
-                          std::to_string(frames.size()));
+                          std::to_string(frames.size()) +
+                          (frames.size() == 1 ? " (a tensorpack send_dataflow_zmq's pickle? both "
+                                                "ends must be tensorwire's)"
+                                              : ""));
     auto bytes = [&](size_t i) {
       return std::span(static_cast<const std::byte*>(frames[i].data()), frames[i].size());
     };

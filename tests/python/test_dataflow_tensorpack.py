@@ -61,6 +61,43 @@ def test_runner_is_a_tensorpack_dataflow_and_composes_with_tensorpack():
     r.close()
 
 
+class _Len(tp.DataFlow):
+    """Yields 0, 1, 2 per pass; __len__ returns or raises `length`."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __iter__(self):
+        yield from ([np.int64(i)] for i in range(3))
+
+    def __len__(self):
+        if isinstance(self.length, Exception):
+            raise self.length
+        return self.length
+
+
+@pytest.mark.parametrize("length", [0, -1, NotImplementedError()])
+def test_a_length_not_above_zero_or_not_implemented_streams_on_as_tensorpack(length):
+    for runner in (twtp.MultiProcessRunnerZMQ, tp.MultiProcessRunnerZMQ):
+        r = runner(_Len(length), num_proc=1)
+        r.reset_state()
+        it = iter(r)
+        assert [int(next(it)[0]) for _ in range(5)] == [0, 1, 2, 0, 1], runner
+        if hasattr(r, "close"):
+            r.close()
+        else:
+            del it
+            for p in r._procs:
+                p.terminate()
+                p.join(10)
+
+
+def test_a_len_that_raises_anything_else_is_raised_as_tensorpack():
+    for runner in (twtp.MultiProcessRunnerZMQ, tp.MultiProcessRunnerZMQ):
+        with pytest.raises(TypeError, match="broken len"):
+            runner(_Len(TypeError("broken len")), num_proc=1)
+
+
 def test_reset_state_twice_asserts_like_tensorpack():
     r = twtp.MultiProcessRunnerZMQ(Images(4))
     r.reset_state()
