@@ -10,13 +10,15 @@ storage, and a steady-state consolidated receive returns the same object, as in
 tensordict. The classes subclass tensordict's, so ``td.send(pipe)`` / ``td.recv(pipe)``
 dispatch here. Differences, all on the safe side: headers are validated (a bad message
 raises instead of corrupting), a dead peer raises within seconds, sync calls made from a
-running event loop raise instead of deadlocking, and ``auth_key=`` is available.
+running event loop raise instead of deadlocking, and ``auth_key=`` is available. A
+``LazyStackedTensorDict`` goes out dense and arrives as a TensorDict; one whose members
+differ in shape is a ValueError saying so (send its members one by one, or pad them).
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict._reductions import _rebuild_tensordict_files_consolidated
 from tensordict._ucxx import TensorDictPipe as _ReferencePipe
 from tensordict._ucxx import TensorDictServer as _ReferenceServer
@@ -52,7 +54,8 @@ class TensorDictPipe(_ReferencePipe):
     def _to_wire(self, td: TensorDictBase):
         if not isinstance(td, TensorDictBase):
             raise TypeError(f"expected a tensordict.TensorDict, got {type(td).__name__}")
-        if self._consolidated and td.is_consolidated():
+        lazy = isinstance(td, LazyStackedTensorDict)
+        if self._consolidated and td.is_consolidated() and not lazy:
             storage = td._consolidated["storage"]
             metadata = td._consolidated["metadata"]
             cached_storage, cached_meta, cached = self._out_cache
@@ -61,7 +64,15 @@ class TensorDictPipe(_ReferencePipe):
             tw = _C._from_consolidated(storage, metadata)
             self._out_cache = (storage, metadata, tw)
             return tw
-        return _C.TensorDict.from_tensordict(td)
+        try:
+            return _C.TensorDict.from_tensordict(td)
+        except RuntimeError as e:  # tensordict's own "Failed to stack tensors ..."
+            if not lazy:
+                raise
+            raise ValueError(
+                "a LazyStackedTensorDict whose members differ in shape cannot be sent: the "
+                "pipe sends one dense TensorDict (send the members one by one, or pad them)"
+            ) from e
 
     def _from_wire(self, tw) -> TensorDictBase:
         received, converted = self._in_cache

@@ -130,6 +130,27 @@ def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
     asyncio.run(run())
 
 
+def test_a_lazy_stack_goes_dense_and_one_of_ragged_members_is_refused_by_name(tls):
+    from tensordict import LazyStackedTensorDict
+
+    async def run():
+        async with _served_client() as (client, pipes):
+            ragged = LazyStackedTensorDict.lazy_stack(
+                [TensorDict({"x": torch.zeros(2)}), TensorDict({"x": torch.ones(3)})])
+            for bad in (ragged, ragged.consolidate()):
+                with pytest.raises(ValueError, match="LazyStackedTensorDict whose members differ"):
+                    await client.asend(bad)
+            even = LazyStackedTensorDict.lazy_stack(
+                [TensorDict({"x": torch.zeros(2)}), TensorDict({"x": torch.ones(2)})])
+            for td in (even, even.consolidate()):
+                await client.asend(td)  # the pipe still works after the refusals
+            server_end = await _first_pipe(pipes)
+            for _ in range(2):
+                got = await asyncio.wait_for(server_end.arecv(), 30)
+                assert got.batch_size == torch.Size([2]) and got["x"].tolist() == [[0, 0], [1, 1]]
+    asyncio.run(run())
+
+
 async def _append(lst, p):
     lst.append(p)
 
