@@ -19,8 +19,9 @@ from . import dataflow as _df
 try:  # the base classes only: importing tensorpack.dataflow does not need TensorFlow
     from tensorpack.dataflow.base import DataFlow as _TensorpackDataFlow
     from tensorpack.dataflow.base import DataFlowTerminated
+    from tensorpack.dataflow.base import ProxyDataFlow as _TensorpackProxyDataFlow
 except Exception:  # tensorpack not installed
-    _TensorpackDataFlow = _df.DataFlow
+    _TensorpackDataFlow = _TensorpackProxyDataFlow = _df.DataFlow
 
     class DataFlowTerminated(BaseException):  # type: ignore[no-redef]  # tensorpack's, when it is there
         """tensorpack's: the dataflow cannot produce more data."""
@@ -58,7 +59,8 @@ class MultiProcessRunnerZMQ(_TensorpackReset, _df.MultiProcessRunnerZMQ, _Tensor
 PrefetchDataZMQ = MultiProcessRunnerZMQ
 
 
-class MultiProcessMapDataZMQ(_TensorpackReset, _df.MultiProcessMapDataZMQ, _TensorpackDataFlow):
+# A ProxyDataFlow (of `ds`), as tensorpack's; its own methods come first in the MRO.
+class MultiProcessMapDataZMQ(_TensorpackReset, _df.MultiProcessMapDataZMQ, _TensorpackProxyDataFlow):
     __doc__ = _df.MultiProcessMapDataZMQ.__doc__
 
     def __init__(self, ds, num_proc=None, map_func=None, *, buffer_size=200, strict=False, **kwargs):

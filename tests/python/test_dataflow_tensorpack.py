@@ -118,6 +118,7 @@ def test_map_strict_yields_the_map_data_set_every_pass():
     ours = run(twtp.MultiProcessMapDataZMQ, Images(), epochs=2, num_proc=2, map_func=double, strict=True,
                buffer_size=5)
     reference = run(tp.MapData, Images(), func=double)[0]
+    assert issubclass(twtp.MultiProcessMapDataZMQ, tp.ProxyDataFlow)  # as tensorpack's
     for epoch in ours:
         same_structure(sorted(epoch, key=lambda dp: dp["i"]), reference)
 
