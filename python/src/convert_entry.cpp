@@ -102,6 +102,9 @@ TensorDict from_tensordict_lib(nb::handle td, const nb::object& lib) {
     else
       out.set(k, to_entry(v, out.batch_size(), device, k));
   }
+  // Its lock too: the consolidated metadata records it, and a pipe's receiver locks what
+  // was locked, as tensordict's does.
+  if (nb::cast<bool>(td.attr("is_locked"))) out.lock_();
   return out;
 }
 

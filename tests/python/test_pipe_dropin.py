@@ -151,6 +151,25 @@ def test_a_lazy_stack_goes_dense_and_one_of_ragged_members_is_refused_by_name(tl
     asyncio.run(run())
 
 
+def test_a_locked_dict_arrives_locked_and_an_unlocked_one_unlocked_as_tensordict(tls):
+    async def run():
+        async with _served_client() as (client, pipes):
+            await client.asend(TensorDict({"a": torch.ones(3), "n": {"b": torch.ones(3)}}, [3]).lock_())
+            await client.asend(TensorDict({"a": torch.ones(2)}, [2]))
+            server_end = await _first_pipe(pipes)
+            locked = await asyncio.wait_for(server_end.arecv(), 30)
+            assert locked.is_locked and locked["n"].is_locked
+            assert tw_from(locked).is_locked  # the conversion keeps it too
+            unlocked = await asyncio.wait_for(server_end.arecv(), 30)
+            assert not unlocked.is_locked
+    asyncio.run(run())
+
+
+def tw_from(td):
+    from tensorwire import TensorDict as TwTensorDict
+    return TwTensorDict.from_tensordict(td)
+
+
 async def _append(lst, p):
     lst.append(p)
 
