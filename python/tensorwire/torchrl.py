@@ -19,7 +19,9 @@ can also be made after the actors start (``SharedMemoryTransport.client_for(name
 a dropped future gives its slot back; a dead actor's slots are reclaimed; a response
 leaf of another dtype than the response spec's is cast to it (as torchrl does), but a
 request's must be the request spec's (torchrl casts it; here a ValueError names the key
-and both dtypes, so cast in the actor, e.g. ``obs.float()``); a timeout
+and both dtypes, so cast in the actor, e.g. ``obs.float()``), and so must its shape
+(torchrl broadcasts a leaf of shape ``(1,)`` and raises RuntimeError for one that does not
+broadcast; here a ValueError names the key and both shapes); a timeout
 raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
 TypeError saying so; a policy's exception comes back as its type made again from its
