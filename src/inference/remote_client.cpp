@@ -3,6 +3,7 @@
 
 #include "bank_batch.h"
 #include "os/fork.h"
+#include "os/port.h"
 #include "remote_server.h"
 #include "runtime/wait.h"
 #include "ucx/control.h"
@@ -25,15 +26,10 @@ std::pair<std::string, uint16_t> parse_address(const std::string& address) {
   auto bad = [&] {
     return ValueError("remote inference address must be \"host:port\", got \"" + address + "\"");
   };
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) throw bad();
-  uint32_t port = 0;
-  for (char c : address.substr(colon + 1)) {
-    if (c < '0' || c > '9') throw bad();
-    port = port * 10 + static_cast<uint32_t>(c - '0');
-    if (port > 65535) throw bad();
-  }
-  if (port == 0) throw bad();
-  return {address.substr(0, colon), static_cast<uint16_t>(port)};
+  if (colon == std::string::npos || colon == 0) throw bad();
+  const std::optional<uint16_t> port = os::parse_port(std::string_view(address).substr(colon + 1));
+  if (!port || *port == 0) throw bad();
+  return {address.substr(0, colon), *port};
 }
 
 // ---- RemoteLink ----------------------------------------------------------------

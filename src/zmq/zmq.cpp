@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "os/fork.h"
+#include "os/port.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire::zmqio {
@@ -34,10 +35,8 @@ void check_tcp_port(const std::string& endpoint, bool binding) {
   const size_t colon = endpoint.rfind(':');
   const std::string port = colon > 5 ? endpoint.substr(colon + 1) : "";
   if (binding && port == "*") return;
-  const bool digits = !port.empty() && port.size() <= 5 &&
-                      port.find_first_not_of("0123456789") == std::string::npos;
-  const long value = digits ? std::stol(port) : -1;
-  if (value < (binding ? 0 : 1) || value > 65535)
+  const std::optional<uint16_t> value = os::parse_port(port);
+  if (!value || (!binding && *value == 0))
     throw ValueError(std::string(binding ? "zmq bind to " : "zmq connect to ") + endpoint +
                      ": the port must be " + (binding ? "0 to 65535 or *" : "1 to 65535") +
                      ", got '" + port + "'");
