@@ -257,18 +257,19 @@ void bind_inference(nb::module_& m) {
       "_remote_client",
       // "host:port", or a host and a port of their own (the address parser checks both).
       [](nb::handle address, nb::handle port, std::optional<std::string> auth_key,
-         std::optional<double> liveness_timeout, bool connect_now) {
+         std::optional<double> liveness_timeout, std::optional<double> timeout, bool connect_now) {
         std::string where = *str_arg(address, "address", false);
         if (!port.is_none()) where += ":" + std::to_string(int_arg(port, "port"));
         inf::RemoteClientOptions o{.auth_key = auth_key.value_or("")};
         o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+        o.connect_timeout = Timeout::seconds(timeout, "timeout");
         PyClient c{Remote::client_for(where, o)};
         NoGil nogil;
         if (connect_now) c.client.request_keys();  // connects: a refusal raises here
         return c;
       },
       nb::arg("address").none(), nb::arg("port").none(), nb::arg("auth_key").none(),
-      nb::arg("liveness_timeout").none(), nb::arg("connect_now"));
+      nb::arg("liveness_timeout").none(), nb::arg("timeout").none(), nb::arg("connect_now"));
 
   nb::class_<inf::ThreadTransport, inf::Transport>(m, "_ThreadTransport").def_static("create", [] {
     return released_without_gil(inf::ThreadTransport::create());

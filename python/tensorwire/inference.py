@@ -49,11 +49,12 @@ def _client_for(kind: str, address: str) -> InferenceClient:
     return InferenceClient(_C._inference_client_for(kind, address))
 
 
-def _remote_client(address: str, auth_key, liveness_timeout, connect_now: bool = False,
-                   port: int | None = None):
-    c = InferenceClient(_C._remote_client(address, port, auth_key, liveness_timeout, connect_now))
+def _remote_client(address: str, auth_key, liveness_timeout, timeout: float | None = 10.0,
+                   connect_now: bool = False, port: int | None = None):
+    c = InferenceClient(_C._remote_client(address, port, auth_key, liveness_timeout, timeout,
+                                          connect_now))
     c._reconnect_with = (_remote_client, (address if port is None else f"{address}:{port}",
-                                          auth_key, liveness_timeout))
+                                          auth_key, liveness_timeout, timeout))
     return c
 
 
@@ -80,7 +81,7 @@ def _loopback_client(address: str, auth_key, liveness_timeout, made_on: tuple):
 
 
 def connect(host: str, port: int, *, auth_key: str | None = None,
-            liveness_timeout: float | None = None) -> InferenceClient:
+            liveness_timeout: float | None = None, timeout: float | None = 10.0) -> InferenceClient:
     """A client of the :class:`RemoteTransport` listening at ``host:port``, connected now.
 
     ``auth_key`` must be the server's (a wrong or missing one raises RuntimeError naming
@@ -89,8 +90,11 @@ def connect(host: str, port: int, *, auth_key: str | None = None,
     (seconds; default 10, or TENSORWIRE_LIVENESS_TIMEOUT; 0: off): a server silent for longer
     (its host or the link to it gone) makes every call raise ClosedError. The client pickles
     to its address (and key): unpickled in another process, it connects again from there.
+    ``timeout``: seconds for each connection, this one and any later one (after a pickle),
+    handshake included (None: no limit; TimeoutError, or ClosedError when the link broke,
+    when it passes), as ``TensorDictPipe.connect``'s.
     """
-    return _remote_client(host, auth_key, liveness_timeout, True, port=port)
+    return _remote_client(host, auth_key, liveness_timeout, timeout, True, port=port)
 
 
 class InferenceFuture:
@@ -224,7 +228,7 @@ class SharedMemoryTransport(_FixedLayout):
         num_slots: requests in flight across all clients; ``submit`` blocks while all are
             taken (with a timeout: TimeoutError).
         copy_result: ``False`` returns views of the response slot, valid until a later
-            request reuses the slot (read or copy them before submitting again).
+            request reuses the slot (read or copy them before submitting again), locked.
         name: the abstract socket name other processes attach to (default: unique).
         spin: the most pause iterations a waiter spins before sleeping on a futex.
         allowed_uids: users admitted besides this process's own. Every attaching process's
@@ -359,9 +363,11 @@ class RemoteTransport(_FixedLayout):
 
     @staticmethod
     def client_for(address: str, *, auth_key: str | None = None,
-                   liveness_timeout: float | None = None) -> InferenceClient:
-        """A client of the transport at ``"host:port"``, connecting on first use."""
-        return _remote_client(address, auth_key, liveness_timeout)
+                   liveness_timeout: float | None = None,
+                   timeout: float | None = 10.0) -> InferenceClient:
+        """A client of the transport at ``"host:port"``, connecting on first use (the
+        arguments are :func:`connect`'s)."""
+        return _remote_client(address, auth_key, liveness_timeout, timeout)
 
     @property
     def address(self) -> str:

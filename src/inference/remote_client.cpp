@@ -350,7 +350,6 @@ class RemotePending final : public Pending {
 RemoteClient::RemoteClient(std::string host, uint16_t port, RemoteClientOptions options)
     : host_(std::move(host)), port_(port), options_(std::move(options)) {
   checked_duration(options_.liveness_timeout, "liveness_timeout");
-  checked_duration(options_.connect_timeout, "connect_timeout");
 }
 
 std::string RemoteClient::address() const {

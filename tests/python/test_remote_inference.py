@@ -109,6 +109,34 @@ def test_connecting_where_nothing_listens_is_a_refusal_naming_the_address():
         inf.connect("127.0.0.1", port)
 
 
+def test_connects_timeout_bounds_a_peer_that_never_answers_the_handshake():
+    # A TCP socket that listens and never speaks: the connection is taken by the kernel,
+    # UCX's connection request waits for an answer that never comes.
+    import socket
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises((TimeoutError, tw.ClosedError)):
+            inf.connect("127.0.0.1", port, timeout=0.5)
+        assert time.monotonic() - t0 < 5
+        lazy = inf.RemoteTransport.client_for(f"127.0.0.1:{port}", timeout=0.5)
+        again = pickle.loads(pickle.dumps(lazy))  # the bound travels with the client
+        t0 = time.monotonic()
+        with pytest.raises((TimeoutError, tw.ClosedError)):
+            again({"observation": np.zeros(4, np.float32)})
+        assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan")])
+def test_a_negative_or_nan_connect_timeout_is_a_value_error_naming_it(bad):
+    with pytest.raises(ValueError, match="timeout must be None"):
+        inf.connect("127.0.0.1", 1, timeout=bad)
+    with pytest.raises(ValueError, match="timeout must be None"):
+        inf.RemoteTransport.client_for("127.0.0.1:1", timeout=bad)
+
+
 def test_a_wrong_key_is_refused_on_both_sides():
     t = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1", auth_key="right")
     with inf.InferenceServer(double, t):

@@ -53,7 +53,7 @@ struct RemoteOptions {
 struct RemoteClientOptions {
   std::string auth_key;
   std::chrono::milliseconds liveness_timeout = default_liveness_timeout();  // 0: off
-  std::chrono::milliseconds connect_timeout = std::chrono::seconds(10);
+  Timeout connect_timeout = std::chrono::seconds(10);  // the handshake's budget
 };
 
 class RemoteTransport : public Transport {
