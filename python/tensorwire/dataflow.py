@@ -277,7 +277,8 @@ def send_dataflow_zmq(df, addr, hwm=50, format=None, bind=False, *, max_datapoin
 
     Runs for ever (as tensorpack's), or until ``max_datapoints`` were sent. Datapoints are
     queued only for a connected receiver: with none (or ``hwm`` datapoints waiting for
-    it) this blocks, and Ctrl-C interrupts it. Datapoints go in tensorwire's wire format;
+    it; 0: no limit, ZeroMQ's) this blocks, and Ctrl-C interrupts it. Datapoints go in
+    tensorwire's wire format;
     tensors are never pickled. ``progress(sent)`` is called after each datapoint. Returns
     the number sent, once handed to the receiver.
     """
@@ -323,7 +324,8 @@ class RemoteDataZMQ(DataFlow):
     ``max_message_bytes`` (``None``: 16 GiB) bounds a datapoint's storage: a frame larger
     than it (or than the 64 MiB metadata limit, whichever is larger) drops its producer's
     connection before it is buffered. Set it when producers are not trusted; up to ``hwm``
-    messages per connection are buffered.
+    messages per connection are buffered (0: no limit, ZeroMQ's reading: keep a bound for
+    untrusted producers).
     """
 
     def __init__(self, addr1, addr2=None, hwm=50, bind=True, *, allow_pickle=False, errors="warn",

@@ -105,8 +105,22 @@ def test_buffer_size_is_checked_with_a_clear_message(size):
 def test_hwm_is_checked_with_a_clear_message(hwm):
     with pytest.raises(ValueError, match="hwm must be at least 1"):
         twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, hwm=hwm)
-    with pytest.raises(ValueError, match="hwm must be at least 1"):
-        twdf.RemoteDataZMQ("tcp://127.0.0.1:*", hwm=hwm)
+    with pytest.raises(ValueError, match=r"hwm must be >= 0 \(0: no limit\), got -1"):
+        twdf.RemoteDataZMQ("tcp://127.0.0.1:*", hwm=-1)
+    with pytest.raises(ValueError, match=r"hwm must be >= 0 \(0: no limit\), got -1"):
+        _send(hwm=-1)
+
+
+def test_hwm_0_is_zeromqs_no_limit_on_both_ends_of_a_remote_link():
+    # tensorpack passes hwm to ZeroMQ, where 0 means no limit; code written for it may too.
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*", hwm=0)
+    r.reset_state()
+    try:
+        assert _send(addr=r.endpoint(), hwm=0, max_datapoints=3) == 3
+        it = iter(r)
+        assert [next(it)[1] for _ in range(3)] == [0, 1, 2]
+    finally:
+        r.close()
 
 
 def test_num_proc_is_checked_once_with_a_clear_message():

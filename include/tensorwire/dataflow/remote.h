@@ -30,7 +30,7 @@
 namespace tensorwire::dataflow {
 
 struct SendOptions {
-  int hwm = 50;
+  int hwm = 50;                            // ZeroMQ's send queue; 0: no limit
   bool bind = false;                       // bind `addr` instead of connecting to it
   std::optional<uint64_t> max_datapoints;  // stop after this many (default: run for ever)
   // Called after each datapoint with the running count; returning false stops the loop.
@@ -47,7 +47,7 @@ struct SendOptions {
 uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOptions& options = {});
 
 struct RemoteOptions {
-  int hwm = 50;
+  int hwm = 50;      // ZeroMQ's receive queue per address; 0: no limit
   bool bind = true;  // bind the addresses (false: connect to them)
   wire::Limits limits;
   // false: a datapoint holding a Pickle element (wire/datapoint.h) is rejected like a
