@@ -198,6 +198,7 @@ nb::object to_tensordict_lib(const TensorDict& td) {
     else
       out[k] = lib.attr("NonTensorData")(from_json(e.non_tensor().value), "batch_size"_a = batch);
   }
+  if (td.is_locked()) out.attr("lock_")();  // as from_tensordict keeps tensordict's lock
   return out;
 }
 

@@ -39,12 +39,35 @@ torchrl is needed only when this module is imported.
 """
 from __future__ import annotations
 
+import itertools
+
 import tensordict
 from torchrl.modules.inference_server import InferenceTransport
 
 from . import inference as _inference
 
 __all__ = ["SharedMemoryTransport", "RemoteTransport"]
+
+
+class _Client(_inference.InferenceClient):
+    """A client as torchrl's: ``client_id`` numbers a transport's clients from 0, in the
+    order ``client()`` made them, and travels with the client when it is pickled."""
+
+    __slots__ = ("client_id",)
+
+    def __reduce__(self):
+        return (_numbered_again, (super().__reduce__(), self.client_id))
+
+
+def _numbered(client: _inference.InferenceClient, client_id: int) -> _Client:
+    c = _Client.__new__(_Client)
+    c._c, c._reconnect_with, c.client_id = client._c, client._reconnect_with, client_id
+    return c
+
+
+def _numbered_again(reduced, client_id: int) -> _Client:
+    make, args = reduced
+    return _numbered(make(*args), client_id)
 
 
 class _SlotBankTransport(InferenceTransport):
@@ -57,6 +80,7 @@ class _SlotBankTransport(InferenceTransport):
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
         self._default_client = None
+        self._client_ids = itertools.count()  # next() is atomic under the GIL
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts.
         spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
@@ -65,8 +89,9 @@ class _SlotBankTransport(InferenceTransport):
             for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
 
     def client(self):
-        """A client taking and returning tensordict.TensorDict; picklable."""
-        return self._tw.client()
+        """A client taking and returning tensordict.TensorDict; picklable. Its
+        ``client_id`` is torchrl's: 0 for the first, then 1, 2, ..."""
+        return _numbered(self._tw.client(), next(self._client_ids))
 
     def __reduce__(self):
         # What torchrl's service_backend="process" does with a transport: its server side

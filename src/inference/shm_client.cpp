@@ -79,6 +79,9 @@ class ShmPending final : public Pending {
     if (state_of(w) != kDone) throw Error("take() before the request completed");
     TensorDict out = r.copy_result ? r.response.copy_row(r.response_data(), slot_)
                                    : r.response.row(r.response_bank, slot_);
+    // A view of the slot is locked, as torchrl's slot views are: its keys are the bank's,
+    // not the caller's to change.
+    if (!r.copy_result) out.lock_();
     release();
     return out;
   }

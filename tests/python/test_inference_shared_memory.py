@@ -168,6 +168,7 @@ def test_copy_result(copy_result):
         first = c(observation(1), timeout=5)
         second = c(observation(5), timeout=5)  # one client reuses its slot
     assert float(second["action"][0]) == 10
+    assert first.is_locked == (not copy_result)  # a view's keys are the slot bank's
     # A view sees the slot's next answer; a copy keeps its own.
     assert float(first["action"][0]) == (2 if copy_result else 10)
 

@@ -63,6 +63,30 @@ def test_torchrls_server_serves_through_it():
         assert server.stats()["requests"] == 3
 
 
+def test_clients_are_numbered_as_torchrls_and_keep_their_number_when_pickled():
+    import pickle
+    t = SharedMemoryTransport(*specs(), num_slots=4)
+    clients = [t.client() for _ in range(3)]
+    assert [c.client_id for c in clients] == [0, 1, 2]
+    again = pickle.loads(pickle.dumps(clients[1]))
+    assert again.client_id == 1
+    with InferenceServer(sum_policy(), t, max_batch_size=4):
+        assert again(TensorDict({"observation": torch.ones(4)}), timeout=10)["action"].tolist() == [4.0] * 2
+
+
+def test_copy_result_false_gives_a_locked_view_of_the_slot_as_torchrl():
+    t = SharedMemoryTransport(*specs(), num_slots=2, copy_result=False)
+    with InferenceServer(sum_policy(), t, max_batch_size=2):
+        c = t.client()
+        r = c(TensorDict({"observation": torch.ones(4)}), timeout=10)
+        assert r.is_locked and r["action"].tolist() == [4.0, 4.0]
+        with pytest.raises(RuntimeError):
+            r["extra"] = torch.zeros(2)  # the slot's keys are the bank's
+        copied = SharedMemoryTransport(*specs(), num_slots=2)
+    with InferenceServer(sum_policy(), copied, max_batch_size=2):
+        assert not copied.client()(TensorDict({"observation": torch.ones(4)}), timeout=10).is_locked
+
+
 def test_specs_and_requests_with_a_device_are_served():
     # What env.reset() and env.fake_tensordict() give: dicts with device="cpu".
     req = TensorDict({"observation": torch.zeros(4)}, device="cpu")

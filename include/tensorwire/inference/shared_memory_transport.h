@@ -53,7 +53,8 @@ class SharedMemoryTransport : public Transport {
   //   TypeError: a spec holds a non-tensor value;  ValueError: a spec has no tensor leaf,
   //   a leaf is not on the CPU, or num_slots < 1.
   // With copy_result = false a result is a view into its response slot, valid until a
-  // later request reuses the slot: read (or copy) it before submitting again.
+  // later request reuses the slot: read (or copy) it before submitting again. It is locked
+  // (its keys are the bank's), as torchrl's slot views are.
   static std::shared_ptr<SharedMemoryTransport> create(const TensorDict& request_spec,
                                                        const TensorDict& response_spec,
                                                        SharedMemoryOptions options);

@@ -167,6 +167,7 @@ TEST(SharedMemoryCopyResult, FalseReturnsAViewOfTheResponseSlotTrueACopy) {
     const auto* p = static_cast<const std::byte*>(r.get("action").data());
     const bool in_shared = r.get("action").storage().kind() == Storage::Kind::Shared;
     EXPECT_EQ(in_shared, !copy) << "copy_result=" << copy;
+    EXPECT_EQ(r.is_locked(), !copy) << "a view of the slot is locked, a copy is the caller's";
     EXPECT_EQ(action0(r), 2);
     TensorDict r2 = c(observation(5), 5s);  // reuses the slot (one client, same hint)
     EXPECT_EQ(action0(r2), 10);
