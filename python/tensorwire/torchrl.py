@@ -54,6 +54,7 @@ class _Client(_inference.InferenceClient):
     order ``client()`` made them, and travels with the client when it is pickled."""
 
     __slots__ = ("client_id",)
+    client_id: int
 
     def __reduce__(self):
         return (_numbered_again, (super().__reduce__(), self.client_id))
