@@ -17,11 +17,11 @@ What changes against torchrl's own transport: requests and responses cross proce
 through shared memory with futex wake-ups instead of ``multiprocessing`` queues; clients
 can also be made after the actors start (``SharedMemoryTransport.client_for(name)``);
 a dropped future gives its slot back; a dead actor's slots are reclaimed; a response
-leaf of another dtype than the response spec's is cast to it (as torchrl does), but a
-request's must be the request spec's (torchrl casts it; here a ValueError names the key
-and both dtypes, so cast in the actor, e.g. ``obs.float()``), and so must its shape
-(torchrl broadcasts a leaf of shape ``(1,)`` and raises RuntimeError for one that does not
-broadcast; here a ValueError names the key and both shapes); a timeout
+leaf of another dtype than the response spec's is cast to it, and a request leaf of
+another dtype or a broadcastable shape (``(1,)``, a scalar) is cast and broadcast to the
+request spec's, as torchrl's ``update_`` does (RuntimeError for one that does not
+broadcast; the exact dtype and shape take the fast path, a mended request is copied once
+more); a timeout
 raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
 TypeError saying so; a policy's exception comes back as its type made again from its
@@ -51,48 +51,98 @@ __all__ = ["SharedMemoryTransport", "RemoteTransport"]
 
 class _Client(_inference.InferenceClient):
     """A client as torchrl's: ``client_id`` numbers a transport's clients from 0, in the
-    order ``client()`` made them, and travels with the client when it is pickled."""
+    order ``client()`` made them, and travels with the client when it is pickled; a
+    request leaf of another dtype or a broadcastable shape is cast and broadcast to the
+    request spec's, as torchrl's ``update_`` into the slot does (RuntimeError when it does
+    not broadcast)."""
 
-    __slots__ = ("client_id",)
+    __slots__ = ("client_id", "_layout")
     client_id: int
+    _layout: dict  # key -> (torch dtype, shape) of the request spec
+
+    def __call__(self, td, timeout: float | None = None):
+        try:
+            return super().__call__(td, timeout)
+        except ValueError:  # the spec refused a leaf: conform it as torchrl would, once
+            conformed = self._conformed(td)
+            if conformed is None:
+                raise
+        return super().__call__(conformed, timeout)
+
+    def submit(self, td, timeout: float | None = None):
+        try:
+            return super().submit(td, timeout)
+        except ValueError:
+            conformed = self._conformed(td)
+            if conformed is None:
+                raise
+        return super().submit(conformed, timeout)
+
+    def _conformed(self, td):
+        """``td`` with each leaf the spec refused cast and broadcast to the spec's dtype and
+        shape (a shallow copy: the caller's dict is left as it is), or None when no leaf
+        differs in dtype or shape (the refusal was for another reason)."""
+        import torch
+
+        if not isinstance(td, tensordict.TensorDictBase):
+            return None
+        # Only the spec's keys travel; a new dict, so a locked request needs no unlocking.
+        out = tensordict.TensorDict({}, batch_size=td.batch_size, device=td.device)
+        changed = False
+        for key, (dtype, shape) in self._layout.items():
+            value = td.get(key, None)
+            if value is None:
+                return None  # a missing key is a KeyError, not ours to mend
+            if isinstance(value, torch.Tensor) and (value.dtype != dtype or value.shape != shape):
+                value, changed = value.to(dtype).expand(shape), True
+            out.set(key, value)
+        return out if changed else None
 
     def __reduce__(self):
-        return (_numbered_again, (super().__reduce__(), self.client_id))
+        return (_numbered_again, (super().__reduce__(), self.client_id, self._layout))
 
 
-def _numbered(client: _inference.InferenceClient, client_id: int) -> _Client:
+def _numbered(client: _inference.InferenceClient, client_id: int, layout: dict) -> _Client:
     c = _Client.__new__(_Client)
-    c._c, c._reconnect_with, c.client_id = client._c, client._reconnect_with, client_id
+    c._c, c._reconnect_with = client._c, client._reconnect_with
+    c.client_id, c._layout = client_id, layout
     return c
 
 
-def _numbered_again(reduced, client_id: int) -> _Client:
+def _numbered_again(reduced, client_id: int, layout: dict) -> _Client:
     make, args = reduced
-    return _numbered(make(*args), client_id)
+    return _numbered(make(*args), client_id, layout)
+
+
+def _torch_layout(spec) -> dict:
+    """key -> (torch dtype, shape) of each leaf of a transport's spec (numpy leaves, torch
+    ones where numpy has no dtype)."""
+    import torch
+
+    def dtype(v):
+        return v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
+
+    return {k: (dtype(spec[k]), tuple(spec[k].shape)) for k in spec.keys(True, True)}
 
 
 class _SlotBankTransport(InferenceTransport):
     """torchrl's server side over a tensorwire fixed-layout transport (``self._tw``)."""
 
     def _adopt(self, tw_transport) -> None:
-        import torch
-
         self._tw = tw_transport
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
         self._default_client = None
         self._client_ids = itertools.count()  # next() is atomic under the GIL
+        self._request_layout = _torch_layout(self._impl.request_spec)
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts.
-        spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
-        self._response_dtypes = {
-            k: v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
-            for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
+        self._response_dtypes = {k: d for k, (d, _) in _torch_layout(self._impl.response_spec).items()}
 
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable. Its
         ``client_id`` is torchrl's: 0 for the first, then 1, 2, ..."""
-        return _numbered(self._tw.client(), next(self._client_ids))
+        return _numbered(self._tw.client(), next(self._client_ids), self._request_layout)
 
     def __reduce__(self):
         # What torchrl's service_backend="process" does with a transport: its server side

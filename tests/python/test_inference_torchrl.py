@@ -3,6 +3,7 @@
 Tested with torchrl 0.14.1 and tensordict 0.14.3 from PyPI (the releases that accept
 torch 2.13)."""
 import multiprocessing as mp
+import pickle
 import threading
 import time
 
@@ -64,7 +65,6 @@ def test_torchrls_server_serves_through_it():
 
 
 def test_clients_are_numbered_as_torchrls_and_keep_their_number_when_pickled():
-    import pickle
     t = SharedMemoryTransport(*specs(), num_slots=4)
     clients = [t.client() for _ in range(3)]
     assert [c.client_id for c in clients] == [0, 1, 2]
@@ -155,9 +155,29 @@ def test_a_response_of_another_dtype_is_cast_to_the_spec_like_torchrl():
         bf16 = SharedMemoryTransport(specs(False)[0], TensorDict({"action": torch.zeros(
             2, dtype=torch.bfloat16)}), num_slots=2)
         assert bf16._response_dtypes == {"action": torch.bfloat16}
-        # A request's dtype is not cast (documented): the error names key and dtypes.
-        with pytest.raises(ValueError, match="'observation': expected float32\\[4\\], got float64"):
-            t.client()(TensorDict({"observation": torch.ones(4, dtype=torch.float64)}), timeout=10)
+
+
+def test_a_request_leaf_is_cast_and_broadcast_to_the_spec_like_torchrl():
+    # torchrl copies a request into its slot with update_ (cast, broadcast); code written for
+    # it sends float64 observations (numpy environments) and (1,)-shaped leaves.
+    req = TensorDict({"observation": torch.zeros(4), "n": {"v": torch.zeros(2, dtype=torch.int64)}})
+    t = SharedMemoryTransport(req, specs(False)[1], num_slots=4)
+    policy = lambda td: td.set("action", td["observation"][..., :2] + td["n", "v"].float())  # noqa: E731
+    with InferenceServer(policy, t, max_batch_size=4):
+        c = t.client()
+        f64 = TensorDict({"observation": torch.ones(4, dtype=torch.float64), "n": {"v": torch.ones(2)}})
+        assert c(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
+        assert f64["observation"].dtype == torch.float64  # the caller's dict is left as it was
+        one = TensorDict({"observation": torch.full((1,), 3.0), "n": {"v": torch.ones(2, dtype=torch.int64)}})
+        assert c.submit(one).result(timeout=10)["action"].tolist() == [4.0, 4.0]
+        again = pickle.loads(pickle.dumps(c))  # the spec's layout travels with the client
+        assert again(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
+        # What does not broadcast is torch's RuntimeError, as torchrl's; a missing key stays
+        # a KeyError.
+        with pytest.raises(RuntimeError, match="expanded size"):
+            c(TensorDict({"observation": torch.ones(5), "n": {"v": torch.ones(2)}}), timeout=10)
+        with pytest.raises(KeyError):
+            c(TensorDict({"observation": torch.ones(4, dtype=torch.float64)}), timeout=10)
 
 
 def test_shutdown_fails_pending_requests_like_torchrl():
