@@ -21,8 +21,8 @@ leaf of another dtype than the response spec's is cast to it, and a request leaf
 another dtype or a broadcastable shape (``(1,)``, a scalar) is cast and broadcast to the
 request spec's, as torchrl's ``update_`` does (RuntimeError for one that does not
 broadcast; the exact dtype and shape take the fast path, a mended request is copied once
-more); a timeout
-raises ``TimeoutError`` (torchrl raises ``queue.Empty``); the transport serves from the
+more); a timeout raises :class:`RequestTimeout`, both the ``queue.Empty`` torchrl raises and
+a ``TimeoutError``; the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
 TypeError saying so; a policy's exception comes back as its type made again from its
 message (torchrl passes the object itself), where the client's process has imported that
@@ -40,13 +40,33 @@ torchrl is needed only when this module is imported.
 from __future__ import annotations
 
 import itertools
+import queue
 
 import tensordict
 from torchrl.modules.inference_server import InferenceTransport
 
 from . import inference as _inference
 
-__all__ = ["SharedMemoryTransport", "RemoteTransport"]
+__all__ = ["SharedMemoryTransport", "RemoteTransport", "RequestTimeout"]
+
+
+class RequestTimeout(TimeoutError, queue.Empty):
+    """A request not answered in time: a TimeoutError, and the ``queue.Empty`` torchrl's
+    clients raise, so code written for either catches it."""
+
+
+def _timed_out(e: TimeoutError) -> RequestTimeout:
+    return e if isinstance(e, RequestTimeout) else RequestTimeout(*e.args)
+
+
+class _Future(_inference.InferenceFuture):
+    __slots__ = ()
+
+    def result(self, timeout: float | None = None):
+        try:
+            return super().result(timeout)
+        except TimeoutError as e:  # the request stays in flight: result() may be called again
+            raise _timed_out(e) from None
 
 
 class _Client(_inference.InferenceClient):
@@ -61,26 +81,29 @@ class _Client(_inference.InferenceClient):
     _layout: dict  # key -> (torch dtype, shape) of the request spec
 
     def __call__(self, td, timeout: float | None = None):
-        try:
-            return super().__call__(td, timeout)
-        except ValueError:  # the spec refused a leaf: conform it as torchrl would, once
-            conformed = self._conformed(td)
-            if conformed is None:
-                raise
-        return super().__call__(conformed, timeout)
+        return self._send(super().__call__, td, timeout)
 
     def submit(self, td, timeout: float | None = None):
+        f = self._send(super().submit, td, timeout)
+        out = _Future.__new__(_Future)
+        out._f, out._as_tensordict = f._f, f._as_tensordict
+        return out
+
+    def _send(self, send, td, timeout):
         try:
-            return super().submit(td, timeout)
-        except ValueError:
-            conformed = self._conformed(td)
-            if conformed is None:
-                raise
-        return super().submit(conformed, timeout)
+            try:
+                return send(td, timeout)
+            except ValueError:  # the spec refused a leaf: conform it as torchrl would, once
+                conformed = self._conformed(td)
+                if conformed is None:
+                    raise
+            return send(conformed, timeout)
+        except TimeoutError as e:  # no free slot (submit) or no answer (a call) in time
+            raise _timed_out(e) from None
 
     def _conformed(self, td):
-        """``td`` with each leaf the spec refused cast and broadcast to the spec's dtype and
-        shape (a shallow copy: the caller's dict is left as it is), or None when no leaf
+        """A new dict of the spec's keys of ``td``, each leaf cast and broadcast to the spec's
+        dtype and shape (the caller's dict is left as it is), or None when no leaf
         differs in dtype or shape (the refusal was for another reason)."""
         import torch
 

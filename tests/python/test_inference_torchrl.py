@@ -87,6 +87,23 @@ def test_copy_result_false_gives_a_locked_view_of_the_slot_as_torchrl():
         assert not copied.client()(TensorDict({"observation": torch.ones(4)}), timeout=10).is_locked
 
 
+def test_a_timeout_is_torchrls_queue_empty_and_a_timeout_error():
+    import queue
+    from tensorwire.torchrl import RequestTimeout
+    t = SharedMemoryTransport(*specs(), num_slots=1)
+    c = t.client()
+    with pytest.raises(queue.Empty):  # no server: torchrl's client raises queue.Empty
+        c(TensorDict({"observation": torch.ones(4)}), timeout=0.1)
+    f = t.client().submit(TensorDict({"observation": torch.ones(4)}))
+    with pytest.raises(TimeoutError) as raised:
+        f.result(timeout=0.05)
+    assert isinstance(raised.value, RequestTimeout) and "no response within" in str(raised.value)
+    with pytest.raises(RequestTimeout):  # the one slot is held by f: no free slot in time
+        c.submit(TensorDict({"observation": torch.ones(4)}), timeout=0.05)
+    with InferenceServer(sum_policy(), t, max_batch_size=1):
+        assert f.result(timeout=10)["action"].tolist() == [4.0, 4.0]  # still in flight
+
+
 def test_specs_and_requests_with_a_device_are_served():
     # What env.reset() and env.fake_tensordict() give: dicts with device="cpu".
     req = TensorDict({"observation": torch.zeros(4)}, device="cpu")
