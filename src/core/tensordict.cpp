@@ -147,7 +147,8 @@ void TensorDict::check_batch(const Key& key, const Shape& shape, const char* wha
 void TensorDict::check_mutable(const Key& key) const {
   if (locked_)
     throw Error("cannot set or erase key " + key.str() +
-                ": the TensorDict is locked (consolidated TensorDicts are; call unlock_())");
+                ": the TensorDict is locked (by lock_(), by consolidation, or as a view of a "
+                "transport's slot; call unlock_(), or clone() for a copy of your own)");
 }
 
 TensorDict& TensorDict::set(const Key& key, Entry value) {

@@ -168,6 +168,15 @@ TEST(SharedMemoryCopyResult, FalseReturnsAViewOfTheResponseSlotTrueACopy) {
     const bool in_shared = r.get("action").storage().kind() == Storage::Kind::Shared;
     EXPECT_EQ(in_shared, !copy) << "copy_result=" << copy;
     EXPECT_EQ(r.is_locked(), !copy) << "a view of the slot is locked, a copy is the caller's";
+    if (!copy) {
+      try {
+        r.erase("action");
+        ADD_FAILURE() << "a key of a slot view was erased";
+      } catch (const Error& e) {  // the message says why it is locked and what to do
+        EXPECT_NE(std::string(e.what()).find("a view of a transport's slot"), std::string::npos)
+            << e.what();
+      }
+    }
     EXPECT_EQ(action0(r), 2);
     TensorDict r2 = c(observation(5), 5s);  // reuses the slot (one client, same hint)
     EXPECT_EQ(action0(r2), 10);
@@ -286,6 +295,15 @@ TEST(SharedMemoryLayout, NestedSpecsWithABatchSizeRoundTrip) {
   resp.set("logits", Tensor::zeros({3, 6}, DType::Float32));
   auto t = SharedMemoryTransport::create(req, resp, {.num_slots = 3});
   EXPECT_EQ(t->request_keys(), (std::vector<Key>{Key({"obs", "pixels"}), Key({"obs", "state"})}));
+  // A client tells what a request must carry: each leaf with its dtype and shape.
+  auto leaves = t->client().request_leaves(5s);
+  ASSERT_TRUE(leaves.has_value());
+  ASSERT_EQ(leaves->size(), 2u);
+  EXPECT_EQ((*leaves)[0].key, Key({"obs", "pixels"}));
+  EXPECT_EQ((*leaves)[0].dtype, DType::UInt8);
+  EXPECT_EQ((*leaves)[0].shape, (Shape{3, 8, 8, 3}));
+  EXPECT_EQ((*leaves)[1].dtype, DType::Float64);
+  EXPECT_EQ((*leaves)[1].shape, (Shape{3, 5}));
   InferenceServer server(
       [](const TensorDict& b) {
         EXPECT_EQ(b.batch_size(), (Shape{b.batch_size()[0], 3}));
