@@ -168,7 +168,24 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("address", [](const PyClient& self) { return self.client.address(); })
       .def_prop_ro("has_fixed_layout",
                    [](PyClient& self) { return self.request_keys().has_value(); })
-      .def("close", [](PyClient& self) { self.client.close(); });
+      .def("close", [](PyClient& self) { self.client.close(); })
+      .def(
+          "_request_leaves",  // [(key, "torch.<dtype>", shape)], None when any structure goes
+          [](PyClient& self, std::optional<double> timeout) -> nb::object {
+            const Timeout t = Timeout::seconds(timeout);
+            std::optional<std::vector<inf::RequestLeaf>> leaves;
+            {
+              NoGil nogil;
+              leaves = self.client.request_leaves(t);
+            }
+            if (!leaves) return nb::none();
+            nb::list out;
+            for (const inf::RequestLeaf& l : *leaves)
+              out.append(nb::make_tuple(from_key(l.key), std::string(dtype_name(l.dtype)),
+                                        nb::tuple(nb::cast(l.shape))));
+            return out;
+          },
+          nb::arg("timeout").none() = nb::none());
 
   m.def("_inference_client_for", &client_for, nb::arg("kind"), nb::arg("address").none());
 

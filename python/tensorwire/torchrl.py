@@ -71,14 +71,14 @@ class _Future(_inference.InferenceFuture):
 
 class _Client(_inference.InferenceClient):
     """A client as torchrl's: ``client_id`` numbers a transport's clients from 0, in the
-    order ``client()`` made them, and travels with the client when it is pickled; a
-    request leaf of another dtype or a broadcastable shape is cast and broadcast to the
-    request spec's, as torchrl's ``update_`` into the slot does (RuntimeError when it does
-    not broadcast)."""
+    order ``client()`` made them (None for one made by ``client_for``), and travels with
+    the client when it is pickled; a request leaf of another dtype or a broadcastable shape
+    is cast and broadcast to the request spec's, as torchrl's ``update_`` into the slot does
+    (RuntimeError when it does not broadcast); a timeout is a :class:`RequestTimeout`."""
 
     __slots__ = ("client_id", "_layout")
-    client_id: int
-    _layout: dict  # key -> (torch dtype, shape) of the request spec
+    client_id: int | None
+    _layout: dict | None  # key -> (torch dtype, shape) of the request spec, once needed
 
     def __call__(self, td, timeout: float | None = None):
         return self._send(super().__call__, td, timeout)
@@ -109,6 +109,12 @@ class _Client(_inference.InferenceClient):
 
         if not isinstance(td, tensordict.TensorDictBase):
             return None
+        if self._layout is None:  # the client is connected: the refusal came from the spec
+            leaves = self._c._request_leaves()
+            if leaves is None:
+                return None
+            self._layout = {key: (getattr(torch, dtype.removeprefix("torch.")), shape)
+                            for key, dtype, shape in leaves}
         # Only the spec's keys travel; a new dict, so a locked request needs no unlocking.
         out = tensordict.TensorDict({}, batch_size=td.batch_size, device=td.device)
         changed = False
@@ -122,50 +128,43 @@ class _Client(_inference.InferenceClient):
         return out if changed else None
 
     def __reduce__(self):
-        return (_numbered_again, (super().__reduce__(), self.client_id, self._layout))
+        return (_numbered_again, (super().__reduce__(), self.client_id))
 
 
-def _numbered(client: _inference.InferenceClient, client_id: int, layout: dict) -> _Client:
+def _numbered(client: _inference.InferenceClient, client_id: int | None) -> _Client:
     c = _Client.__new__(_Client)
     c._c, c._reconnect_with = client._c, client._reconnect_with
-    c.client_id, c._layout = client_id, layout
+    c.client_id, c._layout = client_id, None
     return c
 
 
-def _numbered_again(reduced, client_id: int, layout: dict) -> _Client:
+def _numbered_again(reduced, client_id: int | None) -> _Client:
     make, args = reduced
-    return _numbered(make(*args), client_id, layout)
-
-
-def _torch_layout(spec) -> dict:
-    """key -> (torch dtype, shape) of each leaf of a transport's spec (numpy leaves, torch
-    ones where numpy has no dtype)."""
-    import torch
-
-    def dtype(v):
-        return v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
-
-    return {k: (dtype(spec[k]), tuple(spec[k].shape)) for k in spec.keys(True, True)}
+    return _numbered(make(*args), client_id)
 
 
 class _SlotBankTransport(InferenceTransport):
     """torchrl's server side over a tensorwire fixed-layout transport (``self._tw``)."""
 
     def _adopt(self, tw_transport) -> None:
+        import torch
+
         self._tw = tw_transport
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
         self._default_client = None
         self._client_ids = itertools.count()  # next() is atomic under the GIL
-        self._request_layout = _torch_layout(self._impl.request_spec)
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts.
-        self._response_dtypes = {k: d for k, (d, _) in _torch_layout(self._impl.response_spec).items()}
+        spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
+        self._response_dtypes = {
+            k: v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
+            for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
 
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable. Its
         ``client_id`` is torchrl's: 0 for the first, then 1, 2, ..."""
-        return _numbered(self._tw.client(), next(self._client_ids), self._request_layout)
+        return _numbered(self._tw.client(), next(self._client_ids))
 
     def __reduce__(self):
         # What torchrl's service_backend="process" does with a transport: its server side
@@ -246,8 +245,12 @@ class RemoteTransport(_SlotBankTransport):
             auth_key=auth_key, liveness_timeout=liveness_timeout))
 
     @staticmethod
-    def client_for(address: str, *, auth_key: str | None = None):
-        return _inference.RemoteTransport.client_for(address, auth_key=auth_key)
+    def client_for(address: str, *, auth_key: str | None = None,
+                   liveness_timeout: float | None = None, timeout: float | None = 10.0):
+        """A client of the transport at ``"host:port"`` (the arguments are
+        :func:`tensorwire.inference.connect`'s), as ``client()``'s but with no client_id."""
+        return _numbered(_inference.RemoteTransport.client_for(
+            address, auth_key=auth_key, liveness_timeout=liveness_timeout, timeout=timeout), None)
 
     port = property(lambda self: self._tw.port)
     address = property(lambda self: self._tw.address)
@@ -278,7 +281,8 @@ class SharedMemoryTransport(_SlotBankTransport):
 
     @staticmethod
     def client_for(name: str):
-        return _inference.SharedMemoryTransport.client_for(name)
+        """A client of the transport named ``name``, as ``client()``'s but with no client_id."""
+        return _numbered(_inference.SharedMemoryTransport.client_for(name), None)
 
     @property
     def name(self) -> str:

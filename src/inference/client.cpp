@@ -117,7 +117,15 @@ std::string Client::address() const {
   return impl_ ? impl_->address() : std::string();
 }
 std::optional<std::vector<Key>> Client::request_keys(Timeout timeout) const {
-  return checked(impl_, "request_keys()").request_keys(Deadline::after(timeout));
+  auto leaves = checked(impl_, "request_keys()").request_leaves(Deadline::after(timeout));
+  if (!leaves) return std::nullopt;
+  std::vector<Key> keys;
+  keys.reserve(leaves->size());
+  for (RequestLeaf& l : *leaves) keys.push_back(std::move(l.key));
+  return keys;
+}
+std::optional<std::vector<RequestLeaf>> Client::request_leaves(Timeout timeout) const {
+  return checked(impl_, "request_leaves()").request_leaves(Deadline::after(timeout));
 }
 void Client::close() noexcept {
   if (impl_) impl_->close();

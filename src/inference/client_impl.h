@@ -55,7 +55,9 @@ class ClientImpl {
   virtual const char* kind() const noexcept = 0;
   // The name another process attaches to (empty when clients cannot leave the process).
   virtual std::string address() const = 0;
-  virtual std::optional<std::vector<Key>> request_keys(Deadline /*connect_by*/) {
+  // The request spec's leaves of a fixed-layout transport (connecting by `connect_by`),
+  // std::nullopt when any structure goes.
+  virtual std::optional<std::vector<RequestLeaf>> request_leaves(Deadline /*connect_by*/) {
     return std::nullopt;
   }
   // Drops the connection; later submits throw ClosedError.

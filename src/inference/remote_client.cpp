@@ -376,8 +376,8 @@ std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
   });
 }
 
-std::optional<std::vector<Key>> RemoteClient::request_keys(Deadline connect_by) {
-  return link(connect_by)->request.keys();
+std::optional<std::vector<RequestLeaf>> RemoteClient::request_leaves(Deadline connect_by) {
+  return link(connect_by)->request.request_leaves();
 }
 
 void RemoteClient::close() noexcept {

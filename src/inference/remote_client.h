@@ -87,7 +87,7 @@ class RemoteClient final : public ClientImpl {
   std::unique_ptr<Pending> submit(const TensorDict& td, Deadline deadline) override;
   const char* kind() const noexcept override { return "remote"; }
   std::string address() const override;
-  std::optional<std::vector<Key>> request_keys(Deadline connect_by) override;
+  std::optional<std::vector<RequestLeaf>> request_leaves(Deadline connect_by) override;
   void close() noexcept override;
   // Connects now (within connect_timeout) when not connected yet.
   std::shared_ptr<RemoteLink> link(Deadline limit = Deadline::never());

@@ -175,8 +175,8 @@ std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
   });
 }
 
-std::optional<std::vector<Key>> ShmClient::request_keys(Deadline connect_by) {
-  return connection(connect_by)->region->request.keys();
+std::optional<std::vector<RequestLeaf>> ShmClient::request_leaves(Deadline connect_by) {
+  return connection(connect_by)->region->request.request_leaves();
 }
 
 void ShmClient::close() noexcept {

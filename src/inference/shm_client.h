@@ -42,7 +42,7 @@ class ShmClient final : public ClientImpl {
   std::unique_ptr<Pending> submit(const TensorDict& td, Deadline deadline) override;
   const char* kind() const noexcept override { return "shared_memory"; }
   std::string address() const override { return name_; }
-  std::optional<std::vector<Key>> request_keys(Deadline connect_by) override;
+  std::optional<std::vector<RequestLeaf>> request_leaves(Deadline connect_by) override;
   void close() noexcept override;
 
  private:

@@ -63,6 +63,13 @@ std::vector<Key> SlotLayout::keys() const {
   return out;
 }
 
+std::vector<RequestLeaf> SlotLayout::request_leaves() const {
+  std::vector<RequestLeaf> out;
+  out.reserve(leaves_.size());
+  for (const LeafSlot& l : leaves_) out.push_back({l.key, l.dtype, l.shape});
+  return out;
+}
+
 int SlotLayout::find(const Key& key) const noexcept {
   for (size_t i = 0; i < leaves_.size(); ++i)
     if (leaves_[i].key == key) return static_cast<int>(i);

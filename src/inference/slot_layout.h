@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensorwire/core/tensordict.h"
+#include "tensorwire/inference/client.h"
 
 namespace tensorwire::inference::detail {
 
@@ -36,6 +37,7 @@ class SlotLayout {
   uint32_t num_slots() const noexcept { return num_slots_; }
   const TensorDict& spec() const noexcept { return spec_; }
   std::vector<Key> keys() const;
+  std::vector<RequestLeaf> request_leaves() const;  // key, dtype and shape of each leaf
   // Index of the leaf with this key, or -1.
   int find(const Key& key) const noexcept;
 

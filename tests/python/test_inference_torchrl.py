@@ -187,8 +187,10 @@ def test_a_request_leaf_is_cast_and_broadcast_to_the_spec_like_torchrl():
         assert f64["observation"].dtype == torch.float64  # the caller's dict is left as it was
         one = TensorDict({"observation": torch.full((1,), 3.0), "n": {"v": torch.ones(2, dtype=torch.int64)}})
         assert c.submit(one).result(timeout=10)["action"].tolist() == [4.0, 4.0]
-        again = pickle.loads(pickle.dumps(c))  # the spec's layout travels with the client
+        again = pickle.loads(pickle.dumps(c))  # a pickled client learns the spec again
         assert again(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
+        by_name = SharedMemoryTransport.client_for(t.name)  # as client()'s, with no number
+        assert by_name.client_id is None and by_name(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
         # What does not broadcast is torch's RuntimeError, as torchrl's; a missing key stays
         # a KeyError.
         with pytest.raises(RuntimeError, match="expanded size"):
@@ -251,6 +253,10 @@ def test_torchrls_server_serves_remote_actors_unchanged():
     with InferenceServer(sum_policy(), t, max_batch_size=4) as server:
         r = t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
         assert isinstance(r, TensorDict) and r["action"].tolist() == [4.0, 4.0]
+        # client_for takes connect's arguments; its client casts as client()'s does.
+        by_address = RemoteTransport.client_for(t.address, auth_key="k", timeout=5, liveness_timeout=3)
+        f64 = TensorDict({"observation": torch.ones(4, dtype=torch.float64)})
+        assert by_address.client_id is None and by_address(f64, timeout=10)["action"].tolist() == [4.0, 4.0]
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         # Clients pickle to their address (and key) and connect again in the child.
@@ -261,7 +267,7 @@ def test_torchrls_server_serves_remote_actors_unchanged():
         assert [q.get(timeout=60) for _ in procs] == [True] * 2
         for p in procs:
             p.join(10)
-        assert server.stats()["requests"] == 101
+        assert server.stats()["requests"] == 102
 
     def failing(td):
         raise ValueError("bad observation")

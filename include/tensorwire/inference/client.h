@@ -70,6 +70,13 @@ class Future {
   std::exception_ptr error_;
 };
 
+// One leaf a request of a fixed-layout transport must carry.
+struct RequestLeaf {
+  Key key;
+  DType dtype;
+  Shape shape;
+};
+
 class Client {
  public:
   Client() = default;
@@ -90,6 +97,9 @@ class Client {
   // has a fixed request layout (shared memory, remote: the first use connects, within
   // `timeout`); std::nullopt when any structure goes.
   std::optional<std::vector<Key>> request_keys(Timeout timeout = Timeout::forever()) const;
+  // The same with each leaf's dtype and shape (the spec's: what a request must carry).
+  std::optional<std::vector<RequestLeaf>> request_leaves(
+      Timeout timeout = Timeout::forever()) const;
   // Disconnects this client and every copy of it; later calls throw ClosedError. Futures
   // already made keep their requests.
   void close() noexcept;

@@ -168,6 +168,11 @@ TEST(RemoteTransport, RequestsAreCheckedAgainstTheServersSpecBeforeSending) {
   server.start();
   Client c = connect_to(*t);
   EXPECT_EQ(c.request_keys(), (std::vector<Key>{Key("observation")}));
+  auto leaves = c.request_leaves();
+  ASSERT_TRUE(leaves.has_value());
+  ASSERT_EQ(leaves->size(), 1u);
+  EXPECT_EQ((*leaves)[0].dtype, DType::Float32);
+  EXPECT_EQ((*leaves)[0].shape, (Shape{4}));
   TensorDict wrong_key;
   wrong_key.set("obs", Tensor::zeros({4}, DType::Float32));
   EXPECT_THROW(c(wrong_key, 5s), KeyError);
