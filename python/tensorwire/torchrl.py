@@ -16,12 +16,11 @@ in and out, so torchrl's own ``InferenceServer`` runs on it unchanged::
 What changes against torchrl's own transport: requests and responses cross processes
 through shared memory with futex wake-ups instead of ``multiprocessing`` queues; clients
 can also be made after the actors start (``SharedMemoryTransport.client_for(name)``);
-a dropped future gives its slot back; a dead actor's slots are reclaimed; a response
-leaf of another dtype than the response spec's is cast to it, and a request leaf of
-another dtype or a broadcastable shape (``(1,)``, a scalar) is cast and broadcast to the
-request spec's, as torchrl's ``update_`` does (RuntimeError for one that does not
-broadcast; the exact dtype and shape take the fast path, a mended request is copied once
-more); a timeout raises :class:`RequestTimeout`, both the ``queue.Empty`` torchrl raises and
+a dropped future gives its slot back; a dead actor's slots are reclaimed. As in torchrl,
+whose ``update_`` copies into the slots, a request or response leaf of another dtype or a
+broadcastable shape (``(1,)``, a scalar) is cast and broadcast to its spec's (RuntimeError
+for one that does not broadcast; the exact dtype and shape take the fast path, a mended
+request is copied once more). A timeout raises :class:`RequestTimeout`, both the ``queue.Empty`` torchrl raises and
 a ``TimeoutError``; the transport serves from the
 process that created it, so torchrl's ``service_backend="process"`` is refused with a
 TypeError saying so; a policy's exception comes back as its type made again from its
@@ -155,10 +154,11 @@ class _SlotBankTransport(InferenceTransport):
         self._default_client = None
         self._client_ids = itertools.count()  # next() is atomic under the GIL
         # What a response leaf is cast to when the policy made another dtype: torchrl's
-        # transports copy each response into place with update_, which casts.
+        # transports copy each response into place with update_, which casts and broadcasts.
         spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
-        self._response_dtypes = {
-            k: v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype
+        self._response_layout = {
+            k: (v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype,
+                tuple(v.shape))
             for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
 
     def client(self):
@@ -216,12 +216,15 @@ class _SlotBankTransport(InferenceTransport):
 
     def resolve(self, callback, result) -> None:
         cast = None
-        for key, dtype in self._response_dtypes.items():
+        for key, (dtype, shape) in self._response_layout.items():
             value = result.get(key, None)
-            if value is not None and getattr(value, "dtype", dtype) != dtype:
+            if value is None or not hasattr(value, "dtype"):
+                continue  # a missing key is the slot's KeyError
+            if value.dtype != dtype or value.shape != shape:
                 if cast is None:
                     cast = result.copy()  # the policy's own result is left as it is
-                cast.set(key, value.to(dtype))
+                # torch's RuntimeError when it does not broadcast, as torchrl's update_
+                cast.set(key, value.to(dtype).expand(shape))
         self._impl._resolve_one(callback, result if cast is None else cast)
 
     def resolve_exception(self, callback, exc: BaseException) -> None:

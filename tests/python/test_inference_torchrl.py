@@ -171,7 +171,19 @@ def test_a_response_of_another_dtype_is_cast_to_the_spec_like_torchrl():
         # A bfloat16 spec (a torch leaf in the transport's spec, numpy has no bfloat16).
         bf16 = SharedMemoryTransport(specs(False)[0], TensorDict({"action": torch.zeros(
             2, dtype=torch.bfloat16)}), num_slots=2)
-        assert bf16._response_dtypes == {"action": torch.bfloat16}
+        assert bf16._response_layout == {"action": (torch.bfloat16, (2,))}
+
+
+def test_a_response_leaf_is_broadcast_to_the_spec_or_fails_the_batch_like_torchrl():
+    t = SharedMemoryTransport(*specs(with_version=False), num_slots=2)
+    one = lambda td: td.set("action", torch.full((td.shape[0], 1), 5.0))  # noqa: E731
+    with InferenceServer(one, t, max_batch_size=2):
+        assert t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)["action"].tolist() == [5.0, 5.0]
+    t = SharedMemoryTransport(*specs(with_version=False), num_slots=2)
+    three = lambda td: td.set("action", torch.ones(td.shape[0], 3))  # noqa: E731
+    with InferenceServer(three, t, max_batch_size=2):
+        with pytest.raises(RuntimeError, match="expanded size"):
+            t.client()(TensorDict({"observation": torch.ones(4)}), timeout=10)
 
 
 def test_a_request_leaf_is_cast_and_broadcast_to_the_spec_like_torchrl():
