@@ -108,12 +108,29 @@ class DataFlow:
         raise NotImplementedError()
 
 
+def _remade(cls, args, kwargs):
+    return cls(*args, **kwargs)
+
+
 class _Forking(DataFlow):
     _core = None
+    _made_with: tuple | None = None  # the constructor's (args, kwargs)
+    _started = False
 
     def _register(self):
         with _live_lock:
             _live.add(self)
+
+    def __reduce__(self):
+        # Before reset_state() a runner is its arguments (tensorpack's pickle then too, to
+        # hand one to a spawned process); after, its workers and shared memory are this
+        # process's.
+        if self._started or self._made_with is None:
+            raise TypeError(f"a {type(self).__name__} cannot be pickled once reset_state() "
+                            "started its workers (they and their shared memory belong to this "
+                            "process): pickle it before, and call reset_state() where it runs")
+        args, kwargs = self._made_with
+        return (_remade, (type(self), args, kwargs))
 
     def close(self):
         """Kills and reaps the workers; idempotent. Datapoints already received stay valid."""
@@ -220,6 +237,9 @@ class MultiProcessRunnerZMQ(_Forking):
         self._core = _C._Runner(ds, num_proc, hwm, seed, _seed_worker,
                                 _policy(on_worker_death, max_restarts, restart_window,
                                         datapoint_timeout))
+        self._made_with = ((ds, num_proc, hwm), dict(
+            seed=seed, on_worker_death=on_worker_death, max_restarts=max_restarts,
+            restart_window=restart_window, datapoint_timeout=datapoint_timeout))
         self.ds = ds
         self.num_proc = num_proc
         self._hwm = hwm
@@ -228,6 +248,7 @@ class MultiProcessRunnerZMQ(_Forking):
                         "This assumes the datapoints are i.i.d.")
 
     def reset_state(self):
+        self._started = True
         self._core.reset_state()
         self._register()
 
@@ -257,6 +278,10 @@ class MultiProcessMapDataZMQ(_Forking):
         self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed, _seed_worker,
                                  _policy(on_worker_death, max_restarts, restart_window,
                                          datapoint_timeout))
+        self._made_with = ((ds, num_proc, map_func), dict(
+            buffer_size=buffer_size, strict=strict, seed=seed, on_worker_death=on_worker_death,
+            max_restarts=max_restarts, restart_window=restart_window,
+            datapoint_timeout=datapoint_timeout))
         self.ds = ds
         self.num_proc = num_proc
         self.map_func = map_func
@@ -264,6 +289,7 @@ class MultiProcessMapDataZMQ(_Forking):
         self._buffer_size = self._core.buffer_size
 
     def reset_state(self):
+        self._started = True
         self._core.reset_state()
         self._register()
 

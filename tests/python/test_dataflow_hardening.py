@@ -4,6 +4,7 @@ import collections
 import enum
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 import warnings
@@ -720,3 +721,36 @@ def test_a_tcp_port_out_of_range_is_an_error_not_another_port():
     for addr in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1"):
         with pytest.raises(ValueError, match=r"zmq connect to .*: the port must be 1 to 65535"):
             twdf.send_dataflow_zmq(Counting(3), addr, max_datapoints=1)
+
+
+def _child_runs_what_it_was_sent(runner, q):
+    runner.reset_state()
+    try:
+        it = iter(runner)
+        q.put(sorted(next(it)[1] for _ in range(4)))
+    finally:
+        runner.close()
+
+
+def _add_one(dp):
+    arr, i, name = dp
+    return [arr, i + 1, name]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=1, hwm=3, seed=5),
+    lambda: twdf.MultiProcessMapDataZMQ(Counting(4), 1, _add_one, buffer_size=3, strict=True),
+], ids=["runner", "map"])
+def test_a_runner_pickles_before_reset_state_as_tensorpacks_and_not_after(make):
+    # tensorpack's runners pickle (to their arguments) until they start; code hands one to a
+    # spawned process that way.
+    r = make()
+    got, exitcode = in_child("spawn", _child_runs_what_it_was_sent, r)
+    assert exitcode == 0
+    assert got == ([0, 1, 2, 3] if isinstance(r, twdf.MultiProcessRunnerZMQ) else [1, 2, 3, 4])
+    r.reset_state()
+    try:
+        with pytest.raises(TypeError, match=r"cannot be pickled once reset_state\(\) started"):
+            pickle.dumps(r)
+    finally:
+        r.close()
