@@ -130,6 +130,7 @@ class InferenceClient:
     """
 
     __slots__ = ("_c", "_reconnect_with", "__weakref__")
+    _future = InferenceFuture  # what submit() returns (a drop-in's client may refine it)
 
     def __init__(self, client):
         self._c = client
@@ -144,8 +145,8 @@ class InferenceClient:
     def submit(self, td, timeout: float | None = None) -> InferenceFuture:
         """Submits ``td`` and returns its future; ``timeout`` bounds the wait for a free slot."""
         if type(td) is TensorDict or not _is_tensordict(td):
-            return InferenceFuture(self._c.submit(td, timeout), False)
-        return InferenceFuture(self._c.submit(td, timeout), True)
+            return self._future(self._c.submit(td, timeout), False)
+        return self._future(self._c.submit(td, timeout), True)
 
     def close(self) -> None:
         self._c.close()

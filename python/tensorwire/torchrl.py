@@ -19,13 +19,16 @@ can also be made after the actors start (``SharedMemoryTransport.client_for(name
 a dropped future gives its slot back; a dead actor's slots are reclaimed. As in torchrl,
 whose ``update_`` copies into the slots, a request or response leaf of another dtype or a
 broadcastable shape (``(1,)``, a scalar) is cast and broadcast to its spec's (RuntimeError
-for one that does not broadcast; the exact dtype and shape take the fast path, a mended
-request is copied once more). A timeout raises :class:`RequestTimeout`, both the ``queue.Empty`` torchrl raises and
-a ``TimeoutError``; the transport serves from the
-process that created it, so torchrl's ``service_backend="process"`` is refused with a
-TypeError saying so; a policy's exception comes back as its type made again from its
-message (torchrl passes the object itself), where the client's process has imported that
-type's module, and as ``RuntimeError("module.Type: message")`` otherwise.
+for one that does not broadcast). A request of the spec's dtypes and shapes takes the fast
+path; a mended one is converted once more (about 50 us a request here: send the spec's
+dtype, e.g. ``obs.float()``, where that counts), and once a client's request needed
+mending, its next ones are mended before they are sent. A timeout raises
+:class:`RequestTimeout`, both the ``queue.Empty`` torchrl raises and a ``TimeoutError``.
+The transport serves from the process that created it, so torchrl's
+``service_backend="process"`` is refused with a TypeError saying so. A policy's exception
+comes back as its type made again from its message (torchrl passes the object itself),
+where the client's process has imported that type's module, and as
+``RuntimeError("module.Type: message")`` otherwise.
 
 ``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
 :class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``
@@ -59,6 +62,8 @@ def _timed_out(e: TimeoutError) -> RequestTimeout:
 
 
 class _Future(_inference.InferenceFuture):
+    """A future whose timeout is a :class:`RequestTimeout`."""
+
     __slots__ = ()
 
     def result(self, timeout: float | None = None):
@@ -75,47 +80,73 @@ class _Client(_inference.InferenceClient):
     is cast and broadcast to the request spec's, as torchrl's ``update_`` into the slot does
     (RuntimeError when it does not broadcast); a timeout is a :class:`RequestTimeout`."""
 
-    __slots__ = ("client_id", "_layout")
+    __slots__ = ("client_id", "_layout", "_mend")
     client_id: int | None
     _layout: dict | None  # key -> (torch dtype, shape) of the request spec, once needed
+    _mend: bool  # a request needed mending: mend the next ones first (a float64 env's do)
 
+    _future = _Future
+
+    # The fast path is the base class's call in a try: a request the spec takes pays one
+    # Python frame; a refused one is mended in _again, and once one was, the client's next
+    # requests are mended before they are sent instead of after a refusal.
     def __call__(self, td, timeout: float | None = None):
-        return self._send(super().__call__, td, timeout)
+        if self._mend:
+            conformed = self._conformed(td, timeout)
+            if conformed is not None:
+                return self._send(conformed, timeout, submit=False)
+        try:
+            return super().__call__(td, timeout)
+        except (ValueError, TimeoutError) as e:
+            return self._again(td, timeout, e, submit=False)
 
     def submit(self, td, timeout: float | None = None):
-        f = self._send(super().submit, td, timeout)
-        out = _Future.__new__(_Future)
-        out._f, out._as_tensordict = f._f, f._as_tensordict
-        return out
-
-    def _send(self, send, td, timeout):
+        if self._mend:
+            conformed = self._conformed(td, timeout)
+            if conformed is not None:
+                return self._send(conformed, timeout, submit=True)
         try:
-            try:
-                return send(td, timeout)
-            except ValueError:  # the spec refused a leaf: conform it as torchrl would, once
-                conformed = self._conformed(td)
-                if conformed is None:
-                    raise
-            return send(conformed, timeout)
-        except TimeoutError as e:  # no free slot (submit) or no answer (a call) in time
+            return super().submit(td, timeout)
+        except (ValueError, TimeoutError) as e:  # TimeoutError: no free slot in time
+            return self._again(td, timeout, e, submit=True)
+
+    def _again(self, td, timeout, error: Exception, submit: bool):
+        if isinstance(error, TimeoutError):
+            raise _timed_out(error) from None
+        conformed = self._conformed(td, timeout)
+        if conformed is None:  # refused for another reason than a leaf's dtype or shape
+            raise error
+        self._mend = True
+        return self._send(conformed, timeout, submit)
+
+    def _send(self, conformed: dict, timeout, submit: bool):
+        try:
+            if submit:
+                return _Future(self._c.submit(conformed, timeout), True)
+            return self._c(conformed, timeout).to_tensordict()
+        except TimeoutError as e:
             raise _timed_out(e) from None
 
-    def _conformed(self, td):
-        """A new dict of the spec's keys of ``td``, each leaf cast and broadcast to the spec's
-        dtype and shape (the caller's dict is left as it is), or None when no leaf
-        differs in dtype or shape (the refusal was for another reason)."""
+    def _conformed(self, td, timeout):
+        """The request spec's leaves of ``td`` as a nested dict, each cast and broadcast to
+        the spec's dtype and shape (the caller's dict is left as it is), or None when no
+        leaf differs in dtype or shape (the refusal was for another reason)."""
         import torch
 
         if not isinstance(td, tensordict.TensorDictBase):
             return None
-        if self._layout is None:  # the client is connected: the refusal came from the spec
-            leaves = self._c._request_leaves()
+        if self._layout is None:
+            if timeout is not None and not timeout >= 0:
+                return None  # the refusal was the timeout's (negative or NaN)
+            try:  # connected by now when the refusal was the spec's; never connect here
+                leaves = self._c._request_leaves(0)
+            except Exception:
+                return None
             if leaves is None:
                 return None
             self._layout = {key: (getattr(torch, dtype.removeprefix("torch.")), shape)
                             for key, dtype, shape in leaves}
-        # Only the spec's keys travel; a new dict, so a locked request needs no unlocking.
-        out = tensordict.TensorDict({}, batch_size=td.batch_size, device=td.device)
+        out: dict = {}
         changed = False
         for key, (dtype, shape) in self._layout.items():
             value = td.get(key, None)
@@ -123,7 +154,11 @@ class _Client(_inference.InferenceClient):
                 return None  # a missing key is a KeyError, not ours to mend
             if isinstance(value, torch.Tensor) and (value.dtype != dtype or value.shape != shape):
                 value, changed = value.to(dtype).expand(shape), True
-            out.set(key, value)
+            *parents, leaf = (key,) if isinstance(key, str) else key
+            node = out
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
         return out if changed else None
 
     def __reduce__(self):
@@ -133,7 +168,7 @@ class _Client(_inference.InferenceClient):
 def _numbered(client: _inference.InferenceClient, client_id: int | None) -> _Client:
     c = _Client.__new__(_Client)
     c._c, c._reconnect_with = client._c, client._reconnect_with
-    c.client_id, c._layout = client_id, None
+    c.client_id, c._layout, c._mend = client_id, None, False
     return c
 
 
@@ -151,7 +186,7 @@ class _SlotBankTransport(InferenceTransport):
         self._tw = tw_transport
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
-        self._default_client = None
+        self._default_client: _Client | None = None
         self._client_ids = itertools.count()  # next() is atomic under the GIL
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts and broadcasts.
@@ -177,8 +212,8 @@ class _SlotBankTransport(InferenceTransport):
     def submit(self, td):
         """Submits through a transport-wide client; returns a future."""
         client = self._default_client
-        if client is None:
-            client = self._default_client = self._tw.client()
+        if client is None:  # a client as client()'s, outside the numbering
+            client = self._default_client = _numbered(self._tw.client(), None)
         return client.submit(td)
 
     @property

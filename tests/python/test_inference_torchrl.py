@@ -203,6 +203,15 @@ def test_a_request_leaf_is_cast_and_broadcast_to_the_spec_like_torchrl():
         assert again(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
         by_name = SharedMemoryTransport.client_for(t.name)  # as client()'s, with no number
         assert by_name.client_id is None and by_name(f64, timeout=10)["action"].tolist() == [2.0, 2.0]
+        assert t.submit(f64).result(timeout=10)["action"].tolist() == [2.0, 2.0]  # the transport's
+        # A request of batch size [1] whose leaves broadcast, as torchrl answers it.
+        bs1 = TensorDict({"observation": torch.ones(1), "n": {"v": torch.ones(1, dtype=torch.int64)}},
+                         batch_size=[1])
+        assert c(bs1, timeout=10)["action"].tolist() == [2.0, 2.0]
+        # A refusal that is not the spec's stays what it was (no connection, no resend).
+        for bad in (-1.0, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be None"):
+                SharedMemoryTransport.client_for("tw-no-such-transport")(f64, timeout=bad)
         # What does not broadcast is torch's RuntimeError, as torchrl's; a missing key stays
         # a KeyError.
         with pytest.raises(RuntimeError, match="expanded size"):
