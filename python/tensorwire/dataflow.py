@@ -108,13 +108,18 @@ class DataFlow:
         raise NotImplementedError()
 
 
-def _remade(cls, args, kwargs):
-    return cls(*args, **kwargs)
+def _remade(cls, base, args, kwargs, state):
+    """A runner pickled before reset_state(): made again by the tensorwire class's own
+    constructor (a subclass's may take other arguments), then given its attributes."""
+    runner = cls.__new__(cls)
+    base.__init__(runner, *args, **kwargs)
+    runner.__dict__.update(state)
+    return runner
 
 
 class _Forking(DataFlow):
     _core = None
-    _made_with: tuple | None = None  # the constructor's (args, kwargs)
+    _made_with: tuple | None = None  # (tensorwire class, its constructor's args, kwargs)
     _started = False
 
     def _register(self):
@@ -125,12 +130,15 @@ class _Forking(DataFlow):
         # Before reset_state() a runner is its arguments (tensorpack's pickle then too, to
         # hand one to a spawned process); after, its workers and shared memory are this
         # process's.
+        name = type(self).__name__
         if self._started or self._made_with is None:
-            raise TypeError(f"a {type(self).__name__} cannot be pickled once reset_state() "
-                            "started its workers (they and their shared memory belong to this "
-                            "process): pickle it before, and call reset_state() where it runs")
-        args, kwargs = self._made_with
-        return (_remade, (type(self), args, kwargs))
+            raise TypeError(f"a {name} cannot be pickled once reset_state() was called (its "
+                            "workers and shared memory belong to this process): pickle it "
+                            "before, and call reset_state() where it runs")
+        if self._core.closed:
+            raise TypeError(f"a closed {name} cannot be pickled")
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_core", "_made_with")}
+        return (_remade, (type(self), *self._made_with, state))
 
     def close(self):
         """Kills and reaps the workers; idempotent. Datapoints already received stay valid."""
@@ -237,7 +245,7 @@ class MultiProcessRunnerZMQ(_Forking):
         self._core = _C._Runner(ds, num_proc, hwm, seed, _seed_worker,
                                 _policy(on_worker_death, max_restarts, restart_window,
                                         datapoint_timeout))
-        self._made_with = ((ds, num_proc, hwm), dict(
+        self._made_with = (MultiProcessRunnerZMQ, (ds, num_proc, hwm), dict(
             seed=seed, on_worker_death=on_worker_death, max_restarts=max_restarts,
             restart_window=restart_window, datapoint_timeout=datapoint_timeout))
         self.ds = ds
@@ -278,7 +286,7 @@ class MultiProcessMapDataZMQ(_Forking):
         self._core = _C._MapData(ds, num_proc, map_func, buffer_size, strict, seed, _seed_worker,
                                  _policy(on_worker_death, max_restarts, restart_window,
                                          datapoint_timeout))
-        self._made_with = ((ds, num_proc, map_func), dict(
+        self._made_with = (MultiProcessMapDataZMQ, (ds, num_proc, map_func), dict(
             buffer_size=buffer_size, strict=strict, seed=seed, on_worker_death=on_worker_death,
             max_restarts=max_restarts, restart_window=restart_window,
             datapoint_timeout=datapoint_timeout))

@@ -750,7 +750,30 @@ def test_a_runner_pickles_before_reset_state_as_tensorpacks_and_not_after(make):
     assert got == ([0, 1, 2, 3] if isinstance(r, twdf.MultiProcessRunnerZMQ) else [1, 2, 3, 4])
     r.reset_state()
     try:
-        with pytest.raises(TypeError, match=r"cannot be pickled once reset_state\(\) started"):
+        with pytest.raises(TypeError, match=r"cannot be pickled once reset_state\(\) was called"):
             pickle.dumps(r)
     finally:
         r.close()
+    closed = make()
+    closed.close()
+    with pytest.raises(TypeError, match="a closed .* cannot be pickled"):
+        pickle.dumps(closed)
+
+
+class _Loader(twdf.MultiProcessRunnerZMQ):
+    """A subclass with a constructor of its own, as users write them."""
+
+    def __init__(self, n):
+        super().__init__(Counting(n), num_proc=1, hwm=4)
+        self.label = "mine"
+
+
+def test_a_subclass_pickles_with_its_attributes_as_tensorpacks():
+    r = _Loader(4)
+    r.epoch_hint = 7  # set after construction: kept, as pickle keeps tensorpack's
+    back = pickle.loads(pickle.dumps(r))
+    assert type(back) is _Loader and (back.label, back.epoch_hint, back._hwm) == ("mine", 7, 4)
+    got, exitcode = in_child("spawn", _child_runs_what_it_was_sent, r)
+    assert (got, exitcode) == ([0, 1, 2, 3], 0)
+    back.close()
+    r.close()
