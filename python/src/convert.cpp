@@ -283,7 +283,10 @@ std::optional<Tensor> to_tensor(nb::handle value) {
 std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
   if (nb::hasattr(value, "device") && nb::hasattr(value, "dtype") &&
       nb::hasattr(value, "is_cuda")) {
-    std::string dev = str_of_obj(value.attr("device").attr("type"));
+    // A torch tensor's device; a tensordict.TensorDict has these attributes too, with a
+    // device that may be None.
+    nb::object device = value.attr("device");
+    std::string dev = device.is_none() ? "cpu" : str_of_obj(device.attr("type"));
     if (dev != "cpu")
       throw ValueError(where + ": tensor on device '" + dev +
                        "'; tensorwire only accepts CPU tensors (call .cpu() first)");
@@ -292,6 +295,7 @@ std::optional<Tensor> leaf_tensor(nb::handle value, const std::string& where) {
     if (std::optional<Tensor> t = to_tensor(value)) return t;
   } catch (const TypeError&) {  // an array-like of a dtype with no DType: said below
   }
+  if (is_tensordict_lib(value)) return std::nullopt;  // a sub-dict, not a leaf
   if (nb::hasattr(value, "dtype") && nb::hasattr(value, "shape")) {
     if (std::string why = unviewable_strides(value); !why.empty()) throw ValueError(where + why);
     throw unsupported_dtype(value, where);

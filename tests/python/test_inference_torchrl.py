@@ -149,6 +149,10 @@ def test_undeclared_keys_are_dropped_and_a_missing_declared_key_fails():
     with InferenceServer(sum_policy(), t):
         r = t.client()(TensorDict({"observation": torch.ones(4), "extra": torch.zeros(3)}), timeout=10)
         assert set(r.keys()) == {"action"}
+        # A sub-dict where the spec has a leaf names the key (it was an AttributeError from
+        # the conversion reading a TensorDict's device, None, as a tensor's).
+        with pytest.raises(ValueError, match="request key 'observation': expected a tensor, got a TensorDict"):
+            t.client()(TensorDict({"observation": {"a": torch.ones(4)}}), timeout=10)
 
     def wrong(td):
         return td.set("act", torch.zeros(td.batch_size[0], 2))
