@@ -122,7 +122,10 @@ class _Forking(DataFlow):
     _made_with: tuple | None = None  # (tensorwire class, its constructor's args, kwargs)
     _started = False
 
-    def _register(self):
+    def reset_state(self):
+        """Forks the workers (once: a second call raises RuntimeError)."""
+        self._started = True  # from here on it is not its arguments any more (__reduce__)
+        self._core.reset_state()
         with _live_lock:
             _live.add(self)
 
@@ -255,11 +258,6 @@ class MultiProcessRunnerZMQ(_Forking):
             logger.info("[MultiProcessRunnerZMQ] Will fork a dataflow more than one times. "
                         "This assumes the datapoints are i.i.d.")
 
-    def reset_state(self):
-        self._started = True
-        self._core.reset_state()
-        self._register()
-
     @property
     def shared_memory_bytes(self):
         """Bytes of worker shared memory mapped in this process (the chunk arenas)."""
@@ -295,11 +293,6 @@ class MultiProcessMapDataZMQ(_Forking):
         self.map_func = map_func
         self._strict = strict
         self._buffer_size = self._core.buffer_size
-
-    def reset_state(self):
-        self._started = True
-        self._core.reset_state()
-        self._register()
 
 
 MultiProcessMapDataZMQ.__doc__ += _POLICY_DOC

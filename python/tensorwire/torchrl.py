@@ -45,6 +45,7 @@ import itertools
 import queue
 
 import tensordict
+import torch
 from torchrl.modules.inference_server import InferenceTransport
 
 from . import inference as _inference
@@ -55,6 +56,15 @@ __all__ = ["SharedMemoryTransport", "RemoteTransport", "RequestTimeout"]
 class RequestTimeout(TimeoutError, queue.Empty):
     """A request not answered in time: a TimeoutError, and the ``queue.Empty`` torchrl's
     clients raise, so code written for either catches it."""
+
+
+def _mended(value, dtype, shape):
+    """``value`` cast and broadcast to a spec leaf's ``dtype`` and ``shape``, as torch's
+    ``copy_`` into that leaf (torchrl's ``update_``) does: RuntimeError when it does not
+    broadcast. None when it already matches, or is no tensor (a check of its own refuses it)."""
+    if not isinstance(value, torch.Tensor) or (value.dtype == dtype and value.shape == shape):
+        return None
+    return value.to(dtype).expand(shape)
 
 
 def _timed_out(e: TimeoutError) -> RequestTimeout:
@@ -88,36 +98,40 @@ class _Client(_inference.InferenceClient):
     _future = _Future
 
     # The fast path is the base class's call in a try: a request the spec takes pays one
-    # Python frame; a refused one is mended in _again, and once one was, the client's next
-    # requests are mended before they are sent instead of after a refusal.
+    # Python frame. Everything else is _slow's.
     def __call__(self, td, timeout: float | None = None):
-        if self._mend:
-            conformed = self._conformed(td, timeout)
-            if conformed is not None:
-                return self._send(conformed, timeout, submit=False)
-        try:
-            return super().__call__(td, timeout)
-        except (ValueError, TimeoutError) as e:
-            return self._again(td, timeout, e, submit=False)
+        if not self._mend:
+            try:
+                return super().__call__(td, timeout)
+            except (ValueError, TimeoutError) as e:
+                return self._slow(td, timeout, False, e)
+        return self._slow(td, timeout, False)
 
     def submit(self, td, timeout: float | None = None):
-        if self._mend:
-            conformed = self._conformed(td, timeout)
-            if conformed is not None:
-                return self._send(conformed, timeout, submit=True)
-        try:
-            return super().submit(td, timeout)
-        except (ValueError, TimeoutError) as e:  # TimeoutError: no free slot in time
-            return self._again(td, timeout, e, submit=True)
+        if not self._mend:
+            try:
+                return super().submit(td, timeout)
+            except (ValueError, TimeoutError) as e:  # TimeoutError: no free slot in time
+                return self._slow(td, timeout, True, e)
+        return self._slow(td, timeout, True)
 
-    def _again(self, td, timeout, error: Exception, submit: bool):
-        if isinstance(error, TimeoutError):
-            raise _timed_out(error) from None
+    def _slow(self, td, timeout, submit: bool, refused: Exception | None = None):
+        """A request the fast path refused (``refused``), or one of a client whose requests
+        needed mending (these are mended before they are sent instead of after a refusal):
+        sent mended when a leaf's dtype or shape differs from the spec's, else sent as it
+        is, or its refusal raised as it was."""
+        if isinstance(refused, TimeoutError):
+            raise _timed_out(refused) from None
         conformed = self._conformed(td, timeout)
-        if conformed is None:  # refused for another reason than a leaf's dtype or shape
-            raise error
-        self._mend = True
-        return self._send(conformed, timeout, submit)
+        if conformed is not None:
+            self._mend = True
+            return self._send(conformed, timeout, submit)
+        if refused is not None:  # refused for another reason than a leaf's dtype or shape
+            raise refused
+        try:  # as the fast path, with no second mending
+            return super().submit(td, timeout) if submit else super().__call__(td, timeout)
+        except TimeoutError as e:
+            raise _timed_out(e) from None
 
     def _send(self, conformed: dict, timeout, submit: bool):
         try:
@@ -131,8 +145,6 @@ class _Client(_inference.InferenceClient):
         """The request spec's leaves of ``td`` as a nested dict, each cast and broadcast to
         the spec's dtype and shape (the caller's dict is left as it is), or None when no
         leaf differs in dtype or shape (the refusal was for another reason)."""
-        import torch
-
         if not isinstance(td, tensordict.TensorDictBase):
             return None
         if self._layout is None:
@@ -152,8 +164,9 @@ class _Client(_inference.InferenceClient):
             value = td.get(key, None)
             if value is None:
                 return None  # a missing key is a KeyError, not ours to mend
-            if isinstance(value, torch.Tensor) and (value.dtype != dtype or value.shape != shape):
-                value, changed = value.to(dtype).expand(shape), True
+            mended = _mended(value, dtype, shape)
+            if mended is not None:
+                value, changed = mended, True
             *parents, leaf = (key,) if isinstance(key, str) else key
             node = out
             for p in parents:
@@ -181,8 +194,6 @@ class _SlotBankTransport(InferenceTransport):
     """torchrl's server side over a tensorwire fixed-layout transport (``self._tw``)."""
 
     def _adopt(self, tw_transport) -> None:
-        import torch
-
         self._tw = tw_transport
         self._impl = tw_transport._impl
         self._request_batch = tuple(self._impl.request_spec.batch_size)
@@ -252,14 +263,12 @@ class _SlotBankTransport(InferenceTransport):
     def resolve(self, callback, result) -> None:
         cast = None
         for key, (dtype, shape) in self._response_layout.items():
-            value = result.get(key, None)
-            if value is None or not hasattr(value, "dtype"):
-                continue  # a missing key is the slot's KeyError
-            if value.dtype != dtype or value.shape != shape:
+            # A missing key is left to the slot's KeyError.
+            mended = _mended(result.get(key, None), dtype, shape)
+            if mended is not None:
                 if cast is None:
                     cast = result.copy()  # the policy's own result is left as it is
-                # torch's RuntimeError when it does not broadcast, as torchrl's update_
-                cast.set(key, value.to(dtype).expand(shape))
+                cast.set(key, mended)
         self._impl._resolve_one(callback, result if cast is None else cast)
 
     def resolve_exception(self, callback, exc: BaseException) -> None:

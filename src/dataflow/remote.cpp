@@ -28,13 +28,18 @@ double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// hwm sizes only ZeroMQ's queue on a remote link, so 0 is ZeroMQ's "no limit", as tensorpack
+// passes it on (the runners need >= 1: theirs sizes each worker's shared memory).
+void check_hwm(int hwm, const char* what) {
+  if (hwm < 0)
+    throw ValueError(std::string(what) + ": hwm must be >= 0 (0: no limit), got " +
+                     std::to_string(hwm));
+}
+
 }  // namespace
 
 uint64_t send_dataflow_zmq(DataFlow& df, const std::string& addr, const SendOptions& o) {
-  // 0 is ZeroMQ's "no limit", as tensorpack passes it on: only ZeroMQ's queue is sized here.
-  if (o.hwm < 0)
-    throw ValueError("send_dataflow_zmq: hwm must be >= 0 (0: no limit), got " +
-                     std::to_string(o.hwm));
+  check_hwm(o.hwm, "send_dataflow_zmq");
   if (o.max_datapoints && *o.max_datapoints == 0)
     throw ValueError("send_dataflow_zmq: max_datapoints must be at least 1");
   zmqio::Context ctx;
@@ -223,9 +228,7 @@ void RemoteDataZMQ::Impl::check_silence(ProducerTable::Clock::time_point now) {
 RemoteDataZMQ::RemoteDataZMQ(std::string addr1, std::string addr2, RemoteOptions options)
     : impl_(std::make_unique<Impl>(std::move(addr1), std::move(addr2), std::move(options))) {
   if (impl_->addr[0].empty()) throw ValueError("RemoteDataZMQ: no address");
-  if (impl_->opt.hwm < 0)  // as send_dataflow_zmq's
-    throw ValueError("RemoteDataZMQ: hwm must be >= 0 (0: no limit), got " +
-                     std::to_string(impl_->opt.hwm));
+  check_hwm(impl_->opt.hwm, "RemoteDataZMQ");
   checked_duration(impl_->opt.liveness_timeout, "RemoteDataZMQ: liveness_timeout");
   if (impl_->opt.limits.max_message_bytes == 0)
     throw ValueError("RemoteDataZMQ: max_message_bytes must be at least 1");
