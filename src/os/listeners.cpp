@@ -1,17 +1,17 @@
 #include "os/listeners.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
+
+#include "os/own_sockets.h"
 
 namespace tensorwire::os {
 
@@ -53,22 +53,6 @@ uint64_t add(Address a) {
   const uint64_t id = r.next++;
   r.marks.emplace(id, std::move(a));
   return id;
-}
-
-// The address and port of a TCP socket's address, or {"", 0}.
-std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (s.ss_family == AF_INET) {
-    const auto& a = reinterpret_cast<const sockaddr_in&>(s);
-    ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
-    return {buf, ntohs(a.sin_port)};
-  }
-  if (s.ss_family == AF_INET6) {
-    const auto& a = reinterpret_cast<const sockaddr_in6&>(s);
-    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
-    return {buf, ntohs(a.sin6_port)};
-  }
-  return {"", 0};
 }
 
 }  // namespace
@@ -113,20 +97,14 @@ int release_inherited_listeners() noexcept {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.marks.empty()) return 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
   const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   int released = 0;
-  while (const dirent* e = ::readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == ::dirfd(dir) || fd == devnull) continue;
-    int listening = 0;
-    socklen_t optlen = sizeof listening;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) != 0 || !listening)
-      continue;  // not a socket, or not listening
+  for_each_fd([&](int fd) {
+    if (fd == devnull) return;
+    if (!is_listening(fd)) return;
     sockaddr_storage s{};
     socklen_t len = sizeof s;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return;
     const auto [ip, port] = ip_port_of(s);
     const std::string raw(reinterpret_cast<const char*>(&s), len);
     for (const auto& [id, a] : r.marks) {
@@ -135,8 +113,7 @@ int release_inherited_listeners() noexcept {
         break;
       }
     }
-  }
-  ::closedir(dir);
+  });
   if (devnull >= 0) ::close(devnull);
   return released;
 }

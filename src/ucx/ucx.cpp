@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "os/fork.h"
+#include "os/own_sockets.h"
 #include "os/tcp_probe.h"
 
 namespace tensorwire::ucx {
@@ -382,17 +383,8 @@ void Request::cancel(ucp_worker_h worker) noexcept {
 
 namespace {
 PeerAddress address_of(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-  }
+  auto [host, port] = os::ip_port_of(ss);
+  if (host.empty()) host = "?";
   return {host, port};
 }
 }  // namespace
@@ -447,13 +439,59 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
   port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
   char ip[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
-  mark_ = os::ListenerMark::tcp(ip, port_);
+  ip_ = ip;
+  mark_ = os::ListenerMark::tcp(ip_, port_);
 }
 
 Listener::~Listener() {
-  if (inherited(generation_)) return;
+  if (inherited(generation_) || !listener_) return;
+  refuse_unanswered();
   for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
-  if (listener_) ucp_listener_destroy(listener_);
+  ucp_listener_destroy(listener_);
+}
+
+// UCX (1.13 to at least 1.19: openucx/ucx#11087) keeps each connection its TCP listener
+// accepted in a list of the worker's, pointing at the listener, until the client's request
+// has arrived whole; ucp_listener_destroy() frees the listener and leaves them there. A
+// request that arrives after that, before the worker goes, makes UCX's thread call into the
+// freed listener: a crash, seen when a server closed just as a client connected. So before
+// the listener goes, and within kRefuseFor:
+// 1. the kernel completes no new connection on its socket, and UCX's thread accepts the
+//    ones it completed before. Nothing is refused meanwhile: a refusal (ucp_listener_reject)
+//    while UCX still accepts can leave an event of the refused connection's fd queued in
+//    UCX, which it then hands to the next connection accepted on the same fd number (an
+//    assertion that aborts the process);
+// 2. every accepted connection not yet answered is shut down (its client is refused, as it
+//    would be now anyway), and UCX's thread drops each at its end of file, or hands its
+//    request over if it had arrived whole (refused here). Nothing is then left to arrive.
+void Listener::refuse_unanswered() noexcept {
+  constexpr auto kRefuseFor = std::chrono::seconds(2);
+  try {
+    const auto until = std::chrono::steady_clock::now() + kRefuseFor;
+    const std::vector<int> listening = os::listening_sockets(ip_, port_);
+    for (int fd : listening) os::drop_new_connections(fd);
+    for (bool queued = true; queued && std::chrono::steady_clock::now() < until;) {
+      queued = false;
+      for (int fd : listening) {
+        pollfd p{fd, POLLIN, 0};
+        queued = ::poll(&p, 1, 0) > 0 || queued;
+      }
+      if (queued) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (;;) {
+      bool open = false;
+      for (int fd : os::unanswered_connections(ip_, port_)) {
+        ::shutdown(fd, SHUT_RDWR);
+        open = true;
+      }
+      if (!open || std::chrono::steady_clock::now() >= until) return;
+      worker_.wait(std::chrono::milliseconds(1));  // requests that arrived whole: on_conn
+      for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
+      pending_.clear();
+    }
+  } catch (const std::exception&) {
+    // Out of memory or a worker error while closing: the listener goes as it did before.
+  }
 }
 
 void Listener::on_conn(ucp_conn_request_h req, void* arg) {
@@ -471,11 +509,6 @@ std::optional<ConnRequest> Listener::poll() {
   ConnRequest r = pending_.front();
   pending_.pop_front();
   return r;
-}
-
-void Listener::reject(ConnRequest& r) noexcept {
-  if (r.handle) ucp_listener_reject(listener_, r.handle);
-  r.handle = nullptr;
 }
 
 // ---- Endpoint --------------------------------------------------------------

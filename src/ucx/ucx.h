@@ -169,14 +169,17 @@ class Listener {
   std::optional<ConnRequest> poll();
   // Whether a connection request is already queued (poll() would return it at once).
   bool has_pending() const noexcept { return !pending_.empty(); }
-  void reject(ConnRequest& r) noexcept;
 
  private:
   static void on_conn(ucp_conn_request_h req, void* arg);
+  // Before the listener goes: refuses every connection accepted but not yet answered, so
+  // that none can reach the freed listener (see ucx.cpp).
+  void refuse_unanswered() noexcept;
   Worker worker_;
   uint64_t generation_;
   ucp_listener_h listener_ = nullptr;
   uint16_t port_ = 0;
+  std::string ip_;         // the address bound, numeric ("0.0.0.0": every one)
   os::ListenerMark mark_;  // released by runner workers forked meanwhile (os/listeners.h)
   std::deque<ConnRequest> pending_;
 };

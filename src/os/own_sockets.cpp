@@ -1,0 +1,97 @@
+#include "os/own_sockets.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <linux/filter.h>
+#include <linux/tcp.h>
+
+#include <cstddef>
+#include <cstdlib>
+
+namespace tensorwire::os {
+
+namespace {
+
+// fd's local address, when it is a TCP socket bound to `ip` (any where `any_ip`) and `port`.
+bool bound_to(int fd, const std::string& ip, uint16_t port, bool any_ip) {
+  sockaddr_storage s{};
+  socklen_t len = sizeof s;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return false;
+  const auto [local_ip, local_port] = ip_port_of(s);
+  return local_port != 0 && local_port == port && (any_ip || local_ip == ip);
+}
+
+// Whether this side of the connection has sent any byte: the kernel counts them
+// (tcpi_bytes_sent, Linux 4.19; tcpi_bytes_acked before it).
+bool sent_anything(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;  // not TCP
+  if (len >= offsetof(tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent)
+    return info.tcpi_bytes_sent != 0;
+  if (len >= offsetof(tcp_info, tcpi_bytes_acked) + sizeof info.tcpi_bytes_acked)
+    return info.tcpi_bytes_acked != 0;
+  return true;  // cannot tell: counted as answered, left alone
+}
+
+}  // namespace
+
+void for_each_fd(const std::function<void(int)>& fn) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != ::dirfd(dir)) fn(fd);
+  }
+  ::closedir(dir);
+}
+
+bool is_listening(int fd) {
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening;
+}
+
+std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (s.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(s);
+    ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
+    return {buf, ntohs(a.sin_port)};
+  }
+  if (s.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(s);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+    return {buf, ntohs(a.sin6_port)};
+  }
+  return {"", 0};
+}
+
+std::vector<int> listening_sockets(const std::string& ip, uint16_t port) {
+  std::vector<int> found;
+  for_each_fd([&](int fd) {
+    if (is_listening(fd) && bound_to(fd, ip, port, /*any_ip=*/false)) found.push_back(fd);
+  });
+  return found;
+}
+
+std::vector<int> unanswered_connections(const std::string& ip, uint16_t port) {
+  const bool any_ip = ip == "0.0.0.0" || ip == "::";
+  std::vector<int> found;
+  for_each_fd([&](int fd) {
+    if (is_listening(fd) || !bound_to(fd, ip, port, any_ip) || sent_anything(fd)) return;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) found.push_back(fd);
+  });
+  return found;
+}
+
+bool drop_new_connections(int fd) noexcept {
+  sock_filter drop_all[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+  sock_fprog prog{1, drop_all};
+  return ::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) == 0;
+}
+
+}  // namespace tensorwire::os

@@ -1,0 +1,42 @@
+// This process's own TCP sockets, found among its fds: the sockets of a library that does
+// not hand them out (UCX's listener and the connections it accepted), for the few things
+// tensorwire must do to them that the library has no call for (os/listeners.h,
+// ucx::Listener's close).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tensorwire::os {
+
+// Calls `fn(fd)` for each fd open in this process, read from /proc/self/fd (not the one
+// that reading it uses). Nothing when /proc is not there.
+void for_each_fd(const std::function<void(int)>& fn);
+
+// Whether `fd` is a listening socket.
+bool is_listening(int fd);
+
+// The numeric address and port of a TCP socket's address (IPv4 or IPv6), or {"", 0}.
+std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s);
+
+// The listening TCP sockets bound to `ip`:`port` ("0.0.0.0" as bound for every address).
+std::vector<int> listening_sockets(const std::string& ip, uint16_t port);
+
+// The connections accepted on `ip`:`port` (any local address where `ip` is "0.0.0.0") on
+// which this process has sent nothing yet: connections whose server has not answered.
+std::vector<int> unanswered_connections(const std::string& ip, uint16_t port);
+
+// Makes the listening socket `fd` take no new connection: a socket filter that drops every
+// packet, so the kernel completes no handshake from here on (a client's SYN goes
+// unanswered, and is refused once the socket is closed). Connections the kernel completed
+// already stay queued for accept(). False when the kernel refused the filter.
+bool drop_new_connections(int fd) noexcept;
+
+}  // namespace tensorwire::os

@@ -1,0 +1,137 @@
+// os/own_sockets.h: finding this process's listening sockets and the connections they
+// accepted that were not answered yet, and closing a listening socket to new connections.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "os/own_sockets.h"
+#include "os/unix_socket.h"
+
+namespace tensorwire::os {
+namespace {
+
+// A TCP socket listening on `ip` (any free port); its port through `port`.
+Fd listen_on(const char* ip, uint16_t& port) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  a.sin_port = htons(port);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd.get(), 4) != 0)
+    return Fd();
+  socklen_t len = sizeof a;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// A non-blocking connect to ip:port; the socket, its connect under way or done.
+Fd start_connect(const char* ip, uint16_t port) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  a.sin_port = htons(port);
+  const int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  EXPECT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+  return fd;
+}
+
+// Whether `fd`'s connect completed within `ms`.
+bool connected_within(int fd, int ms) {
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  int err = 0;
+  socklen_t len = sizeof err;
+  return ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+}
+
+bool has(const std::vector<int>& fds, int fd) {
+  return std::find(fds.begin(), fds.end(), fd) != fds.end();
+}
+
+TEST(OwnSockets, ListeningSocketsAreFoundByTheirAddressAndPort) {
+  uint16_t port = 0;
+  Fd mine = listen_on("127.0.0.1", port);
+  ASSERT_TRUE(mine);
+  uint16_t same_port = port;
+  Fd other_address = listen_on("127.0.0.2", same_port);  // the same port, another address
+  ASSERT_TRUE(other_address);
+  uint16_t other_port = 0;
+  Fd other = listen_on("127.0.0.1", other_port);
+  ASSERT_TRUE(other);
+  EXPECT_EQ(listening_sockets("127.0.0.1", port), std::vector<int>{mine.get()});
+  EXPECT_EQ(listening_sockets("127.0.0.2", port), std::vector<int>{other_address.get()});
+  EXPECT_TRUE(listening_sockets("127.0.0.3", port).empty());
+}
+
+TEST(OwnSockets, AnAcceptedConnectionIsUnansweredUntilThisSideSendsAByte) {
+  uint16_t port = 0;
+  Fd listener = listen_on("127.0.0.1", port);
+  ASSERT_TRUE(listener);
+  Fd client = start_connect("127.0.0.1", port);
+  ASSERT_TRUE(connected_within(client.get(), 5000));
+  Fd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(accepted);
+  ASSERT_EQ(::write(client.get(), "x", 1), 1);  // what the client sends does not count
+  // Found by the listener's own address and by "every address"; never the client's side
+  // (its local port is another) nor the listening socket.
+  EXPECT_EQ(unanswered_connections("127.0.0.1", port), std::vector<int>{accepted.get()});
+  EXPECT_EQ(unanswered_connections("0.0.0.0", port), std::vector<int>{accepted.get()});
+  EXPECT_TRUE(unanswered_connections("127.0.0.2", port).empty());
+  ASSERT_EQ(::write(accepted.get(), "y", 1), 1);
+  EXPECT_FALSE(has(unanswered_connections("127.0.0.1", port), accepted.get()));
+}
+
+TEST(OwnSockets, AListeningSocketThatDropsNewConnectionsCompletesNoMoreButKeepsItsQueue) {
+  uint16_t port = 0;
+  Fd listener = listen_on("127.0.0.1", port);
+  ASSERT_TRUE(listener);
+  Fd before = start_connect("127.0.0.1", port);
+  ASSERT_TRUE(connected_within(before.get(), 5000));
+  ASSERT_TRUE(drop_new_connections(listener.get()));
+  Fd after = start_connect("127.0.0.1", port);
+  EXPECT_FALSE(connected_within(after.get(), 300));  // its SYN goes unanswered
+  // The connection completed before the filter is still there to accept.
+  pollfd p{listener.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 1000), 1);
+  ASSERT_EQ(::fcntl(listener.get(), F_SETFL, O_NONBLOCK), 0);
+  Fd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  EXPECT_TRUE(accepted);
+  Fd none(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  EXPECT_FALSE(none);  // nothing else was queued
+  EXPECT_EQ(errno, EAGAIN);
+  // Once the listening socket is gone, the waiting client is refused.
+  listener = Fd();
+  pollfd q{after.get(), POLLOUT, 0};
+  EXPECT_EQ(::poll(&q, 1, 5000), 1);
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(after.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  EXPECT_EQ(err, ECONNREFUSED);
+}
+
+TEST(OwnSockets, EveryOpenFdIsVisitedOnce) {
+  Fd a(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  Fd b(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  std::vector<int> seen;
+  for_each_fd([&](int fd) { seen.push_back(fd); });
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), a.get()), 1);
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), b.get()), 1);
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 1);  // stdin
+}
+
+}  // namespace
+}  // namespace tensorwire::os
