@@ -4,6 +4,7 @@
 #include <nanobind/ndarray.h>
 
 #include "core/dlpack_dtype.h"
+#include "tensorwire/runtime/liveness.h"
 
 namespace tensorwire::py {
 
@@ -100,6 +101,29 @@ int64_t int_arg(nb::handle value, const char* name) {
     throw ValueError(std::string(name) + " does not fit in 64 bits, got " +
                      nb::cast<std::string>(nb::str(value)));
   return v;
+}
+
+std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok) {
+  if (value.is_none() && none_ok) return std::nullopt;
+  // A float or an int, or what converts itself to a float (numpy's scalars); not a bool, and
+  // not a str (float("1.5") is a parse, not a number).
+  const bool number = (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()) ||
+                       (PyNumber_Check(value.ptr()) && nb::hasattr(value, "__float__"))) &&
+                      !PyBool_Check(value.ptr()) && !PyUnicode_Check(value.ptr());
+  if (!number)
+    throw TypeError(std::string(name) + (none_ok ? " must be None or" : " must be") +
+                    " a number of seconds, got " + py_type(value));
+  const double s = PyFloat_AsDouble(value.ptr());
+  if (s == -1.0 && PyErr_Occurred()) throw nb::python_error();  // an int too big for a double
+  return s;
+}
+
+Timeout timeout_arg(nb::handle value, const char* name) {
+  return Timeout::seconds(seconds_arg(value, name), name);
+}
+
+std::chrono::milliseconds liveness_arg(nb::handle value) {
+  return liveness_timeout_seconds(seconds_arg(value, "liveness_timeout"), "liveness_timeout");
 }
 
 std::optional<uint64_t> count_arg(nb::handle value, const char* name) {

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include <nanobind/nanobind.h>
@@ -25,6 +27,7 @@
 #include "dataflow/raw_datapoint.h"
 #include "tensorwire/core/tensordict.h"
 #include "tensorwire/dataflow/dataflow.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::py {
 
@@ -75,6 +78,13 @@ T int_arg_as(nb::handle value, const char* name) {
                      std::to_string(hi) + "], got " + nb::cast<std::string>(nb::str(value)));
   return v;
 }
+// A number of seconds (an int, a float, a numpy scalar; not a bool), or None where
+// `none_ok`: TypeError "`name` must be [None or ]a number of seconds, got <type>" otherwise.
+std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok = true);
+// A timeout in seconds (None: for ever): Timeout::seconds's rules, seconds_arg's types.
+Timeout timeout_arg(nb::handle value, const char* name = "timeout");
+// A liveness timeout in seconds (None: the default; 0: off), as runtime/liveness.h reads it.
+std::chrono::milliseconds liveness_arg(nb::handle value);
 // None, or an int >= 0 (a seed, a count): TypeError or ValueError naming `name` otherwise.
 std::optional<uint64_t> count_arg(nb::handle value, const char* name);
 // A dataflow (an iterable; tensorpack's DataFlow): TypeError naming `ds` otherwise.

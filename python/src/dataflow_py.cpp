@@ -130,13 +130,15 @@ Failure describe_python_failure(std::exception_ptr ep) {
   }
 }
 
-std::chrono::milliseconds millis(std::optional<double> s, const char* what) {
-  return std::chrono::ceil<std::chrono::milliseconds>(Timeout::seconds(s, what).duration());
+// Seconds that are not None (`none_ok`: the caller takes None itself, and says so when refusing).
+std::chrono::milliseconds millis(nb::handle s, const char* what, bool none_ok) {
+  const Timeout t = Timeout::seconds(seconds_arg(s, what, none_ok), what);
+  return std::chrono::ceil<std::chrono::milliseconds>(t.duration());
 }
 
 // The worker policy's arguments: (on_worker_death, max_restarts, restart_window seconds,
 // datapoint_timeout seconds or None, on_restart(message) or None).
-using PolicyArgs = std::tuple<std::string, int, double, std::optional<double>, nb::object>;
+using PolicyArgs = std::tuple<nb::handle, nb::handle, nb::handle, nb::handle, nb::object>;
 
 template <class Options>
 Options runner_options(nb::handle num_proc, nb::handle seed, nb::object seed_worker,
@@ -147,11 +149,11 @@ Options runner_options(nb::handle num_proc, nb::handle seed, nb::object seed_wor
   o.fork_hooks = python_fork_hooks(std::move(seed_worker));
   o.describe_failure = describe_python_failure;
   auto& [on_death, max_restarts, window, datapoint_timeout, on_restart] = policy;
-  o.policy.on_death = df::parse_on_worker_death(on_death);
-  o.policy.max_restarts = max_restarts;
-  o.policy.restart_window = millis(window, "restart_window");
-  if (datapoint_timeout)
-    o.policy.datapoint_timeout = millis(datapoint_timeout, "datapoint_timeout");
+  o.policy.on_death = df::parse_on_worker_death(*str_arg(on_death, "on_worker_death", false));
+  o.policy.max_restarts = int_arg_as<int>(max_restarts, "max_restarts");
+  o.policy.restart_window = millis(window, "restart_window", false);
+  if (!datapoint_timeout.is_none())
+    o.policy.datapoint_timeout = millis(datapoint_timeout, "datapoint_timeout", true);
   o.policy.on_restart = py_callback<df::WorkerRestart>(std::move(on_restart),
                                                        [](const auto& r) { return r.message; });
   return o;
@@ -228,8 +230,8 @@ struct PyRemote {
   std::unique_ptr<df::RemoteDataZMQ> remote;
   bool allow_pickle;
 
-  nb::object next(std::optional<double> timeout) {
-    const Timeout t = Timeout::seconds(timeout, "timeout");
+  nb::object next(nb::handle timeout) {
+    const Timeout t = timeout_arg(timeout);
     std::optional<df::RawDatapoint> dp = (NoGil(), df::detail::RawAccess::next(*remote, t));
     if (!dp) return nb::none();
     return raw_to_py(*dp, allow_pickle);
@@ -330,7 +332,7 @@ void bind_dataflow(nb::module_& m) {
       .def(
           "__init__",
           [](PyRemote* self, nb::handle addr1, nb::handle addr2, nb::handle hwm, bool bind,
-             bool allow_pickle, nb::object on_rejected, std::optional<double> liveness_timeout,
+             bool allow_pickle, nb::object on_rejected, nb::handle liveness_timeout,
              nb::object on_silent, nb::handle max_message_bytes) {
             df::RemoteOptions o;
             if (!max_message_bytes.is_none())  // a negative one is 0, refused as such
@@ -339,7 +341,7 @@ void bind_dataflow(nb::module_& m) {
             o.hwm = int_arg_as<int>(hwm, "hwm");
             o.bind = bind;
             o.allow_pickle = allow_pickle;
-            o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+            o.liveness_timeout = liveness_arg(liveness_timeout);
             auto what = [](const auto& e) { return std::string(e.what()); };
             o.on_rejected = py_callback<ProtocolError>(std::move(on_rejected), what);
             o.on_silent = py_callback<TimeoutError>(std::move(on_silent), what);

@@ -95,8 +95,8 @@ void bind_fixed_layout(nb::class_<T, inf::Transport>& c) {
       .def_prop_ro("request_spec", [](const T& t) { return PyTensorDict(t.request_spec()); })
       .def_prop_ro("response_spec", [](const T& t) { return PyTensorDict(t.response_spec()); });
   c.def("_wait_for_work",
-        [](T& t, std::optional<double> timeout) {
-          const Deadline d = Deadline::after(Timeout::seconds(timeout));
+        [](T& t, nb::handle timeout) {
+          const Deadline d = Deadline::after(timeout_arg(timeout));
           NoGil nogil;
           t.wait_for_work(d);
         })
@@ -136,8 +136,8 @@ void bind_inference(nb::module_& m) {
       .def_prop_ro("state", [](inf::Future& f) { return std::string(f.state()); })
       .def(
           "result",
-          [](inf::Future& f, std::optional<double> timeout) {
-            const Timeout t = Timeout::seconds(timeout);
+          [](inf::Future& f, nb::handle timeout) {
+            const Timeout t = timeout_arg(timeout);
             NoGil nogil;
             return PyTensorDict(f.result(t));
           },
@@ -146,8 +146,8 @@ void bind_inference(nb::module_& m) {
   nb::class_<PyClient>(m, "_InferenceClient")
       .def(
           "submit",
-          [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Deadline d = Deadline::after(Timeout::seconds(timeout));
+          [](PyClient& self, nb::handle td, nb::handle timeout) {
+            const Deadline d = Deadline::after(timeout_arg(timeout));
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(d), holder);
             NoGil nogil;
@@ -156,8 +156,8 @@ void bind_inference(nb::module_& m) {
           nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
           "__call__",
-          [](PyClient& self, nb::handle td, std::optional<double> timeout) {
-            const Deadline d = Deadline::after(Timeout::seconds(timeout));
+          [](PyClient& self, nb::handle td, nb::handle timeout) {
+            const Deadline d = Deadline::after(timeout_arg(timeout));
             TensorDict holder;
             const TensorDict& request = request_from(td, self.request_keys(d), holder);
             NoGil nogil;
@@ -171,8 +171,8 @@ void bind_inference(nb::module_& m) {
       .def("close", [](PyClient& self) { self.client.close(); })
       .def(
           "_request_leaves",  // [(key, "torch.<dtype>", shape)], None when any structure goes
-          [](PyClient& self, std::optional<double> timeout) -> nb::object {
-            const Timeout t = Timeout::seconds(timeout);
+          [](PyClient& self, nb::handle timeout) -> nb::object {
+            const Timeout t = timeout_arg(timeout);
             std::optional<std::vector<inf::RequestLeaf>> leaves;
             {
               NoGil nogil;
@@ -230,9 +230,9 @@ void bind_inference(nb::module_& m) {
          nb::arg("spin").none() = nb::none(), nb::arg("allowed_uids") = nb::tuple())
       .def_static(
           "attach",
-          [](nb::handle name, std::optional<double> timeout) {
+          [](nb::handle name, nb::handle timeout) {
             const std::string n = *str_arg(name, "name", false);
-            const Timeout t = Timeout::seconds(timeout);
+            const Timeout t = timeout_arg(timeout);
             NoGil nogil;
             return released_without_gil(Shm::attach(n, t));
           },
@@ -253,12 +253,12 @@ void bind_inference(nb::module_& m) {
           "create",
           [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
              nb::handle host, nb::handle port, std::optional<std::string> auth_key,
-             std::optional<double> liveness_timeout) {
+             nb::handle liveness_timeout) {
             inf::RemoteOptions o{.num_slots = int_arg(num_slots, "num_slots"),
                                  .host = *str_arg(host, "host", false),
                                  .port = int_arg(port, "port"),
                                  .auth_key = auth_key.value_or("")};
-            o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+            o.liveness_timeout = liveness_arg(liveness_timeout);
             TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
             TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
             NoGil nogil;
@@ -274,12 +274,12 @@ void bind_inference(nb::module_& m) {
       "_remote_client",
       // "host:port", or a host and a port of their own (the address parser checks both).
       [](nb::handle address, nb::handle port, std::optional<std::string> auth_key,
-         std::optional<double> liveness_timeout, std::optional<double> timeout, bool connect_now) {
+         nb::handle liveness_timeout, nb::handle timeout, bool connect_now) {
         std::string where = *str_arg(address, "address", false);
         if (!port.is_none()) where += ":" + std::to_string(int_arg(port, "port"));
         inf::RemoteClientOptions o{.auth_key = auth_key.value_or("")};
-        o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
-        o.connect_timeout = Timeout::seconds(timeout, "timeout");
+        o.liveness_timeout = liveness_arg(liveness_timeout);
+        o.connect_timeout = timeout_arg(timeout);
         PyClient c{Remote::client_for(where, o)};
         NoGil nogil;
         if (connect_now) c.client.request_keys();  // connects: a refusal raises here

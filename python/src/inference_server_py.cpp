@@ -155,8 +155,8 @@ void bind_inference_server(nb::module_& m) {
            })
       .def(
           "shutdown",
-          [](PyServer& s, std::optional<double> timeout) {
-            const Timeout t = Timeout::seconds(timeout, "timeout");
+          [](PyServer& s, nb::handle timeout) {
+            const Timeout t = timeout_arg(timeout);
             std::shared_ptr<inf::InferenceServer> server = s.get();
             NoGil nogil;
             return server->shutdown(t);
@@ -167,8 +167,8 @@ void bind_inference_server(nb::module_& m) {
       .def_prop_ro("policy_version", [](PyServer& s) { return s.get()->policy_version(); })
       .def(
           "update_model",
-          [](PyServer& s, nb::callable fn, bool mark, std::optional<double> timeout) {
-            const Timeout t = Timeout::seconds(timeout, "timeout");
+          [](PyServer& s, nb::callable fn, bool mark, nb::handle timeout) {
+            const Timeout t = timeout_arg(timeout);
             std::shared_ptr<inf::InferenceServer> server = s.get();
             nb::object result;
             {

@@ -30,8 +30,8 @@ uint16_t port_of(nb::handle value) {
   return static_cast<uint16_t>(port);
 }
 
-PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect_timeout,
-                         nb::handle max_message_bytes, Seconds liveness_timeout) {
+PipeOptions make_options(bool consolidated, nb::handle auth_key, nb::handle connect_timeout,
+                         nb::handle max_message_bytes, nb::handle liveness_timeout) {
   PipeOptions o;
   o.consolidated = consolidated;
   // A key as str (its UTF-8 bytes) or bytes, as people keep secrets.
@@ -45,11 +45,11 @@ PipeOptions make_options(bool consolidated, nb::handle auth_key, Seconds connect
   }
   if (!auth_key.is_none() && o.auth_key.empty())
     throw ValueError("auth_key must not be empty (pass None for no authentication)");
-  o.connect_timeout = Timeout::seconds(connect_timeout);
+  o.connect_timeout = timeout_arg(connect_timeout);
   // A negative one is 0, refused as such (checked_options).
   o.limits.max_message_bytes =
       static_cast<uint64_t>(std::max<int64_t>(0, int_arg(max_message_bytes, "max_message_bytes")));
-  o.liveness_timeout = liveness_timeout_seconds(liveness_timeout, "liveness_timeout");
+  o.liveness_timeout = liveness_arg(liveness_timeout);
   return o;
 }
 
@@ -189,8 +189,8 @@ struct PyPipe {
 // PipeListener and TensorDictServer alike; accept() gives None on timeout.
 template <class T>
 void bind_acceptor(nb::module_& m, const char* name) {
-  auto accept = [](T& self, Seconds timeout, bool throw_on_refusal) {
-    Timeout t = Timeout::seconds(timeout);
+  auto accept = [](T& self, nb::handle timeout, bool throw_on_refusal) {
+    Timeout t = timeout_arg(timeout);
     std::optional<TensorDictPipe> got;
     {
       NoGil nogil;
@@ -204,8 +204,8 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, nb::handle port, bool consolidated, nb::handle auth_key, Seconds timeout,
-             nb::handle max_message_bytes, Seconds liveness_timeout) {
+          [](T* self, nb::handle port, bool consolidated, nb::handle auth_key, nb::handle timeout,
+             nb::handle max_message_bytes, nb::handle liveness_timeout) {
             new (self) T(port_of(port), make_options(consolidated, auth_key, timeout,
                                                      max_message_bytes, liveness_timeout));
           },
@@ -231,8 +231,8 @@ void bind_pipe(nb::module_& m) {
   nb::class_<PyPipe>(m, "_Pipe")
       .def(
           "send",
-          [](PyPipe& self, nb::handle td, Seconds timeout) {
-            Timeout t = Timeout::seconds(timeout);
+          [](PyPipe& self, nb::handle td, nb::handle timeout) {
+            Timeout t = timeout_arg(timeout);
             const std::shared_ptr<const TensorDict> copy = self.to_send(td);
             try {
               (NoGil(), self.pipe.send(*copy, t));
@@ -250,8 +250,8 @@ void bind_pipe(nb::module_& m) {
           nb::arg("td"), nb::arg("timeout").none() = nb::none())
       .def(
           "recv",
-          [](PyPipe& self, nb::handle into, Seconds timeout) {
-            Timeout t = Timeout::seconds(timeout);
+          [](PyPipe& self, nb::handle into, nb::handle timeout) {
+            Timeout t = timeout_arg(timeout);
             return self.receive(into, [&](TensorDict* td) { return self.pipe.receive(td, t); });
           },
           nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
@@ -301,7 +301,7 @@ void bind_pipe(nb::module_& m) {
   m.def(
       "_connect",
       [](const std::string& host, nb::handle port, bool consolidated, nb::handle auth_key,
-         Seconds timeout, nb::handle max_message_bytes, Seconds liveness_timeout) {
+         nb::handle timeout, nb::handle max_message_bytes, nb::handle liveness_timeout) {
         PipeOptions o =
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
         uint16_t p = port_of(port);
@@ -316,8 +316,8 @@ void bind_pipe(nb::module_& m) {
   // None for no limit, else the seconds; ValueError for a negative or NaN value.
   m.def(
       "_timeout_seconds",
-      [](Seconds s) -> Seconds {
-        const Timeout t = Timeout::seconds(s);
+      [](nb::handle s) -> Seconds {
+        const Timeout t = timeout_arg(s);
         if (t.is_forever()) return std::nullopt;
         return std::chrono::duration<double>(t.duration()).count();
       },
