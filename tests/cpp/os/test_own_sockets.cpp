@@ -17,25 +17,10 @@
 
 #include "os/own_sockets.h"
 #include "os/unix_socket.h"
+#include "tcp_listener.h"
 
 namespace tensorwire::os {
 namespace {
-
-// A TCP socket listening on `ip` (any free port); its port through `port`.
-Fd listen_on(const char* ip, uint16_t& port) {
-  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, ip, &a.sin_addr);
-  a.sin_port = htons(port);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(fd.get(), 4) != 0)
-    return Fd();
-  socklen_t len = sizeof a;
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  port = ntohs(a.sin_port);
-  return fd;
-}
 
 // A non-blocking connect to ip:port; the socket, its connect under way or done.
 Fd start_connect(const char* ip, uint16_t port) {
@@ -58,19 +43,34 @@ bool connected_within(int fd, int ms) {
   return ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
 }
 
+// A listener on 127.0.0.1 and a client whose connect completed (not accepted yet).
+struct Connected {
+  uint16_t port = 0;
+  Fd listener;
+  Fd client;
+};
+Connected connected() {
+  Connected c;
+  c.listener = tcp_listener(c.port);
+  EXPECT_TRUE(c.listener);
+  c.client = start_connect("127.0.0.1", c.port);
+  EXPECT_TRUE(connected_within(c.client.get(), 5000));
+  return c;
+}
+
 bool has(const std::vector<int>& fds, int fd) {
   return std::find(fds.begin(), fds.end(), fd) != fds.end();
 }
 
 TEST(OwnSockets, ListeningSocketsAreFoundByTheirAddressAndPort) {
   uint16_t port = 0;
-  Fd mine = listen_on("127.0.0.1", port);
+  Fd mine = tcp_listener(port);
   ASSERT_TRUE(mine);
   uint16_t same_port = port;
-  Fd other_address = listen_on("127.0.0.2", same_port);  // the same port, another address
+  Fd other_address = tcp_listener(same_port, "127.0.0.2");  // the same port, another address
   ASSERT_TRUE(other_address);
   uint16_t other_port = 0;
-  Fd other = listen_on("127.0.0.1", other_port);
+  Fd other = tcp_listener(other_port);
   ASSERT_TRUE(other);
   EXPECT_EQ(listening_sockets("127.0.0.1", port), std::vector<int>{mine.get()});
   EXPECT_EQ(listening_sockets("127.0.0.2", port), std::vector<int>{other_address.get()});
@@ -78,11 +78,7 @@ TEST(OwnSockets, ListeningSocketsAreFoundByTheirAddressAndPort) {
 }
 
 TEST(OwnSockets, AnAcceptedConnectionIsUnansweredUntilThisSideSendsAByte) {
-  uint16_t port = 0;
-  Fd listener = listen_on("127.0.0.1", port);
-  ASSERT_TRUE(listener);
-  Fd client = start_connect("127.0.0.1", port);
-  ASSERT_TRUE(connected_within(client.get(), 5000));
+  auto [port, listener, client] = connected();
   Fd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
   ASSERT_TRUE(accepted);
   ASSERT_EQ(::write(client.get(), "x", 1), 1);  // what the client sends does not count
@@ -96,11 +92,7 @@ TEST(OwnSockets, AnAcceptedConnectionIsUnansweredUntilThisSideSendsAByte) {
 }
 
 TEST(OwnSockets, AListeningSocketThatDropsNewConnectionsCompletesNoMoreButKeepsItsQueue) {
-  uint16_t port = 0;
-  Fd listener = listen_on("127.0.0.1", port);
-  ASSERT_TRUE(listener);
-  Fd before = start_connect("127.0.0.1", port);
-  ASSERT_TRUE(connected_within(before.get(), 5000));
+  auto [port, listener, before] = connected();
   ASSERT_TRUE(drop_new_connections(listener.get()));
   Fd after = start_connect("127.0.0.1", port);
   EXPECT_FALSE(connected_within(after.get(), 300));  // its SYN goes unanswered
