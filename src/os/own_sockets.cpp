@@ -2,8 +2,10 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/tcp.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdlib>
@@ -76,14 +78,19 @@ std::vector<int> listening_sockets(const std::string& ip, uint16_t port) {
   return found;
 }
 
-std::vector<int> unanswered_connections(const std::string& ip, uint16_t port) {
+size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
   const bool any_ip = ip == "0.0.0.0" || ip == "::";
-  std::vector<int> found;
+  size_t found = 0;
   for_each_fd([&](int fd) {
-    if (is_listening(fd) || !bound_to(fd, ip, port, any_ip) || sent_anything(fd)) return;
-    sockaddr_storage peer{};
-    socklen_t len = sizeof peer;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) found.push_back(fd);
+    const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return;
+    // Not getpeername(): a connection whose client closed after its request has no peer any
+    // more, and the request may still be unread.
+    if (!is_listening(own) && bound_to(own, ip, port, any_ip) && !sent_anything(own)) {
+      ::shutdown(own, SHUT_RDWR);  // ENOTCONN once both ends closed: nothing more to do
+      ++found;
+    }
+    ::close(own);
   });
   return found;
 }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -29,9 +30,13 @@ std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s);
 // The listening TCP sockets bound to `ip`:`port` ("0.0.0.0" as bound for every address).
 std::vector<int> listening_sockets(const std::string& ip, uint16_t port);
 
-// The connections accepted on `ip`:`port` (any local address where `ip` is "0.0.0.0") on
-// which this process has sent nothing yet: connections whose server has not answered.
-std::vector<int> unanswered_connections(const std::string& ip, uint16_t port);
+// Shuts down (both ways) every connection accepted on `ip`:`port` (any local address where
+// `ip` is "0.0.0.0") on which this process has sent nothing: connections whose server has
+// not answered. Returns how many such sockets are still open, shut down before or now,
+// counting those whose client has closed too (what the client sent may still be unread).
+// Each fd is looked at through a duplicate, so a number reused meanwhile by another
+// thread's socket is never shut down on a stale look.
+size_t shut_down_unanswered(const std::string& ip, uint16_t port);
 
 // Makes the listening socket `fd` take no new connection: a socket filter that drops every
 // packet, so the kernel completes no handshake from here on (a client's SYN goes

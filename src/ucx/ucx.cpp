@@ -29,6 +29,7 @@
 #include "os/fork.h"
 #include "os/own_sockets.h"
 #include "os/tcp_probe.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::ucx {
 
@@ -463,9 +464,13 @@ Listener::~Listener() {
 //    assertion that aborts the process);
 // 2. every accepted connection not yet answered is shut down (its client is refused, as it
 //    would be now anyway), and UCX's thread drops each at its end of file, or hands its
-//    request over if it had arrived whole (refused here). Nothing is then left to arrive.
+//    request over if it had arrived whole (refused here). Until two looks a few
+//    milliseconds apart find none: an accept half done in the kernel at the first (the
+//    connection out of the queue, its fd not yet there) shows at the second.
+// Requests handed over and still in UCX's queue are refused by ucp_listener_destroy().
 void Listener::refuse_unanswered() noexcept {
   constexpr auto kRefuseFor = std::chrono::seconds(2);
+  constexpr auto kLookAgainAfter = std::chrono::milliseconds(2);
   try {
     const auto until = std::chrono::steady_clock::now() + kRefuseFor;
     const std::vector<int> listening = os::listening_sockets(ip_, port_);
@@ -478,15 +483,19 @@ void Listener::refuse_unanswered() noexcept {
       }
       if (queued) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    for (;;) {
-      bool open = false;
-      for (int fd : os::unanswered_connections(ip_, port_)) {
-        ::shutdown(fd, SHUT_RDWR);
-        open = true;
+    for (int empty_looks = 0;;) {
+      empty_looks = os::shut_down_unanswered(ip_, port_) == 0 ? empty_looks + 1 : 0;
+      if (empty_looks == 2) return;
+      if (std::chrono::steady_clock::now() >= until) {
+        log_message(LogLevel::Warning,
+                    "the listener on port " + std::to_string(port_) +
+                        " closes with a connection UCX has not let go of after " +
+                        std::to_string(kRefuseFor.count()) + " s");
+        return;
       }
-      if (!open || std::chrono::steady_clock::now() >= until) return;
-      worker_.wait(std::chrono::milliseconds(1));  // requests that arrived whole: on_conn
-      for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
+      if (empty_looks == 1) std::this_thread::sleep_for(kLookAgainAfter);
+      worker_.wait(std::chrono::milliseconds(1));
+      for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);  // arrived whole
       pending_.clear();
     }
   } catch (const std::exception&) {

@@ -173,7 +173,9 @@ class Listener {
  private:
   static void on_conn(ucp_conn_request_h req, void* arg);
   // Before the listener goes: refuses every connection accepted but not yet answered, so
-  // that none can reach the freed listener (see ucx.cpp).
+  // that none can reach the freed listener (see ucx.cpp). Its owner has stopped making
+  // endpoints from its requests by then: one made but whose answer has not left yet counts
+  // as unanswered and is shut down too.
   void refuse_unanswered() noexcept;
   Worker worker_;
   uint64_t generation_;

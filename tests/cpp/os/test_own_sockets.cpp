@@ -58,10 +58,6 @@ Connected connected() {
   return c;
 }
 
-bool has(const std::vector<int>& fds, int fd) {
-  return std::find(fds.begin(), fds.end(), fd) != fds.end();
-}
-
 TEST(OwnSockets, ListeningSocketsAreFoundByTheirAddressAndPort) {
   uint16_t port = 0;
   Fd mine = tcp_listener(port);
@@ -75,20 +71,63 @@ TEST(OwnSockets, ListeningSocketsAreFoundByTheirAddressAndPort) {
   EXPECT_EQ(listening_sockets("127.0.0.1", port), std::vector<int>{mine.get()});
   EXPECT_EQ(listening_sockets("127.0.0.2", port), std::vector<int>{other_address.get()});
   EXPECT_TRUE(listening_sockets("127.0.0.3", port).empty());
+  uint16_t any_port = 0;
+  Fd any = tcp_listener(any_port, "0.0.0.0");  // every address: found as bound
+  ASSERT_TRUE(any);
+  EXPECT_EQ(listening_sockets("0.0.0.0", any_port), std::vector<int>{any.get()});
+  EXPECT_TRUE(listening_sockets("127.0.0.1", any_port).empty());
 }
 
-TEST(OwnSockets, AnAcceptedConnectionIsUnansweredUntilThisSideSendsAByte) {
+// Whether `fd` reads end of file within `ms`, after whatever was sent before it.
+bool reads_end_within(int fd, int ms) {
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms) != 1) return false;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+}
+
+TEST(OwnSockets, OnlyTheAcceptedConnectionsThatWereNotAnsweredAreShutDown) {
+  auto [port, listener, unanswered] = connected();
+  Fd answered = start_connect("127.0.0.1", port);
+  ASSERT_TRUE(connected_within(answered.get(), 5000));
+  Fd first(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  Fd second(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(first && second);
+  ASSERT_EQ(::write(unanswered.get(), "x", 1), 1);  // what a client sends does not count
+  // The accepted end of `answered` (the order of accept is the order of the connects).
+  ASSERT_EQ(::write(second.get(), "y", 1), 1);
+  EXPECT_EQ(shut_down_unanswered("127.0.0.2", port), 0u);  // another address: none
+  EXPECT_FALSE(reads_end_within(unanswered.get(), 100));
+  EXPECT_EQ(shut_down_unanswered("127.0.0.1", port), 1u);
+  EXPECT_TRUE(reads_end_within(unanswered.get(), 5000));
+  char got = 0;
+  ASSERT_EQ(::read(answered.get(), &got, 1), 1);
+  EXPECT_EQ(got, 'y');
+  EXPECT_FALSE(reads_end_within(answered.get(), 100));  // left alone
+  // Found as well by "every address", until its fd is closed.
+  EXPECT_EQ(shut_down_unanswered("0.0.0.0", port), 1u);
+  first.reset();
+  EXPECT_EQ(shut_down_unanswered("0.0.0.0", port), 0u);
+}
+
+TEST(OwnSockets, AConnectionWhoseClientLeftAfterItsRequestCountsUntilItsFdIsClosed) {
+  // Its client closed once refused: the socket has no peer any more, but what the client
+  // sent before is still there to read (UCX's thread would read a whole request from it).
   auto [port, listener, client] = connected();
   Fd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
   ASSERT_TRUE(accepted);
-  ASSERT_EQ(::write(client.get(), "x", 1), 1);  // what the client sends does not count
-  // Found by the listener's own address and by "every address"; never the client's side
-  // (its local port is another) nor the listening socket.
-  EXPECT_EQ(unanswered_connections("127.0.0.1", port), std::vector<int>{accepted.get()});
-  EXPECT_EQ(unanswered_connections("0.0.0.0", port), std::vector<int>{accepted.get()});
-  EXPECT_TRUE(unanswered_connections("127.0.0.2", port).empty());
-  ASSERT_EQ(::write(accepted.get(), "y", 1), 1);
-  EXPECT_FALSE(has(unanswered_connections("127.0.0.1", port), accepted.get()));
+  const char request[80] = {};
+  ASSERT_EQ(::write(client.get(), request, sizeof request), 80);
+  EXPECT_EQ(shut_down_unanswered("127.0.0.1", port), 1u);
+  EXPECT_TRUE(reads_end_within(client.get(), 5000));
+  client.reset();
+  EXPECT_TRUE(reads_end_within(accepted.get(), 5000));  // the request, then the end
+  EXPECT_EQ(shut_down_unanswered("127.0.0.1", port), 1u);
+  accepted.reset();
+  EXPECT_EQ(shut_down_unanswered("127.0.0.1", port), 0u);
 }
 
 TEST(OwnSockets, AListeningSocketThatDropsNewConnectionsCompletesNoMoreButKeepsItsQueue) {
