@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/tcp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -49,6 +50,11 @@ void for_each_fd(const std::function<void(int)>& fn) {
   ::closedir(dir);
 }
 
+bool is_socket(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 bool is_listening(int fd) {
   int listening = 0;
   socklen_t len = sizeof listening;
@@ -82,6 +88,9 @@ size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
   const bool any_ip = ip == "0.0.0.0" || ip == "::";
   size_t found = 0;
   for_each_fd([&](int fd) {
+    // Sockets only: closing a duplicate of a file's fd would drop the POSIX locks this
+    // process holds on that file.
+    if (!is_socket(fd)) return;
     const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (own < 0) return;
     // Not getpeername(): a connection whose client closed after its request has no peer any

@@ -21,6 +21,9 @@ namespace tensorwire::os {
 // that reading it uses). Nothing when /proc is not there.
 void for_each_fd(const std::function<void(int)>& fn);
 
+// Whether `fd` is a socket (of any kind).
+bool is_socket(int fd);
+
 // Whether `fd` is a listening socket.
 bool is_listening(int fd);
 

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,6 +153,34 @@ TEST(OwnSockets, AListeningSocketThatDropsNewConnectionsCompletesNoMoreButKeepsI
   socklen_t len = sizeof err;
   ::getsockopt(after.get(), SOL_SOCKET, SO_ERROR, &err, &len);
   EXPECT_EQ(err, ECONNREFUSED);
+}
+
+TEST(OwnSocketsForked, AFileLockOfThisProcessSurvivesTheScan) {
+  // A file's fd is never duplicated and closed by the scan: that would drop the POSIX
+  // record locks this process holds on the file (SQLite's, for one).
+  char path[] = "/tmp/tensorwire-own-sockets-XXXXXX";
+  Fd file(::mkstemp(path));
+  ASSERT_TRUE(file);
+  ::unlink(path);
+  EXPECT_FALSE(is_socket(file.get()));
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(file.get(), F_SETLK, &lock), 0);
+  auto [port, listener, client] = connected();
+  EXPECT_TRUE(is_socket(listener.get()));
+  EXPECT_EQ(shut_down_unanswered("127.0.0.1", port), 0u);  // nothing accepted yet
+  // Still held: a forked child cannot take it.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    struct flock probe {};
+    probe.l_type = F_WRLCK;
+    probe.l_whence = SEEK_SET;
+    ::_exit(::fcntl(file.get(), F_SETLK, &probe) == -1 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 TEST(OwnSockets, EveryOpenFdIsVisitedOnce) {
