@@ -126,6 +126,21 @@ std::chrono::milliseconds liveness_arg(nb::handle value) {
   return liveness_timeout_seconds(seconds_arg(value, "liveness_timeout"), "liveness_timeout");
 }
 
+std::string auth_key_arg(nb::handle value) {
+  std::string key;
+  if (nb::isinstance<nb::bytes>(value)) {
+    nb::bytes b = nb::borrow<nb::bytes>(value);
+    key.assign(b.c_str(), b.size());
+  } else if (nb::isinstance<nb::str>(value)) {
+    key = nb::cast<std::string>(value);
+  } else if (!value.is_none()) {
+    throw TypeError("auth_key must be str, bytes or None, got " + py_type(value));
+  }
+  if (!value.is_none() && key.empty())
+    throw ValueError("auth_key must not be empty (pass None for no authentication)");
+  return key;
+}
+
 std::optional<uint64_t> count_arg(nb::handle value, const char* name) {
   if (value.is_none()) return std::nullopt;
   if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))

@@ -85,6 +85,10 @@ std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_
 Timeout timeout_arg(nb::handle value, const char* name = "timeout");
 // A liveness timeout in seconds (None: the default; 0: off), as runtime/liveness.h reads it.
 std::chrono::milliseconds liveness_arg(nb::handle value);
+// A shared key as str (its UTF-8 bytes) or bytes, as people keep secrets; "" for None (no
+// authentication). TypeError for another type, ValueError for an empty key (it would
+// silently mean no authentication).
+std::string auth_key_arg(nb::handle value);
 // None, or an int >= 0 (a seed, a count): TypeError or ValueError naming `name` otherwise.
 std::optional<uint64_t> count_arg(nb::handle value, const char* name);
 // A dataflow (an iterable; tensorpack's DataFlow): TypeError naming `ds` otherwise.

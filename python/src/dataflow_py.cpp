@@ -331,16 +331,16 @@ void bind_dataflow(nb::module_& m) {
   nb::class_<PyRemote>(m, "_RemoteData")
       .def(
           "__init__",
-          [](PyRemote* self, nb::handle addr1, nb::handle addr2, nb::handle hwm, bool bind,
-             bool allow_pickle, nb::object on_rejected, nb::handle liveness_timeout,
+          [](PyRemote* self, nb::handle addr1, nb::handle addr2, nb::handle hwm, nb::handle bind,
+             nb::handle allow_pickle, nb::object on_rejected, nb::handle liveness_timeout,
              nb::object on_silent, nb::handle max_message_bytes) {
             df::RemoteOptions o;
             if (!max_message_bytes.is_none())  // a negative one is 0, refused as such
               o.limits.max_message_bytes =
                   int_arg_as<uint64_t>(max_message_bytes, "max_message_bytes");
             o.hwm = int_arg_as<int>(hwm, "hwm");
-            o.bind = bind;
-            o.allow_pickle = allow_pickle;
+            o.bind = bool_arg(bind, "bind");
+            o.allow_pickle = bool_arg(allow_pickle, "allow_pickle");
             o.liveness_timeout = liveness_arg(liveness_timeout);
             auto what = [](const auto& e) { return std::string(e.what()); };
             o.on_rejected = py_callback<ProtocolError>(std::move(on_rejected), what);
@@ -348,10 +348,10 @@ void bind_dataflow(nb::module_& m) {
             new (self)
                 PyRemote{std::make_unique<df::RemoteDataZMQ>(*str_arg(addr1, "addr1", false),
                                                              *str_arg(addr2, "addr2", false), o),
-                         allow_pickle};
+                         o.allow_pickle};
           },
-          nb::arg("addr1").none(), nb::arg("addr2").none(), nb::arg("hwm").none(), nb::arg("bind"),
-          nb::arg("allow_pickle"), nb::arg("on_rejected").none(),
+          nb::arg("addr1").none(), nb::arg("addr2").none(), nb::arg("hwm").none(),
+          nb::arg("bind").none(), nb::arg("allow_pickle").none(), nb::arg("on_rejected").none(),
           nb::arg("liveness_timeout").none(), nb::arg("on_silent").none(),
           nb::arg("max_message_bytes").none())
       .def("reset_state", [](PyRemote& r) { r.remote->reset_state(); })
@@ -382,13 +382,13 @@ void bind_dataflow(nb::module_& m) {
 
   m.def(
       "_send_dataflow_zmq",
-      [](nb::object ds, nb::handle addr, nb::handle hwm, bool bind, nb::handle max_datapoints,
+      [](nb::object ds, nb::handle addr, nb::handle hwm, nb::handle bind, nb::handle max_datapoints,
          nb::object progress) {
         PyDataFlow flow(std::move(ds));
         const std::string address = *str_arg(addr, "addr", false);
         df::SendOptions o;
         o.hwm = int_arg_as<int>(hwm, "hwm");
-        o.bind = bind;
+        o.bind = bool_arg(bind, "bind");
         if (!max_datapoints.is_none())  // a negative one is 0, refused as such
           o.max_datapoints = int_arg_as<uint64_t>(max_datapoints, "max_datapoints");
         if (!progress.is_none())
@@ -400,7 +400,7 @@ void bind_dataflow(nb::module_& m) {
         NoGil nogil;
         return df::send_dataflow_zmq(flow, address, o);
       },
-      nb::arg("ds").none(), nb::arg("addr").none(), nb::arg("hwm").none(), nb::arg("bind"),
+      nb::arg("ds").none(), nb::arg("addr").none(), nb::arg("hwm").none(), nb::arg("bind").none(),
       nb::arg("max_datapoints").none(), nb::arg("progress").none());
 }
 

@@ -252,12 +252,11 @@ void bind_inference(nb::module_& m) {
       .def_static(
           "create",
           [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
-             nb::handle host, nb::handle port, std::optional<std::string> auth_key,
-             nb::handle liveness_timeout) {
+             nb::handle host, nb::handle port, nb::handle auth_key, nb::handle liveness_timeout) {
             inf::RemoteOptions o{.num_slots = int_arg(num_slots, "num_slots"),
                                  .host = *str_arg(host, "host", false),
                                  .port = int_arg(port, "port"),
-                                 .auth_key = auth_key.value_or("")};
+                                 .auth_key = auth_key_arg(auth_key)};
             o.liveness_timeout = liveness_arg(liveness_timeout);
             TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
             TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
@@ -273,11 +272,11 @@ void bind_inference(nb::module_& m) {
   m.def(
       "_remote_client",
       // "host:port", or a host and a port of their own (the address parser checks both).
-      [](nb::handle address, nb::handle port, std::optional<std::string> auth_key,
-         nb::handle liveness_timeout, nb::handle timeout, bool connect_now) {
+      [](nb::handle address, nb::handle port, nb::handle auth_key, nb::handle liveness_timeout,
+         nb::handle timeout, bool connect_now) {
         std::string where = *str_arg(address, "address", false);
         if (!port.is_none()) where += ":" + std::to_string(int_arg(port, "port"));
-        inf::RemoteClientOptions o{.auth_key = auth_key.value_or("")};
+        inf::RemoteClientOptions o{.auth_key = auth_key_arg(auth_key)};
         o.liveness_timeout = liveness_arg(liveness_timeout);
         o.connect_timeout = timeout_arg(timeout);
         PyClient c{Remote::client_for(where, o)};

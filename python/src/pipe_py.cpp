@@ -30,21 +30,11 @@ uint16_t port_of(nb::handle value) {
   return static_cast<uint16_t>(port);
 }
 
-PipeOptions make_options(bool consolidated, nb::handle auth_key, nb::handle connect_timeout,
+PipeOptions make_options(nb::handle consolidated, nb::handle auth_key, nb::handle connect_timeout,
                          nb::handle max_message_bytes, nb::handle liveness_timeout) {
   PipeOptions o;
-  o.consolidated = consolidated;
-  // A key as str (its UTF-8 bytes) or bytes, as people keep secrets.
-  if (nb::isinstance<nb::bytes>(auth_key)) {
-    nb::bytes b = nb::borrow<nb::bytes>(auth_key);
-    o.auth_key.assign(b.c_str(), b.size());
-  } else if (nb::isinstance<nb::str>(auth_key)) {
-    o.auth_key = nb::cast<std::string>(auth_key);
-  } else if (!auth_key.is_none()) {
-    throw TypeError("auth_key must be str, bytes or None, got " + py_type(auth_key));
-  }
-  if (!auth_key.is_none() && o.auth_key.empty())
-    throw ValueError("auth_key must not be empty (pass None for no authentication)");
+  o.consolidated = bool_arg(consolidated, "consolidated");
+  o.auth_key = auth_key_arg(auth_key);
   o.connect_timeout = timeout_arg(connect_timeout);
   // A negative one is 0, refused as such (checked_options).
   o.limits.max_message_bytes =
@@ -204,12 +194,12 @@ void bind_acceptor(nb::module_& m, const char* name) {
   nb::class_<T>(m, name)
       .def(
           "__init__",
-          [](T* self, nb::handle port, bool consolidated, nb::handle auth_key, nb::handle timeout,
-             nb::handle max_message_bytes, nb::handle liveness_timeout) {
+          [](T* self, nb::handle port, nb::handle consolidated, nb::handle auth_key,
+             nb::handle timeout, nb::handle max_message_bytes, nb::handle liveness_timeout) {
             new (self) T(port_of(port), make_options(consolidated, auth_key, timeout,
                                                      max_message_bytes, liveness_timeout));
           },
-          nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
+          nb::arg("port"), nb::arg("consolidated").none(), nb::arg("auth_key").none(),
           nb::arg("timeout").none(), nb::arg("max_message_bytes"),
           nb::arg("liveness_timeout").none() = nb::none())
       .def("accept", accept, nb::arg("timeout").none() = nb::none(),
@@ -300,7 +290,7 @@ void bind_pipe(nb::module_& m) {
 
   m.def(
       "_connect",
-      [](const std::string& host, nb::handle port, bool consolidated, nb::handle auth_key,
+      [](const std::string& host, nb::handle port, nb::handle consolidated, nb::handle auth_key,
          nb::handle timeout, nb::handle max_message_bytes, nb::handle liveness_timeout) {
         PipeOptions o =
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
@@ -308,7 +298,7 @@ void bind_pipe(nb::module_& m) {
         NoGil nogil;
         return PyPipe{{}, TensorDictPipe::connect(host, p, o), {}};
       },
-      nb::arg("host"), nb::arg("port"), nb::arg("consolidated"), nb::arg("auth_key").none(),
+      nb::arg("host"), nb::arg("port"), nb::arg("consolidated").none(), nb::arg("auth_key").none(),
       nb::arg("timeout").none(), nb::arg("max_message_bytes"),
       nb::arg("liveness_timeout").none() = nb::none());
 
