@@ -80,7 +80,7 @@ def _loopback_client(address: str, auth_key, liveness_timeout, made_on: tuple):
     return c
 
 
-def connect(host: str, port: int, *, auth_key: str | None = None,
+def connect(host: str, port: int, *, auth_key: str | bytes | None = None,
             liveness_timeout: float | None = None, timeout: float | None = 10.0) -> InferenceClient:
     """A client of the :class:`RemoteTransport` listening at ``host:port``, connected now.
 
@@ -319,7 +319,8 @@ class RemoteTransport(_FixedLayout):
         num_slots: requests in flight across all remote clients.
         port, host: where to listen (``port=0``: any free port, see ``port``).
         auth_key: a shared key both sides prove (HMAC challenge-response; the key never
-            crosses the wire); a client with a wrong or no key is refused on both sides.
+            crosses the wire), str or bytes as for a pipe (an empty one is refused); a
+            client with a wrong or no key is refused on both sides.
             **Without a key anyone who reaches the port can submit requests and read
             responses: use it on trusted networks only.**
         liveness_timeout: seconds after which a silent client (its host or link gone) is
@@ -335,7 +336,7 @@ class RemoteTransport(_FixedLayout):
     """
 
     def __init__(self, request_spec, response_spec, *, num_slots: int, port: int = 0,
-                 host: str = "0.0.0.0", auth_key: str | None = None,
+                 host: str = "0.0.0.0", auth_key: str | bytes | None = None,
                  liveness_timeout: float | None = None):
         self._tensordict_specs = _is_tensordict(request_spec)
         self._auth_key, self._liveness = auth_key, liveness_timeout
@@ -363,7 +364,7 @@ class RemoteTransport(_FixedLayout):
         return [self.client() for _ in super().clients(num_clients)]
 
     @staticmethod
-    def client_for(address: str, *, auth_key: str | None = None,
+    def client_for(address: str, *, auth_key: str | bytes | None = None,
                    liveness_timeout: float | None = None,
                    timeout: float | None = 10.0) -> InferenceClient:
         """A client of the transport at ``"host:port"``, connecting on first use (the

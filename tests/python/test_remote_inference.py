@@ -150,6 +150,22 @@ def test_a_wrong_key_is_refused_on_both_sides():
         assert good({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
 
 
+def test_a_bytes_key_is_proved_as_a_pipe_proves_one_and_must_match_byte_for_byte():
+    # As for a pipe: a key as bytes (any byte, NUL included), or as str (its UTF-8 bytes).
+    t = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1", auth_key=b"k\x00\xffey")
+    with inf.InferenceServer(double, t):
+        good = inf.connect("127.0.0.1", t.port, auth_key=b"k\x00\xffey")
+        assert good({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+        with pytest.raises(RuntimeError, match="(?i)authentication"):
+            inf.connect("127.0.0.1", t.port, auth_key="k")  # a prefix of it is not it
+        good.close()
+    t2 = inf.RemoteTransport(*SPECS, num_slots=4, host="127.0.0.1", auth_key="clé")
+    with inf.InferenceServer(double, t2):
+        same = inf.connect("127.0.0.1", t2.port, auth_key="clé".encode())
+        assert same({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+        same.close()
+
+
 # The transport's connection thread logs a refusal through Python's logging (it takes the
 # GIL); the main thread holds the GIL (a switch interval of 60 s) until the refusal is
 # counted, then deletes the transport, whose destructor joins that thread. It hung for
