@@ -30,6 +30,7 @@
 #include "os/own_sockets.h"
 #include "os/tcp_probe.h"
 #include "tensorwire/runtime/log.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::ucx {
 
@@ -447,8 +448,13 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
 Listener::~Listener() {
   if (inherited(generation_) || !listener_) return;
   refuse_unanswered();
-  for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
+  reject_pending();
   ucp_listener_destroy(listener_);
+}
+
+void Listener::reject_pending() noexcept {
+  for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
+  pending_.clear();
 }
 
 // UCX (1.13 to at least 1.19: openucx/ucx#11087) keeps each connection its TCP listener
@@ -472,10 +478,10 @@ void Listener::refuse_unanswered() noexcept {
   constexpr auto kRefuseFor = std::chrono::seconds(2);
   constexpr auto kLookAgainAfter = std::chrono::milliseconds(2);
   try {
-    const auto until = std::chrono::steady_clock::now() + kRefuseFor;
+    const Deadline until = Deadline::after(kRefuseFor);
     const std::vector<int> listening = os::listening_sockets(ip_, port_);
     for (int fd : listening) os::drop_new_connections(fd);
-    for (bool queued = true; queued && std::chrono::steady_clock::now() < until;) {
+    for (bool queued = true; queued && !until.passed();) {
       queued = false;
       for (int fd : listening) {
         pollfd p{fd, POLLIN, 0};
@@ -486,7 +492,7 @@ void Listener::refuse_unanswered() noexcept {
     for (int empty_looks = 0;;) {
       empty_looks = os::shut_down_unanswered(ip_, port_) == 0 ? empty_looks + 1 : 0;
       if (empty_looks == 2) return;
-      if (std::chrono::steady_clock::now() >= until) {
+      if (until.passed()) {
         log_message(LogLevel::Warning,
                     "the listener on port " + std::to_string(port_) +
                         " closes with a connection UCX has not let go of after " +
@@ -495,8 +501,7 @@ void Listener::refuse_unanswered() noexcept {
       }
       if (empty_looks == 1) std::this_thread::sleep_for(kLookAgainAfter);
       worker_.wait(std::chrono::milliseconds(1));
-      for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);  // arrived whole
-      pending_.clear();
+      reject_pending();  // requests that arrived whole meanwhile
     }
   } catch (const std::exception&) {
     // Out of memory or a worker error while closing: the listener goes as it did before.

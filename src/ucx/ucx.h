@@ -177,6 +177,8 @@ class Listener {
   // endpoints from its requests by then: one made but whose answer has not left yet counts
   // as unanswered and is shut down too.
   void refuse_unanswered() noexcept;
+  // Refuses the requests on_conn queued that nobody took with poll().
+  void reject_pending() noexcept;
   Worker worker_;
   uint64_t generation_;
   ucp_listener_h listener_ = nullptr;
