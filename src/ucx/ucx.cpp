@@ -31,6 +31,7 @@
 #include "os/tcp_probe.h"
 #include "tensorwire/runtime/log.h"
 #include "tensorwire/runtime/timeout.h"
+#include "ucx/sockcm_guard.h"
 
 namespace tensorwire::ucx {
 
@@ -443,6 +444,17 @@ Listener::Listener(uint16_t port, const std::string& host) : generation_(os::for
   ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
   ip_ = ip;
   mark_ = os::ListenerMark::tcp(ip_, port_);
+  // Before anyone learns the port (a fixed one is open to a stray connection for the few
+  // microseconds since ucp_listener_create): bytes UCX would abort on never reach it.
+  const std::vector<int> sockets = os::listening_sockets(ip_, port_);
+  const bool guarded = !sockets.empty() && std::all_of(sockets.begin(), sockets.end(), [](int fd) {
+    return guard_sockcm_socket(fd);
+  });
+  if (!guarded)
+    log_message(LogLevel::Warning,
+                "could not guard the UCX listener on " + ip_ + ":" + std::to_string(port_) +
+                    " against malformed connections: a peer that sends bytes which are not a "
+                    "UCX connection request may abort this process (docs/reliability.md)");
 }
 
 Listener::~Listener() {

@@ -100,6 +100,25 @@ def test_requests_follow_the_specs_rules(served):
         inf.RemoteTransport.client_for("nohost")
 
 
+def test_bytes_that_are_not_a_connection_request_leave_the_server_serving(served):
+    # A port scanner, a stray web client, zeros: UCX 1.13 aborted the listening process on
+    # these; tensorwire's socket filter drops them before UCX reads them (docs/reliability.md).
+    import socket
+    rng = np.random.default_rng(20261206)
+    junk = [bytes(24), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", rng.bytes(4096), b"\x08" + bytes(39)]
+    peers = []
+    for data in junk:
+        s = socket.create_connection(("127.0.0.1", served.port))
+        s.sendall(data)
+        peers.append(s)
+    time.sleep(0.3)  # what UCX would have read by now
+    c = served.client()
+    assert c({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+    for s in peers:
+        s.close()
+    assert c({"observation": np.ones(4, np.float32)})["action"].tolist() == [2] * 4
+
+
 def test_connecting_where_nothing_listens_is_a_refusal_naming_the_address():
     t = inf.RemoteTransport(*SPECS, num_slots=2, host="127.0.0.1")
     port = t.port
