@@ -84,7 +84,12 @@ std::vector<int> listening_sockets(const std::string& ip, uint16_t port) {
   return found;
 }
 
-size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
+namespace {
+
+// Shuts down (both ways) each connection accepted on `ip`:`port` that `pick` chooses by a
+// duplicate of its fd; returns how many it chose.
+template <class Pick>
+size_t shut_down_accepted(const std::string& ip, uint16_t port, Pick pick) {
   const bool any_ip = ip == "0.0.0.0" || ip == "::";
   size_t found = 0;
   for_each_fd([&](int fd) {
@@ -95,13 +100,34 @@ size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
     if (own < 0) return;
     // Not getpeername(): a connection whose client closed after its request has no peer any
     // more, and the request may still be unread.
-    if (!is_listening(own) && bound_to(own, ip, port, any_ip) && !sent_anything(own)) {
+    if (!is_listening(own) && bound_to(own, ip, port, any_ip) && pick(own)) {
       ::shutdown(own, SHUT_RDWR);  // ENOTCONN once both ends closed: nothing more to do
       ++found;
     }
     ::close(own);
   });
   return found;
+}
+
+}  // namespace
+
+size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
+  return shut_down_accepted(ip, port, [](int fd) { return !sent_anything(fd); });
+}
+
+size_t shut_down_silent(const std::string& ip, uint16_t port,
+                        std::chrono::milliseconds silent_for) {
+  return shut_down_accepted(ip, port, [&](int fd) {
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+        len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+      return false;  // cannot tell: left alone
+    // Bytes taken in order: one dropped by a socket filter is not counted. A connection
+    // that never received data reports the time since it was made.
+    return info.tcpi_bytes_received == 0 && !sent_anything(fd) &&
+           info.tcpi_last_data_recv >= static_cast<uint32_t>(silent_for.count());
+  });
 }
 
 bool drop_new_connections(int fd) noexcept {

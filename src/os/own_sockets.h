@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -40,6 +41,11 @@ std::vector<int> listening_sockets(const std::string& ip, uint16_t port);
 // Each fd is looked at through a duplicate, so a number reused meanwhile by another
 // thread's socket is never shut down on a stale look.
 size_t shut_down_unanswered(const std::string& ip, uint16_t port);
+
+// Shuts down (both ways) every connection accepted on `ip`:`port` on which nothing was
+// received or sent for `silent_for` since it was made: a peer that connected and never sent
+// a byte its server accepted (ucx/sockcm_guard.h drops junk unread). Returns how many.
+size_t shut_down_silent(const std::string& ip, uint16_t port, std::chrono::milliseconds silent_for);
 
 // Makes the listening socket `fd` take no new connection: a socket filter that drops every
 // packet, so the kernel completes no handshake from here on (a client's SYN goes

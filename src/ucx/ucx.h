@@ -160,12 +160,16 @@ struct ConnRequest {
 class Listener {
  public:
   // Binds host:port (an IPv4 address or name; 0.0.0.0 = every interface; port 0 = any
-  // free port) on its own worker.
-  explicit Listener(uint16_t port, const std::string& host = "0.0.0.0");
+  // free port) on its own worker. A connection that sent nothing UCX could read for
+  // `silent_for` (junk the guard dropped, ucx/sockcm_guard.h; a peer that never spoke) is
+  // shut down by a later poll(), so such peers cannot pile up this process's fds.
+  explicit Listener(uint16_t port, const std::string& host = "0.0.0.0",
+                    std::chrono::milliseconds silent_for = std::chrono::seconds(10));
   ~Listener();
   uint16_t port() const noexcept { return port_; }
   Worker& worker() noexcept { return worker_; }
   // Pops a pending connection request, progressing the worker; std::nullopt when none.
+  // Now and then (every few seconds at most), shuts silent connections down first.
   std::optional<ConnRequest> poll();
   // Whether a connection request is already queued (poll() would return it at once).
   bool has_pending() const noexcept { return !pending_.empty(); }
@@ -183,7 +187,9 @@ class Listener {
   uint64_t generation_;
   ucp_listener_h listener_ = nullptr;
   uint16_t port_ = 0;
-  std::string ip_;         // the address bound, numeric ("0.0.0.0": every one)
+  std::string ip_;  // the address bound, numeric ("0.0.0.0": every one)
+  std::chrono::milliseconds silent_for_;
+  Clock::time_point next_sweep_;
   os::ListenerMark mark_;  // released by runner workers forked meanwhile (os/listeners.h)
   std::deque<ConnRequest> pending_;
 };

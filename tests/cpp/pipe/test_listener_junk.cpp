@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "os/unix_socket.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/tensorwire.h"
+#include "ucx/ucx.h"
 
 using namespace tensorwire;
 using namespace std::chrono_literals;
@@ -138,6 +140,45 @@ TEST(ListenerJunk, AJunkPeerThatLeavesLeavesNothingBehind) {
     TensorDictPipe client = TensorDictPipe::connect("127.0.0.1", listener.port());
     t.join();
     ASSERT_TRUE(accepted);
+  }
+  for (int i = 0; i < 200 && open_fds() != fds_before; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(open_fds(), fds_before);
+}
+
+TEST(ListenerJunk, ConnectionsThatSendNothingUcxCanReadAreShutDownWhileItListens) {
+  // The junk is dropped unread, and a peer may send nothing at all: left alone, each such
+  // connection would hold a socket of the listening process until the listener closes.
+  const size_t fds_before = open_fds();
+  {
+    ucx::Listener listener(0, "127.0.0.1", 300ms);
+    const size_t fds_listening = open_fds();
+    std::vector<os::Fd> peers;
+    for (const std::string& bytes : junk()) {
+      peers.push_back(connect_to(listener.port()));
+      (void)::send(peers.back().get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    }
+    peers.push_back(connect_to(listener.port()));  // says nothing
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    size_t ended = 0;
+    std::vector<bool> done(peers.size(), false);
+    while (ended < peers.size() && std::chrono::steady_clock::now() < until) {
+      EXPECT_FALSE(listener.poll());  // none of them is a connection request
+      listener.worker().wait(10ms);
+      for (size_t i = 0; i < peers.size(); ++i) {
+        pollfd p{peers[i].get(), POLLIN, 0};
+        char buf[64];
+        if (!done[i] && ::poll(&p, 1, 0) == 1 && ::recv(peers[i].get(), buf, sizeof buf, 0) <= 0) {
+          done[i] = true;
+          ++ended;
+        }
+      }
+    }
+    EXPECT_EQ(ended, peers.size()) << "connections still open after 5 s";
+    // The listener's side is gone too, while it listens: UCX closed each socket once it
+    // was shut down.
+    peers.clear();
+    for (int i = 0; i < 200 && open_fds() != fds_listening; ++i) listener.worker().wait(10ms);
+    EXPECT_EQ(open_fds(), fds_listening);
   }
   for (int i = 0; i < 200 && open_fds() != fds_before; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(open_fds(), fds_before);
