@@ -11,6 +11,9 @@ void bind_errors(nanobind::module_& m);
 // builtins, "module.QualName" otherwise), message, traceback and, `with_payload`, the
 // pickled exception (only for a runner's own forked workers).
 Failure describe_python_exception(nanobind::handle exc, bool with_payload);
+// What a runner's worker failed with, for its parent (takes the GIL): a Python exception
+// with its payload, a C++ one as describe_exception does.
+Failure describe_worker_failure(std::exception_ptr error);
 void bind_tensordict(nanobind::module_& m);
 void bind_pipe(nanobind::module_& m);
 void bind_dataflow(nanobind::module_& m);

@@ -119,17 +119,6 @@ df::ForkHooks python_fork_hooks(nb::object seed_worker) {
   return h;
 }
 
-Failure describe_python_failure(std::exception_ptr ep) {
-  nb::gil_scoped_acquire gil;
-  try {
-    std::rethrow_exception(ep);
-  } catch (nb::python_error& e) {
-    return describe_python_exception(e.value(), true);
-  } catch (...) {
-    return describe_exception(std::current_exception());
-  }
-}
-
 // Seconds that are not None (`none_ok`: the caller takes None itself, and says so when refusing).
 std::chrono::milliseconds millis(nb::handle s, const char* what, bool none_ok) {
   const Timeout t = Timeout::seconds(seconds_arg(s, what, none_ok), what);
@@ -147,7 +136,7 @@ Options runner_options(nb::handle num_proc, nb::handle seed, nb::object seed_wor
   o.num_proc = int_arg_as<int>(num_proc, "num_proc");
   o.seed = count_arg(seed, "seed");
   o.fork_hooks = python_fork_hooks(std::move(seed_worker));
-  o.describe_failure = describe_python_failure;
+  o.describe_failure = describe_worker_failure;
   auto& [on_death, max_restarts, window, datapoint_timeout, on_restart] = policy;
   o.policy.on_death = df::parse_on_worker_death(*str_arg(on_death, "on_worker_death", false));
   o.policy.max_restarts = int_arg_as<int>(max_restarts, "max_restarts");

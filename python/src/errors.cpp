@@ -200,6 +200,17 @@ Failure describe_python_exception(nb::handle exc, bool with_payload) {
   return f;
 }
 
+Failure describe_worker_failure(std::exception_ptr ep) {
+  nb::gil_scoped_acquire gil;
+  try {
+    std::rethrow_exception(ep);
+  } catch (nb::python_error& e) {
+    return describe_python_exception(e.value(), true);
+  } catch (...) {
+    return describe_exception(std::current_exception());
+  }
+}
+
 void bind_errors(nb::module_& m) {
   NoGil::main_thread();  // the importing thread, where Python runs signal handlers
   set_interrupt_check(python_interrupt_check);
