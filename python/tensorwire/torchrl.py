@@ -201,11 +201,10 @@ class _SlotBankTransport(InferenceTransport):
         self._client_ids = itertools.count()  # next() is atomic under the GIL
         # What a response leaf is cast to when the policy made another dtype: torchrl's
         # transports copy each response into place with update_, which casts and broadcasts.
-        spec = self._impl.response_spec  # numpy leaves, torch ones where numpy has no dtype
+        spec = self._impl.response_spec
         self._response_layout = {
-            k: (v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(v.reshape(-1)[:0]).dtype,
-                tuple(v.shape))
-            for k, v in ((k, spec[k]) for k in spec.keys(True, True))}
+            k: (v.dtype, tuple(v.shape))
+            for k, v in ((k, spec.get_torch(k)) for k in spec.keys(True, True))}
 
     def client(self):
         """A client taking and returning tensordict.TensorDict; picklable. Its
