@@ -88,6 +88,7 @@ def _running_here(loop) -> bool:
 
 
 _DETACH_WAIT_S = 5.0  # how long close() from another thread waits for the loop to detach
+_LOOK_S = 5.0  # the longest aaccept() sleeps without a look at the listener (accept(0))
 
 
 class _FdWaiter:
@@ -503,9 +504,13 @@ class _Acceptor:
                 if left is not None and left <= 0:
                     raise TimeoutError(f"{what} timed out after {timeout} s")
                 try:
-                    await asyncio.wait_for(self._waiter.wait(), left)
+                    # At most _LOOK_S: accept_now() also shuts down connections that never
+                    # sent the listener a byte it could read (docs/reliability.md), which
+                    # wake nothing.
+                    await asyncio.wait_for(self._waiter.wait(),
+                                           _LOOK_S if left is None else min(left, _LOOK_S))
                 except asyncio.TimeoutError:
-                    continue  # the deadline: said above unless a client came meanwhile
+                    pass  # the deadline (said above unless a client came) or a look
             else:  # something to do: after the loop's other ready tasks had their turn
                 await asyncio.sleep(0)
             pipe = accept_now()

@@ -84,14 +84,8 @@ std::vector<int> listening_sockets(const std::string& ip, uint16_t port) {
   return found;
 }
 
-namespace {
-
-// Shuts down (both ways) each connection accepted on `ip`:`port` that `pick` chooses by a
-// duplicate of its fd; returns how many it chose.
-template <class Pick>
-size_t shut_down_accepted(const std::string& ip, uint16_t port, Pick pick) {
+void for_each_accepted(const std::string& ip, uint16_t port, const std::function<void(int)>& fn) {
   const bool any_ip = ip == "0.0.0.0" || ip == "::";
-  size_t found = 0;
   for_each_fd([&](int fd) {
     // Sockets only: closing a duplicate of a file's fd would drop the POSIX locks this
     // process holds on that file.
@@ -100,11 +94,22 @@ size_t shut_down_accepted(const std::string& ip, uint16_t port, Pick pick) {
     if (own < 0) return;
     // Not getpeername(): a connection whose client closed after its request has no peer any
     // more, and the request may still be unread.
-    if (!is_listening(own) && bound_to(own, ip, port, any_ip) && pick(own)) {
-      ::shutdown(own, SHUT_RDWR);  // ENOTCONN once both ends closed: nothing more to do
-      ++found;
-    }
+    if (!is_listening(own) && bound_to(own, ip, port, any_ip)) fn(own);
     ::close(own);
+  });
+}
+
+namespace {
+
+// Shuts down (both ways) each connection accepted on `ip`:`port` that `pick` chooses;
+// returns how many it chose.
+template <class Pick>
+size_t shut_down_accepted(const std::string& ip, uint16_t port, Pick pick) {
+  size_t found = 0;
+  for_each_accepted(ip, port, [&](int fd) {
+    if (!pick(fd)) return;
+    ::shutdown(fd, SHUT_RDWR);  // ENOTCONN once both ends closed: nothing more to do
+    ++found;
   });
   return found;
 }

@@ -34,12 +34,16 @@ std::pair<std::string, uint16_t> ip_port_of(const sockaddr_storage& s);
 // The listening TCP sockets bound to `ip`:`port` ("0.0.0.0" as bound for every address).
 std::vector<int> listening_sockets(const std::string& ip, uint16_t port);
 
+// Calls `fn(fd)` for each connection accepted on `ip`:`port` (any local address where
+// `ip` is "0.0.0.0"), `fd` a duplicate of the connection's fd, closed when `fn` returns: a
+// number reused meanwhile by another thread's socket is never acted on by a stale look.
+void for_each_accepted(const std::string& ip, uint16_t port, const std::function<void(int)>& fn);
+
 // Shuts down (both ways) every connection accepted on `ip`:`port` (any local address where
 // `ip` is "0.0.0.0") on which this process has sent nothing: connections whose server has
 // not answered. Returns how many such sockets are still open, shut down before or now,
 // counting those whose client has closed too (what the client sent may still be unread).
-// Each fd is looked at through a duplicate, so a number reused meanwhile by another
-// thread's socket is never shut down on a stale look.
+// Looked at as for_each_accepted does.
 size_t shut_down_unanswered(const std::string& ip, uint16_t port);
 
 // Shuts down (both ways) every connection accepted on `ip`:`port` on which nothing was

@@ -447,12 +447,20 @@ Listener::Listener(uint16_t port, const std::string& host, std::chrono::millisec
   ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
   ip_ = ip;
   mark_ = os::ListenerMark::tcp(ip_, port_);
-  // Before anyone learns the port (a fixed one is open to a stray connection for the few
-  // microseconds since ucp_listener_create): bytes UCX would abort on never reach it.
+  guard();
+}
+
+// Before anyone learns the port: bytes UCX would abort on never reach it. Connections a
+// fixed port completed already (since ucp_listener_create, a few microseconds) are
+// guarded too, from their next segment.
+void Listener::guard() {
+  if (!guard_enabled()) return;
+  const uint32_t max = sockcm_max_private_data();
   const std::vector<int> sockets = os::listening_sockets(ip_, port_);
-  const bool guarded = !sockets.empty() && std::all_of(sockets.begin(), sockets.end(), [](int fd) {
-    return guard_sockcm_socket(fd);
-  });
+  bool guarded = !sockets.empty();
+  for (int fd : sockets) guarded = guard_sockcm_socket(fd, max) && guarded;
+  os::for_each_accepted(ip_, port_,
+                        [&](int fd) { guarded = guard_sockcm_socket(fd, max) && guarded; });
   if (!guarded)
     log_message(LogLevel::Warning,
                 "could not guard the UCX listener on " + ip_ + ":" + std::to_string(port_) +

@@ -176,6 +176,8 @@ class Listener {
 
  private:
   static void on_conn(ucp_conn_request_h req, void* arg);
+  // Puts the socket filter of ucx/sockcm_guard.h on the listening socket.
+  void guard();
   // Before the listener goes: refuses every connection accepted but not yet answered, so
   // that none can reach the freed listener (see ucx.cpp). Its owner has stopped making
   // endpoints from its requests by then: one made but whose answer has not left yet counts

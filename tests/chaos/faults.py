@@ -328,7 +328,7 @@ class Killer:
         if port is None or self.sup.pid("pipe_server") is None:
             return None
         res = self._rogue(1, ["tcp", self.soak.hosts[0].addr, port])
-        f.detail = f"4 KiB of noise to port {port} from host1: {res}"
+        f.detail = f"junk to port {port} from host1: {res}"
         return f
 
     def rogue_unix(self, f):

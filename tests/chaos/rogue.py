@@ -1,7 +1,8 @@
 """A rogue peer: malformed bytes to the soak's endpoints, run on a simulated host.
 
     rogue.py zmq ENDPOINT COUNT   COUNT malformed messages to a RemoteDataZMQ (ZeroMQ PUSH)
-    rogue.py tcp HOST PORT        random bytes to a TCP listener (the pipe server's)
+    rogue.py tcp HOST PORT        junk to a TCP listener (the pipe server's): noise, bytes
+                                  that aborted UCX 1.13, or nothing
     rogue.py unix NAME            random bytes to an abstract Unix socket (the inference
                                   transport's), then hangs up
 
@@ -41,10 +42,16 @@ def zmq_messages(endpoint, count, rng):
 
 
 def tcp_bytes(host, port, rng):
+    """One of: noise; what made UCX 1.13 abort the listening process before tensorwire's
+    socket filter (docs/reliability.md): more bytes than a UCX header announces, zeros, a
+    stray HTTP request; or a connection that never says a word."""
+    header = (8).to_bytes(8, "little") + bytes(8)  # announces 8 bytes, then sends 24
+    data = rng.choice([garbage(rng, 4096), header + garbage(rng, 24), bytes(24),
+                       b"GET / HTTP/1.1\r\nHost: tensorwire\r\n\r\n", b""])
     with socket.create_connection((host, port), timeout=5) as s:
-        s.sendall(garbage(rng, 4096))
+        s.sendall(data)
         time.sleep(0.3)
-    return 4096
+    return len(data)
 
 
 def unix_bytes(name, rng):
