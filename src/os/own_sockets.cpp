@@ -87,8 +87,11 @@ std::vector<int> listening_sockets(const std::string& ip, uint16_t port) {
 void for_each_accepted(const std::string& ip, uint16_t port, const std::function<void(int)>& fn) {
   const bool any_ip = ip == "0.0.0.0" || ip == "::";
   for_each_fd([&](int fd) {
-    // Sockets only: closing a duplicate of a file's fd would drop the POSIX locks this
-    // process holds on that file.
+    // A first look without a duplicate: one system call for each fd of the process (ENOTSOCK
+    // for a file), since a listener looks every few seconds.
+    if (!bound_to(fd, ip, port, any_ip)) return;
+    // Sockets only: closing a duplicate of a file's fd (the number reused meanwhile) would
+    // drop the POSIX locks this process holds on that file.
     if (!is_socket(fd)) return;
     const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (own < 0) return;
