@@ -452,13 +452,14 @@ Listener::Listener(uint16_t port, const std::string& host, std::chrono::millisec
 
 // Before anyone learns the port: bytes UCX would abort on never reach it. Connections a
 // fixed port completed already (since ucp_listener_create, a few microseconds) are
-// guarded too, from their next segment.
+// guarded too, from their next segment. No TCP socket listens there when UCX uses another
+// connection manager (rdmacm): nothing to guard then.
 void Listener::guard() {
   if (!guard_enabled()) return;
   const uint32_t max = sockcm_max_private_data();
-  const std::vector<int> sockets = os::listening_sockets(ip_, port_);
-  bool guarded = !sockets.empty();
-  for (int fd : sockets) guarded = guard_sockcm_socket(fd, max) && guarded;
+  bool guarded = true;
+  for (int fd : os::listening_sockets(ip_, port_))
+    guarded = guard_sockcm_socket(fd, max) && guarded;
   os::for_each_accepted(ip_, port_,
                         [&](int fd) { guarded = guard_sockcm_socket(fd, max) && guarded; });
   if (!guarded)
