@@ -800,3 +800,31 @@ def test_serve_with_a_plain_function_says_the_handler_must_be_async():
         server.close()
 
     asyncio.run(run())
+
+
+def test_aaccept_looks_at_the_listener_while_no_client_comes(monkeypatch):
+    # A connection that never sends a byte the listener can read wakes nothing; the look
+    # that shuts it down (docs/reliability.md) runs in accept(0), which aaccept() calls at
+    # least every _LOOK_S while it sleeps.
+    import tensorwire.pipe as twpipe
+
+    class Counting:
+        def __init__(self, impl):
+            self.impl, self.looks = impl, 0
+
+        def accept(self, timeout, single):
+            self.looks += 1
+            return self.impl.accept(timeout, single)
+
+        def __getattr__(self, name):
+            return getattr(self.impl, name)
+
+    monkeypatch.setattr(twpipe, "_LOOK_S", 0.05)
+    listener = tw.PipeListener(0)
+    try:
+        listener._impl = counting = Counting(listener._impl)
+        with pytest.raises(TimeoutError, match="timed out after 0.6 s"):
+            asyncio.run(listener.aaccept(timeout=0.6))
+        assert counting.looks >= 5
+    finally:
+        listener.close()
