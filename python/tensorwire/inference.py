@@ -322,7 +322,9 @@ class RemoteTransport(_FixedLayout):
             crosses the wire), str or bytes as for a pipe (an empty one is refused); a
             client with a wrong or no key is refused on both sides.
             **Without a key anyone who reaches the port can submit requests and read
-            responses: use it on trusted networks only.**
+            responses: use it on trusted networks only.** With one, bytes crafted in
+            UCX's own connection format still abort the server before the key is
+            checked (docs/reliability.md): keep the port off untrusted networks.
         liveness_timeout: seconds after which a silent client (its host or link gone) is
             dropped, its requests discarded and its slots freed (default 10, or
             TENSORWIRE_LIVENESS_TIMEOUT; 0: off).

@@ -5,7 +5,10 @@ coroutines are driven by UCX's wake-up file descriptor, registered with the runn
 asyncio loop (no polling thread, no busy loop); a peer on the same host is also watched
 through a pidfd registered the same way, so its death ends a wait at once.
 
-Without ``auth_key`` a pipe authenticates nothing: use it on trusted networks only.
+Without ``auth_key`` a pipe authenticates nothing: use it on trusted networks only. With
+one, a listening port is still not for untrusted networks: UCX reads a connection's first
+bytes before the key is checked, and bytes crafted in UCX's own format abort the process
+(junk such as a port scanner's never reaches UCX; docs/reliability.md).
 """
 from __future__ import annotations
 
