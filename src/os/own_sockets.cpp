@@ -123,9 +123,10 @@ size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
   return shut_down_accepted(ip, port, [](int fd) { return !sent_anything(fd); });
 }
 
-size_t shut_down_silent(const std::string& ip, uint16_t port,
-                        std::chrono::milliseconds silent_for) {
-  return shut_down_accepted(ip, port, [&](int fd) {
+std::vector<std::string> shut_down_silent(const std::string& ip, uint16_t port,
+                                          std::chrono::milliseconds silent_for) {
+  std::vector<std::string> peers;
+  shut_down_accepted(ip, port, [&](int fd) {
     tcp_info info{};
     socklen_t len = sizeof info;
     if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
@@ -133,9 +134,19 @@ size_t shut_down_silent(const std::string& ip, uint16_t port,
       return false;  // cannot tell: left alone
     // Bytes taken in order: one dropped by a socket filter is not counted. A connection
     // that never received data reports the time since it was made.
-    return info.tcpi_bytes_received == 0 && !sent_anything(fd) &&
-           info.tcpi_last_data_recv >= static_cast<uint32_t>(silent_for.count());
+    if (info.tcpi_bytes_received != 0 || sent_anything(fd) ||
+        info.tcpi_last_data_recv < static_cast<uint32_t>(silent_for.count()))
+      return false;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    const auto [peer_ip, peer_port] =
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0
+            ? ip_port_of(peer)
+            : std::pair<std::string, uint16_t>{"?", 0};
+    peers.push_back(peer_ip + ":" + std::to_string(peer_port));
+    return true;
   });
+  return peers;
 }
 
 bool drop_new_connections(int fd) noexcept {

@@ -48,8 +48,10 @@ size_t shut_down_unanswered(const std::string& ip, uint16_t port);
 
 // Shuts down (both ways) every connection accepted on `ip`:`port` on which nothing was
 // received or sent for `silent_for` since it was made: a peer that connected and never sent
-// a byte its server accepted (ucx/sockcm_guard.h drops junk unread). Returns how many.
-size_t shut_down_silent(const std::string& ip, uint16_t port, std::chrono::milliseconds silent_for);
+// a byte its server accepted (ucx/sockcm_guard.h drops junk unread). Returns their peers'
+// addresses ("ip:port").
+std::vector<std::string> shut_down_silent(const std::string& ip, uint16_t port,
+                                          std::chrono::milliseconds silent_for);
 
 // Makes the listening socket `fd` take no new connection: a socket filter that drops every
 // packet, so the kernel completes no handshake from here on (a client's SYN goes

@@ -544,7 +544,16 @@ void Listener::on_conn(ucp_conn_request_h req, void* arg) {
 std::optional<ConnRequest> Listener::poll() {
   // A look at every fd of the process: seldom (a fraction of a millisecond per hundred fds).
   if (const auto now = Clock::now(); now >= next_sweep_) {
-    os::shut_down_silent(ip_, port_, silent_for_);
+    if (const std::vector<std::string> peers = os::shut_down_silent(ip_, port_, silent_for_);
+        !peers.empty())
+      // Junk the guard dropped (a scanner, a client of another protocol), or a UCX peer
+      // whose request never arrived whole: said, so that the second can be told.
+      log_message(LogLevel::Warning,
+                  "the listener on port " + std::to_string(port_) + " shut down " +
+                      std::to_string(peers.size()) + " connection(s) that sent nothing it " +
+                      "could read for " + std::to_string(silent_for_.count()) + " ms (from " +
+                      peers.front() + (peers.size() > 1 ? " and others" : "") +
+                      "): not UCX connection requests (docs/reliability.md)");
     next_sweep_ = now + std::min<Clock::duration>(silent_for_ / 2, std::chrono::seconds(5));
   }
   worker_.progress();

@@ -149,7 +149,13 @@ TEST(ListenerJunk, AJunkPeerThatLeavesLeavesNothingBehind) {
   EXPECT_EQ(open_fds(), fds_before);
 }
 
+std::vector<std::string>& warnings() {
+  static std::vector<std::string> w;
+  return w;
+}
+
 TEST(ListenerJunk, ConnectionsThatSendNothingUcxCanReadAreShutDownWhileItListens) {
+  set_log_handler([](LogLevel, const std::string& m) { warnings().push_back(m); });
   // The junk is dropped unread, and a peer may send nothing at all: left alone, each such
   // connection would hold a socket of the listening process until the listener closes.
   const size_t fds_before = open_fds();
@@ -178,6 +184,12 @@ TEST(ListenerJunk, ConnectionsThatSendNothingUcxCanReadAreShutDownWhileItListens
       }
     }
     EXPECT_EQ(ended, peers.size()) << "connections still open after 5 s";
+    // Said, naming the port (the junk above, or a UCX peer whose request never arrived).
+    ASSERT_FALSE(warnings().empty());
+    EXPECT_NE(
+        warnings()[0].find("listener on port " + std::to_string(listener.port()) + " shut down"),
+        std::string::npos)
+        << warnings()[0];
     // The listener's side is gone too, while it listens: UCX closed each socket once it
     // was shut down.
     peers.clear();
@@ -186,6 +198,7 @@ TEST(ListenerJunk, ConnectionsThatSendNothingUcxCanReadAreShutDownWhileItListens
   }
   for (int i = 0; i < 200 && open_fds() != fds_before; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(open_fds(), fds_before);
+  set_log_handler(nullptr);
 }
 
 // Progresses both workers until `r` is done (or 10 s passed).
