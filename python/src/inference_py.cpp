@@ -153,7 +153,7 @@ void bind_inference(nb::module_& m) {
             NoGil nogil;
             return new inf::Future(self.client.submit(request, d.remaining()));
           },
-          nb::arg("td"), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
+          nb::arg("td").none(), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, nb::handle timeout) {
@@ -163,7 +163,7 @@ void bind_inference(nb::module_& m) {
             NoGil nogil;
             return PyTensorDict(self.client(request, d.remaining()));
           },
-          nb::arg("td"), nb::arg("timeout").none() = nb::none())
+          nb::arg("td").none(), nb::arg("timeout").none() = nb::none())
       .def_prop_ro("kind", [](const PyClient& self) { return std::string(self.client.kind()); })
       .def_prop_ro("address", [](const PyClient& self) { return self.client.address(); })
       .def_prop_ro("has_fixed_layout",

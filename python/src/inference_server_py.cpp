@@ -125,14 +125,16 @@ void bind_inference_server(nb::module_& m) {
           "__init__",
           [](PyServer* self, nb::object adapter, nb::handle response_keys,
              std::vector<std::shared_ptr<inf::Transport>> transports, nb::handle max_batch_size,
-             nb::handle min_batch_size, double timeout, nb::handle stats_window,
-             nb::handle policy_version_key, int64_t policy_version) {
-            inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
-                                 .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
-                                 .timeout = Timeout::seconds(timeout, "timeout").duration(),
-                                 .stats_window_size = int_arg(stats_window, "stats_window_size"),
-                                 .policy_version_key = std::nullopt,
-                                 .policy_version = policy_version};
+             nb::handle min_batch_size, nb::handle timeout, nb::handle stats_window,
+             nb::handle policy_version_key, nb::handle policy_version) {
+            inf::ServerOptions o{
+                .max_batch_size = int_arg(max_batch_size, "max_batch_size"),
+                .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
+                .timeout =
+                    Timeout::seconds(seconds_arg(timeout, "timeout", false), "timeout").duration(),
+                .stats_window_size = int_arg(stats_window, "stats_window_size"),
+                .policy_version_key = std::nullopt,
+                .policy_version = int_arg(policy_version, "policy_version")};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
             std::optional<std::vector<Key>> keys;
             if (!response_keys.is_none()) {
@@ -143,9 +145,9 @@ void bind_inference_server(nb::module_& m) {
                 make_policy(std::move(adapter), std::move(keys)), std::move(transports), o))};
           },
           nb::arg("adapter"), nb::arg("response_keys").none(), nb::arg("transports"),
-          nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(), nb::arg("timeout"),
-          nb::arg("stats_window").none(), nb::arg("policy_version_key").none(),
-          nb::arg("policy_version"))
+          nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(),
+          nb::arg("timeout").none(), nb::arg("stats_window").none(),
+          nb::arg("policy_version_key").none(), nb::arg("policy_version").none())
       .def("start",
            [](PyServer& s) {
              std::shared_ptr<inf::InferenceServer> server = s.get();

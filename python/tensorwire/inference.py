@@ -471,10 +471,6 @@ class InferenceServer:
                 raise TypeError(f"transport must be a tensorwire transport or a list of them, got "
                                 f"{type(t).__name__}")
         transport = transports[0] if transports else None
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-        if isinstance(policy_version, bool) or not isinstance(policy_version, int):
-            raise TypeError(f"policy_version must be an integer, got {type(policy_version).__name__}")
         if not (policy_version_key is None or isinstance(policy_version_key, str) or (
                 isinstance(policy_version_key, tuple) and policy_version_key
                 and all(isinstance(k, str) for k in policy_version_key))):
@@ -491,7 +487,7 @@ class InferenceServer:
                                       any(t._tensordict_specs for t in transports))
         self._server = _C._InferenceServer(
             self._adapter, _response_keys(transports), [t._impl for t in transports],
-            max_batch_size, min_batch_size, float(timeout), stats_window_size,
+            max_batch_size, min_batch_size, timeout, stats_window_size,
             policy_version_key, policy_version)
         _live_servers.add(self)
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "client_impl.h"
+#include "policy_output.h"
 
 namespace tensorwire::inference::detail {
 
@@ -79,9 +80,7 @@ void collate_slots(const SlotLayout& layout, const Storage& bank, BatchViews& o,
 void write_response_rows(const SlotLayout& layout, std::byte* bank_data, const Drained& d,
                          const Group& g, const TensorDict& output, const VersionStamp& stamp) {
   const int64_t n = static_cast<int64_t>(g.rows.size());
-  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
-    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
-                " for a batch of " + std::to_string(n) + " requests");
+  check_output_rows(output, n);
   const auto& leaves = layout.leaves();
   thread_local std::vector<const Tensor*> src;
   src.assign(leaves.size(), nullptr);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "policy_output.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire::inference::detail {
@@ -217,9 +218,7 @@ void MultiTransport::resolve(const Drained& drained, const Group& group, const T
                              const VersionStamp& stamp) {
   const auto m = static_cast<size_t>(&group - groups_);
   const auto n = static_cast<int64_t>(group.rows.size());
-  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
-    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
-                " for a batch of " + std::to_string(n) + " requests");
+  check_output_rows(output, n);
   for (const Piece& p : pieces_[m]) {
     const Group& pg = part_groups_[p.part][p.group];
     parts_[p.part]->resolve(

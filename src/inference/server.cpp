@@ -112,8 +112,8 @@ void InferenceServer::State::run() {
   } ending{this, d, ended};
   const auto max_batch = static_cast<size_t>(options.max_batch_size);  // checked: >= 1
   const auto min_batch = static_cast<size_t>(options.min_batch_size);
-  d.ids.reserve(max_batch);
-  d.submitted_ns.reserve(max_batch);
+  d.ids.reserve(std::min<size_t>(max_batch, 1024));  // they grow to a larger batch once
+  d.submitted_ns.reserve(std::min<size_t>(max_batch, 1024));
   std::vector<Group> groups;
   while (!stop.load(std::memory_order_acquire)) {
     try {
@@ -248,8 +248,11 @@ namespace {
 
 // The options' rules, checked before anything is allocated from them.
 const ServerOptions& checked(const ServerOptions& o) {
-  if (o.max_batch_size < 1)
-    throw ValueError("max_batch_size must be at least 1, got " + std::to_string(o.max_batch_size));
+  // At most what a transport holds in flight: sys.maxsize ("no limit") is refused here,
+  // not by an allocation on the serving thread.
+  if (o.max_batch_size < 1 || o.max_batch_size > kMaxSlots)
+    throw ValueError("max_batch_size must be in [1, " + std::to_string(kMaxSlots) + "], got " +
+                     std::to_string(o.max_batch_size));
   if (o.min_batch_size < 1 || o.min_batch_size > o.max_batch_size)
     throw ValueError(
         "min_batch_size must be in [1, max_batch_size=" + std::to_string(o.max_batch_size) +

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "policy_output.h"
+
 namespace tensorwire::inference::detail {
 
 namespace {
@@ -54,9 +56,7 @@ void group_and_stack(const std::vector<const TensorDict*>& requests, std::vector
 std::vector<TensorDict> split_output(const TensorDict& output, size_t rows,
                                      const VersionStamp& stamp) {
   const int64_t n = static_cast<int64_t>(rows);
-  if (output.batch_dims() == 0 || output.batch_size()[0] != n)
-    throw Error("the policy returned a TensorDict of batch size " + shape_str(output.batch_size()) +
-                " for a batch of " + std::to_string(n) + " requests");
+  check_output_rows(output, n);
   if (!stamp.key) return output.unbind(0);
   TensorDict stamped = output;
   if (stamped.is_locked()) stamped.unlock_();

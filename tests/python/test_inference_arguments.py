@@ -1,6 +1,8 @@
 """Bad arguments of the inference API: one-line errors naming the argument. The binding
 converts (TypeError for a value of the wrong type); the C++ API checks the rules (ValueError
 for a count below its minimum, a uid out of range), once, for every caller."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -71,9 +73,18 @@ def test_allowed_uids(kind, value, error, needle):
 
 
 @pytest.mark.parametrize("kwargs, error, needle", [
-    (dict(max_batch_size=0), ValueError, "max_batch_size must be at least 1, got 0"),
-    (dict(max_batch_size=-1), ValueError, "max_batch_size must be at least 1, got -1"),
+    (dict(max_batch_size=0), ValueError, r"max_batch_size must be in \[1, 16777216\], got 0"),
+    (dict(max_batch_size=-1), ValueError, r"max_batch_size must be in \[1, 16777216\], got -1"),
+    # "No limit" said as sys.maxsize: refused here, not by an allocation on the serving
+    # thread (which ended the process).
+    (dict(max_batch_size=sys.maxsize), ValueError,
+     r"max_batch_size must be in \[1, 16777216\], got 9223372036854775807"),
     (dict(max_batch_size="8"), TypeError, "max_batch_size must be an integer, got str"),
+    (dict(timeout="0.1"), TypeError, "timeout must be a number of seconds, got str"),
+    (dict(timeout=None), TypeError, "timeout must be a number of seconds, got NoneType"),
+    (dict(timeout=-1), ValueError, "timeout"),
+    (dict(policy_version="1"), TypeError, "policy_version must be an integer, got str"),
+    (dict(policy_version=2 ** 70), ValueError, "policy_version does not fit in 64 bits"),
     (dict(min_batch_size=0), ValueError, r"min_batch_size must be in \[1, max_batch_size=64\], got 0"),
     (dict(min_batch_size=1.5), TypeError, "min_batch_size must be an integer, got float"),
     (dict(stats_window_size=0), ValueError, "stats_window_size must be at least 1, got 0"),

@@ -248,7 +248,7 @@ def test_a_first_request_to_a_stopped_socket_server_keeps_its_own_timeout():
 
 # --- one rule for requests and timeouts -----------------------------------------------------
 
-@pytest.mark.parametrize("bad", [np.zeros(4, np.float32), [np.zeros(4, np.float32)], 3.0, "obs"])
+@pytest.mark.parametrize("bad", [np.zeros(4, np.float32), [np.zeros(4, np.float32)], 3.0, "obs", None])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_request_that_is_not_a_mapping_is_a_type_error_naming_what_is_accepted(kind, bad):
     c = make(kind).client()
@@ -688,3 +688,27 @@ def test_a_client_waiting_for_a_descriptor_does_not_slow_the_connected_ones():
     assert lines[0] == "ClosedError" and lines[2] == "admitted"
     assert float(lines[1].split()[1]) < 30, lines[1]
     assert r.stderr.count("a client waits, and the server process has no file descriptor") == 1
+
+
+@pytest.mark.parametrize("kind", KINDS + ["remote"])
+def test_a_policy_output_of_the_wrong_batch_size_is_a_value_error_and_the_server_goes_on(kind):
+    # As a wrong leaf shape or dtype: the policy broke the contract (one row a request).
+    t = (tw.inference.RemoteTransport({"observation": np.zeros(4, np.float32)},
+                                      {"action": np.zeros(2, np.float32)}, num_slots=4,
+                                      host="127.0.0.1") if kind == "remote" else make(kind))
+    wrong = {"on": True}
+
+    def policy(b):
+        out = double_policy(b)
+        if not wrong["on"]:
+            return out
+        n = b.batch_size[0] + 1
+        return tw.TensorDict({"action": np.zeros((n, 2), np.float32)}, batch_size=[n])
+
+    with tw.InferenceServer(policy, t):
+        c = t.client()
+        with pytest.raises(ValueError, match=r"batch size \[2\] for a batch of 1 requests"):
+            c(observation(1), timeout=30)
+        wrong["on"] = False
+        assert float(c(observation(1), timeout=30)["action"][0]) == 2.0
+    t.close()

@@ -37,7 +37,7 @@ namespace tensorwire::inference {
 using Policy = std::function<TensorDict(const TensorDict& batch)>;
 
 struct ServerOptions {
-  int64_t max_batch_size = 64;  // >= 1
+  int64_t max_batch_size = 64;  // 1 to kMaxSlots (transport.h)
   int64_t min_batch_size = 1;   // 1 to max_batch_size
   std::chrono::nanoseconds timeout = std::chrono::milliseconds(10);
   int64_t stats_window_size = 1024;  // >= 1: samples kept for the percentiles

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 
@@ -203,7 +204,7 @@ TEST_P(TransportTest, AnOutputWithTheWrongBatchSizeFailsTheBatch) {
     transport->client()(observation(0), 5s);
     ADD_FAILURE();
   } catch (const RemoteError& e) {
-    EXPECT_EQ(e.type_name(), "RuntimeError");
+    EXPECT_EQ(e.type_name(), "ValueError");  // as a wrong leaf shape or dtype
     EXPECT_NE(e.message().find("batch of 1"), std::string::npos) << e.message();
   }
 }
@@ -547,6 +548,15 @@ TEST(InferenceServerOptions, InvalidBatchSizesAreRejected) {
                ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.min_batch_size = 0}), ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = -3}), ValueError);
+  // "No limit" said as the largest int: refused, not an allocation failure on the serving
+  // thread (which ended the process).
+  EXPECT_THROW(
+      InferenceServer(double_policy, t, {.max_batch_size = std::numeric_limits<int64_t>::max()}),
+      ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = kMaxSlots + 1}), ValueError);
+  InferenceServer largest(double_policy, t, {.max_batch_size = kMaxSlots});
+  largest.start();
+  EXPECT_FLOAT_EQ(t->client()(observation(3)).get("action").data<float>()[0], 6);
   EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window_size = 0}), ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.stats_window_size = -1}), ValueError);
 }
