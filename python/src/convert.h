@@ -63,8 +63,9 @@ std::string str_of_obj(nb::handle value);
 // An int (not a bool): TypeError "`name` must be an integer, got <type>" otherwise.
 int64_t int_arg(nb::handle value, const char* name);
 // An int that fits T (nanobind's error otherwise is a dump of the signature): ValueError
-// naming the argument and T's range for one that does not, except that a negative one for
-// an unsigned T is 0, which the C++ option's own check refuses by name ("at least 1").
+// naming the argument and the bound of T it is beyond for one that does not, except that a
+// negative one for an unsigned T is 0, which the C++ option's own check refuses by name
+// ("at least 1").
 template <class T>
 T int_arg_as(nb::handle value, const char* name) {
   if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
@@ -73,9 +74,14 @@ T int_arg_as(nb::handle value, const char* name) {
   if (std::is_unsigned_v<T> && PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_LT) == 1)
     return 0;
   T v{};
-  if (!nb::try_cast<T>(value, v))
-    throw ValueError(std::string(name) + " must be in [" + std::to_string(lo) + ", " +
-                     std::to_string(hi) + "], got " + nb::cast<std::string>(nb::str(value)));
+  if (!nb::try_cast<T>(value, v)) {
+    // Only the side it is beyond: the C++ option names its own lower bound (hwm "at least
+    // 1"), which T's minimum would contradict.
+    const bool above = PyObject_RichCompareBool(value.ptr(), nb::int_(0).ptr(), Py_GT) == 1;
+    throw ValueError(std::string(name) + " must be at " +
+                     (above ? "most " + std::to_string(hi) : "least " + std::to_string(lo)) +
+                     ", got " + nb::cast<std::string>(nb::str(value)));
+  }
   return v;
 }
 // A number of seconds (an int, a float, a numpy scalar; not a bool), or None where

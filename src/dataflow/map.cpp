@@ -495,6 +495,13 @@ MultiProcessMapDataZMQ::MultiProcessMapDataZMQ(std::shared_ptr<DataFlow> ds, Map
   m.buffer_size = m.opt.buffer_size;
   // As tensorpack: a strict buffer larger than the dataflow could never be filled.
   if (m.opt.strict && m.size && *m.size > 0) m.buffer_size = std::min(m.buffer_size, *m.size);
+  // The first fill reads that many datapoints before anything comes back: sys.maxsize
+  // ("no limit") would read a repeating dataflow for ever, and the ZeroMQ queues sized
+  // from it would overflow.
+  if (m.buffer_size > kMaxBufferSize)
+    throw ValueError(std::string(kName) + ": buffer_size must be at most " +
+                     std::to_string(kMaxBufferSize) + " (datapoints in flight), got " +
+                     std::to_string(m.opt.buffer_size));
 }
 
 MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {

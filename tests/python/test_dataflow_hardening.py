@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 import warnings
 
@@ -102,6 +103,22 @@ def test_buffer_size_is_checked_with_a_clear_message(size):
         twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, buffer_size=size)
 
 
+def test_a_count_beyond_its_type_names_the_bound_it_is_beyond():
+    # Not the C type's whole range: hwm must be at least 1, which its C++ check says.
+    with pytest.raises(ValueError, match="hwm must be at most 2147483647, got 1099511627776"):
+        twdf.MultiProcessRunnerZMQ(Counting(5), 1, hwm=2 ** 40)
+    with pytest.raises(ValueError, match="hwm must be at least 1"):
+        twdf.MultiProcessRunnerZMQ(Counting(5), 1, hwm=-1)
+
+
+@pytest.mark.parametrize("size", [sys.maxsize, 2 ** 31, 65537])
+def test_a_buffer_beyond_the_limit_is_refused_not_filled_for_ever(size):
+    # A non-strict map fills its buffer from a repeating dataflow before anything comes
+    # back: sys.maxsize ("no limit") never returned from reset_state().
+    with pytest.raises(ValueError, match=f"buffer_size must be at most 65536 .*, got {size}"):
+        twdf.MultiProcessMapDataZMQ(Counting(5), 1, lambda dp: dp, buffer_size=size)
+
+
 @pytest.mark.parametrize("hwm", [0, -1])
 def test_hwm_is_checked_with_a_clear_message(hwm):
     with pytest.raises(ValueError, match="hwm must be at least 1"):
@@ -146,9 +163,9 @@ def _send(**kw):
     (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, seed=2**64), ValueError,
      r"seed must be None or an integer in \[0, 2\*\*64\), got 18446744073709551616"),
     (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=2**40), ValueError,
-     r"num_proc must be in \[-2147483648, 2147483647\], got 1099511627776"),
+     r"num_proc must be at most 2147483647, got 1099511627776"),
     (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, hwm=2**70), ValueError,
-     r"hwm must be in \[-2147483648, 2147483647\], got 1180591620717411303424"),
+     r"hwm must be at most 2147483647, got 1180591620717411303424"),
     (lambda: twdf.MultiProcessRunnerZMQ(Counting(5), num_proc=1, seed="x"), TypeError,
      "seed must be None or an integer, got str"),
     (lambda: twdf.MultiProcessRunnerZMQ(None, num_proc=1), TypeError,

@@ -33,9 +33,12 @@ namespace tensorwire::dataflow {
 // Runs in a worker; std::nullopt filters the datapoint out.
 using MapFunction = std::function<std::optional<TensorDict>(TensorDict)>;
 
+// The most datapoints in flight a map runner takes (buffer_size; more is a ValueError).
+inline constexpr size_t kMaxBufferSize = size_t{1} << 16;
+
 struct MapOptions {
   int num_proc = 1;
-  size_t buffer_size = 200;
+  size_t buffer_size = 200;  // 1 to kMaxBufferSize (after strict mode's clamp to size())
   bool strict = false;
   std::optional<uint64_t> seed;
   ForkHooks fork_hooks;

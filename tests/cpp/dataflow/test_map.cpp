@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <map>
 
 #include "flows.h"
@@ -61,6 +63,24 @@ TEST_F(Map, StrictClampsTheBufferToTheDataflow) {
   size_t n = 0;
   for (TensorDict& dp : m.epoch()) n += dp.contains("square");
   EXPECT_EQ(n, 5u);
+}
+
+TEST_F(Map, ABufferBeyondTheLimitIsRefusedUnlessStrictModeClampsIt) {
+  // SIZE_MAX ("no limit"): the first fill would read a repeating dataflow for ever.
+  for (size_t size : {std::numeric_limits<size_t>::max(), kMaxBufferSize + 1}) {
+    try {
+      MultiProcessMapDataZMQ m(counting(5), square, {.num_proc = 1, .buffer_size = size});
+      ADD_FAILURE() << "buffer_size " << size << " was taken";
+    } catch (const ValueError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("buffer_size must be at most 65536 (datapoints in flight)"));
+    }
+  }
+  MultiProcessMapDataZMQ largest(counting(5), square,
+                                 {.num_proc = 1, .buffer_size = kMaxBufferSize});
+  EXPECT_EQ(largest.buffer_size(), kMaxBufferSize);
+  MultiProcessMapDataZMQ strict(counting(5), square,
+                                {.num_proc = 1, .buffer_size = SIZE_MAX, .strict = true});
+  EXPECT_EQ(strict.buffer_size(), 5u);  // clamped to the dataflow first: taken
 }
 
 TEST_F(Map, NonStrictIsAnEndlessStreamThatDropsFilteredDatapoints) {
