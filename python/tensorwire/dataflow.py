@@ -271,7 +271,8 @@ PrefetchDataZMQ = MultiProcessRunnerZMQ
 class MultiProcessMapDataZMQ(_Forking):
     """Iterates ``ds`` here and applies ``map_func`` in ``num_proc`` worker processes.
 
-    ``buffer_size`` datapoints are in flight. ``strict=False``: iteration is endless (the
+    ``buffer_size`` datapoints are in flight (1 to 65,536, after strict mode clamps it to
+    ``len(ds)``; a ValueError beyond). ``strict=False``: iteration is endless (the
     dataflow repeats), results come in completion order and a ``None`` result drops the
     datapoint. ``strict=True``: each iteration yields the mapping of every datapoint of
     one pass exactly once (``None`` is an error). An exception in ``map_func`` is raised

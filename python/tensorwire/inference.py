@@ -448,8 +448,8 @@ class InferenceServer:
             answer goes back by its own transport; every transport gets its share of each
             batch, and the timeout applies to all).
         max_batch_size, min_batch_size, timeout: the batching rule (torchrl's): drain up
-            to ``max_batch_size``; below ``min_batch_size`` keep draining for up to
-            ``timeout`` seconds.
+            to ``max_batch_size`` (at most 2**24, the most requests a transport holds in
+            flight); below ``min_batch_size`` keep draining for up to ``timeout`` seconds.
         policy_version, policy_version_key: responses get the policy version under this
             key (for a SharedMemoryTransport only when its response spec declares it).
 
