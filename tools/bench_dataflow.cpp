@@ -42,16 +42,25 @@ Shape parse_shape(const std::string& s) {
   return out;
 }
 
+// The most elements a datapoint's shape may have: the benchmark makes datapoints of it (and
+// workers' buffers of several), so a shape beyond the machine is a usage error, not an
+// allocation that fails halfway.
+constexpr long long kMaxElements = 1LL << 26;
+
 const CLI::Validator kShape(
     [](std::string& s) -> std::string {
+      long long elements = 1;
       for (size_t pos = 0; pos <= s.size();) {
         size_t comma = std::min(s.find(',', pos), s.size());
         const std::string dim = s.substr(pos, comma - pos);
         if (dim.empty() || dim.size() > 9 || dim.find_first_not_of("0123456789") != dim.npos ||
             std::stoll(dim) == 0)
           return "'" + s + "' is not a shape (positive ints, ','-separated, e.g. 224,224,3)";
+        elements = std::min(elements * std::stoll(dim), kMaxElements + 1);  // no overflow
         pos = comma + 1;
       }
+      if (elements > kMaxElements)
+        return "'" + s + "' has more than " + std::to_string(kMaxElements) + " elements";
       return "";
     },
     "D0,D1,...");

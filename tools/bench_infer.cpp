@@ -27,7 +27,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -695,9 +694,7 @@ int bench_infer(int argc, char** argv) {
   if (only_memory || (o.latency && o.throughput) || o.memory_requests > 0)
     out["memory"] = run_memory(o);
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << out.dump(2) << "\n";
-    if (!f) throw Error("bench infer: cannot write " + o.json);
+    write_json(o.json, out.dump(2), "bench infer");
     std::printf("figures written to %s\n", o.json.c_str());
   }
   return 0;

@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -230,7 +229,7 @@ int bench_pipe(int argc, char** argv) {
                    {"unit", r.unit}});
     for (size_t i = 0; i < rows.size(); ++i)
       if (!rows[i].quantiles.empty()) j[i]["quantiles_us"] = rows[i].quantiles;
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json(json_path, j.dump(2), "bench pipe");
   }
   return 0;
 }

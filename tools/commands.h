@@ -26,6 +26,10 @@ inline std::string strprintf(const char* fmt, ...) {
   return buf;
 }
 
+// Writes `json` (a document's text) to `path`: Error "`who`: cannot write PATH" when the
+// file cannot be opened or written (the caller's exit status then says so).
+void write_json(const std::string& path, const std::string& json, const char* who);
+
 int demo(int argc, char** argv);
 int inspect(int argc, char** argv);
 int bench_pipe(int argc, char** argv);

@@ -2,6 +2,7 @@
 // parses its own options (cli.h), so `tensorwire SUB --help` is the subcommand's help.
 #include <cstdio>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
       return run(static_cast<int>(args.size()), av.data());
     } catch (const tensorwire::Error& e) {
       std::fprintf(stderr, "tensorwire %s: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {  // a benchmark sized beyond this machine
+      std::fprintf(stderr, "tensorwire %s: out of memory\n", sub->get_name().c_str());
       return 1;
     }
   }

@@ -84,6 +84,8 @@ def test_bench_alone_prints_the_bench_help(tensorwire_bin):
     (["bench", "infer", "--only", "everything"], "--only"),
     (["bench", "dataflow", "--shape", "abc"], "--shape"),
     (["bench", "dataflow", "--shape", "224,-3"], "--shape"),
+    # Each dim fits, their product does not: it was std::bad_alloc and an abort.
+    (["bench", "dataflow", "--shape", "100000,100000,100000"], "more than 67108864 elements"),
     (["bench", "dataflow", "--num-proc", "0"], "--num-proc"),
     (["bench", "dataflow", "--hwm", "x"], "--hwm"),
     (["demo", "--dir"], "--dir"),
@@ -104,3 +106,15 @@ def test_inspect_of_a_directory_says_it_is_a_directory(tensorwire_bin, tmp_path)
 def test_inspect_of_a_missing_file_names_it(tensorwire_bin, tmp_path):
     r = run([tensorwire_bin, "inspect", str(tmp_path / "nope.td")])
     assert r.returncode == 1 and "nope.td" in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "pipe", "--sizes", "1024", "--iters", "1", "--lat-iters", "1", "--tls", "tcp",
+     "--no-reference"],
+    ["bench", "infer", "--only", "memory", "--memory", "1"],
+])
+def test_a_json_path_that_cannot_be_written_is_an_error_naming_it(tensorwire_bin, args):
+    # bench pipe wrote nothing and said nothing (exit status 0).
+    r = run([tensorwire_bin, *args, "--json", "/nonexistent/figures.json"])
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "cannot write /nonexistent/figures.json" in r.stderr
