@@ -153,7 +153,8 @@ void bind_inference(nb::module_& m) {
             NoGil nogil;
             return new inf::Future(self.client.submit(request, d.remaining()));
           },
-          nb::arg("td").none(), nb::arg("timeout").none() = nb::none(), nb::rv_policy::take_ownership)
+          nb::arg("td").none(), nb::arg("timeout").none() = nb::none(),
+          nb::rv_policy::take_ownership)
       .def(
           "__call__",
           [](PyClient& self, nb::handle td, nb::handle timeout) {
