@@ -665,7 +665,8 @@ int bench_infer(int argc, char** argv) {
       ->check(kPositive);
   app.add_option("--spin", o.spin, "pause iterations before a futex sleep")->check(kNonNegative);
   app.add_option("--latency-requests", o.latency_requests,
-                 "round trips for the latency figures (default 20000)")
+                 "round trips for the latency figures, in whole blocks of 500 (at least one; "
+                 "default 20000)")
       ->check(kPositive);
   app.add_option("--memory", o.memory_requests, "also run N requests and report RSS")
       ->check(kPositive);
