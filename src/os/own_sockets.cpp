@@ -24,17 +24,28 @@ bool bound_to(int fd, const std::string& ip, uint16_t port, bool any_ip) {
   return local_port != 0 && local_port == port && (any_ip || local_ip == ip);
 }
 
+// A TCP socket's TCP_INFO, and how much of it this kernel filled (0: not TCP).
+struct TcpInfo {
+  tcp_info info{};
+  socklen_t len = 0;
+  // Whether the field at `offset` of `size` bytes is filled.
+  bool has(size_t offset, size_t size) const { return len >= offset + size; }
+};
+TcpInfo tcp_info_of(int fd) {
+  TcpInfo t;
+  t.len = sizeof t.info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &t.info, &t.len) != 0) t.len = 0;
+  return t;
+}
+
 // Whether this side of the connection has sent any byte: the kernel counts them
 // (tcpi_bytes_sent, Linux 4.19; tcpi_bytes_acked before it).
-bool sent_anything(int fd) {
-  tcp_info info{};
-  socklen_t len = sizeof info;
-  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;  // not TCP
-  if (len >= offsetof(tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent)
-    return info.tcpi_bytes_sent != 0;
-  if (len >= offsetof(tcp_info, tcpi_bytes_acked) + sizeof info.tcpi_bytes_acked)
-    return info.tcpi_bytes_acked != 0;
-  return true;  // cannot tell: counted as answered, left alone
+bool sent_anything(const TcpInfo& t) {
+  if (t.has(offsetof(tcp_info, tcpi_bytes_sent), sizeof t.info.tcpi_bytes_sent))
+    return t.info.tcpi_bytes_sent != 0;
+  if (t.has(offsetof(tcp_info, tcpi_bytes_acked), sizeof t.info.tcpi_bytes_acked))
+    return t.info.tcpi_bytes_acked != 0;
+  return true;  // not TCP, or cannot tell: counted as answered, left alone
 }
 
 }  // namespace
@@ -120,22 +131,20 @@ size_t shut_down_accepted(const std::string& ip, uint16_t port, Pick pick) {
 }  // namespace
 
 size_t shut_down_unanswered(const std::string& ip, uint16_t port) {
-  return shut_down_accepted(ip, port, [](int fd) { return !sent_anything(fd); });
+  return shut_down_accepted(ip, port, [](int fd) { return !sent_anything(tcp_info_of(fd)); });
 }
 
 std::vector<std::string> shut_down_silent(const std::string& ip, uint16_t port,
                                           std::chrono::milliseconds silent_for) {
   std::vector<std::string> peers;
   shut_down_accepted(ip, port, [&](int fd) {
-    tcp_info info{};
-    socklen_t len = sizeof info;
-    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-        len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+    const TcpInfo t = tcp_info_of(fd);  // one look serves every test below
+    if (!t.has(offsetof(tcp_info, tcpi_bytes_received), sizeof t.info.tcpi_bytes_received))
       return false;  // cannot tell: left alone
     // Bytes taken in order: one dropped by a socket filter is not counted. A connection
     // that never received data reports the time since it was made.
-    if (info.tcpi_bytes_received != 0 || sent_anything(fd) ||
-        info.tcpi_last_data_recv < static_cast<uint32_t>(silent_for.count()))
+    if (t.info.tcpi_bytes_received != 0 || sent_anything(t) ||
+        t.info.tcpi_last_data_recv < static_cast<uint32_t>(silent_for.count()))
       return false;
     sockaddr_storage peer{};
     socklen_t peer_len = sizeof peer;

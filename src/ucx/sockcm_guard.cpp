@@ -2,13 +2,12 @@
 
 #include <linux/filter.h>
 #include <sys/socket.h>
+#include <ucs/sys/string.h>
 
 #include <array>
-#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 namespace tensorwire::ucx {
 
@@ -60,30 +59,17 @@ std::array<sock_filter, kAccept + 1> program(uint32_t max_length) {
   }};
 }
 
-// A UCX memory size ("2K", "4096", "1mb"): bytes, or 0 when it is not one.
-uint64_t memunits(const char* s) {
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(s, &end, 10);
-  if (end == s) return 0;
-  std::string unit(end);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (unit.size() == 2 && unit[1] == 'b') unit.pop_back();
-  if (unit.empty() || unit == "b") return n;
-  if (unit == "k") return n << 10;
-  if (unit == "m") return n << 20;
-  if (unit == "g") return n << 30;
-  return 0;
-}
-
 }  // namespace
 
 uint32_t sockcm_max_private_data() noexcept {
   const char* env = std::getenv("UCX_TCP_CM_PRIV_DATA_LEN");
   if (env == nullptr || *env == '\0') return kUcxDefaultPrivateData;
-  const uint64_t n = memunits(env);
-  // Unreadable here ("inf"): the largest the header check allows.
-  return n == 0 || n > kGuardMaxPrivateData ? kGuardMaxPrivateData
-                                            : static_cast<uint32_t>(n) + kHeader;
+  // Read by UCX's own parser, as UCX reads it; "inf", "auto" or unreadable: the largest the
+  // header check allows.
+  size_t n = 0;
+  if (ucs_str_to_memunits(env, &n) != UCS_OK || n == 0 || n > kGuardMaxPrivateData)
+    return kGuardMaxPrivateData;
+  return static_cast<uint32_t>(n) + kHeader;
 }
 
 bool guard_enabled() noexcept {

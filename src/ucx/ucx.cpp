@@ -395,7 +395,7 @@ PeerAddress address_of(const sockaddr_storage& ss) {
 Listener::Listener(uint16_t port, const std::string& host, std::chrono::milliseconds silent_for)
     : generation_(os::fork_generation()),
       silent_for_(silent_for),
-      next_sweep_(Clock::now() + silent_for) {
+      next_look_(Deadline::after(silent_for)) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = INADDR_ANY;
@@ -543,7 +543,7 @@ void Listener::on_conn(ucp_conn_request_h req, void* arg) {
 
 std::optional<ConnRequest> Listener::poll() {
   // A look at every fd of the process: seldom (a fraction of a millisecond per hundred fds).
-  if (const auto now = Clock::now(); now >= next_sweep_) {
+  if (next_look_.passed()) {
     if (const std::vector<std::string> peers = os::shut_down_silent(ip_, port_, silent_for_);
         !peers.empty())
       // Junk the guard dropped (a scanner, a client of another protocol), or a UCX peer
@@ -554,7 +554,8 @@ std::optional<ConnRequest> Listener::poll() {
                       "could read for " + std::to_string(silent_for_.count()) + " ms (from " +
                       peers.front() + (peers.size() > 1 ? " and others" : "") +
                       "): not UCX connection requests (docs/reliability.md)");
-    next_sweep_ = now + std::min<Clock::duration>(silent_for_ / 2, std::chrono::seconds(5));
+    next_look_ = Deadline::after(
+        std::min<std::chrono::milliseconds>(silent_for_ / 2, std::chrono::seconds(5)));
   }
   worker_.progress();
   if (pending_.empty()) return std::nullopt;

@@ -33,6 +33,7 @@
 
 #include "os/listeners.h"
 #include "tensorwire/core/error.h"
+#include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::ucx {
 
@@ -191,7 +192,7 @@ class Listener {
   uint16_t port_ = 0;
   std::string ip_;  // the address bound, numeric ("0.0.0.0": every one)
   std::chrono::milliseconds silent_for_;
-  Clock::time_point next_sweep_;
+  Deadline next_look_;     // of poll() for silent connections
   os::ListenerMark mark_;  // released by runner workers forked meanwhile (os/listeners.h)
   std::deque<ConnRequest> pending_;
 };
