@@ -118,8 +118,8 @@ std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_
   return s;
 }
 
-Timeout timeout_arg(nb::handle value, const char* name) {
-  return Timeout::seconds(seconds_arg(value, name), name);
+Timeout timeout_arg(nb::handle value, const char* name, bool none_ok) {
+  return Timeout::seconds(seconds_arg(value, name, none_ok), name);
 }
 
 std::chrono::milliseconds liveness_arg(nb::handle value) {

@@ -87,8 +87,9 @@ T int_arg_as(nb::handle value, const char* name) {
 // A number of seconds (an int, a float, a numpy scalar; not a bool), or None where
 // `none_ok`: TypeError "`name` must be [None or ]a number of seconds, got <type>" otherwise.
 std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok = true);
-// A timeout in seconds (None: for ever): Timeout::seconds's rules, seconds_arg's types.
-Timeout timeout_arg(nb::handle value, const char* name = "timeout");
+// A timeout in seconds (None: for ever, where `none_ok`): Timeout::seconds's rules,
+// seconds_arg's types.
+Timeout timeout_arg(nb::handle value, const char* name = "timeout", bool none_ok = true);
 // A liveness timeout in seconds (None: the default; 0: off), as runtime/liveness.h reads it.
 std::chrono::milliseconds liveness_arg(nb::handle value);
 // A shared key as str (its UTF-8 bytes) or bytes, as people keep secrets; "" for None (no

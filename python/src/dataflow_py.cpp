@@ -121,7 +121,7 @@ df::ForkHooks python_fork_hooks(nb::object seed_worker) {
 
 // Seconds that are not None (`none_ok`: the caller takes None itself, and says so when refusing).
 std::chrono::milliseconds millis(nb::handle s, const char* what, bool none_ok) {
-  const Timeout t = Timeout::seconds(seconds_arg(s, what, none_ok), what);
+  const Timeout t = timeout_arg(s, what, none_ok);
   return std::chrono::ceil<std::chrono::milliseconds>(t.duration());
 }
 

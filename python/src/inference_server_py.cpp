@@ -127,14 +127,12 @@ void bind_inference_server(nb::module_& m) {
              std::vector<std::shared_ptr<inf::Transport>> transports, nb::handle max_batch_size,
              nb::handle min_batch_size, nb::handle timeout, nb::handle stats_window,
              nb::handle policy_version_key, nb::handle policy_version) {
-            inf::ServerOptions o{
-                .max_batch_size = int_arg(max_batch_size, "max_batch_size"),
-                .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
-                .timeout =
-                    Timeout::seconds(seconds_arg(timeout, "timeout", false), "timeout").duration(),
-                .stats_window_size = int_arg(stats_window, "stats_window_size"),
-                .policy_version_key = std::nullopt,
-                .policy_version = int_arg(policy_version, "policy_version")};
+            inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
+                                 .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
+                                 .timeout = timeout_arg(timeout, "timeout", false).duration(),
+                                 .stats_window_size = int_arg(stats_window, "stats_window_size"),
+                                 .policy_version_key = std::nullopt,
+                                 .policy_version = int_arg(policy_version, "policy_version")};
             if (!policy_version_key.is_none()) o.policy_version_key = to_key(policy_version_key);
             std::optional<std::vector<Key>> keys;
             if (!response_keys.is_none()) {
