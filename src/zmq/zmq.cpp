@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -40,6 +41,31 @@ void check_tcp_port(const std::string& endpoint, bool binding) {
     throw ValueError(std::string(binding ? "zmq bind to " : "zmq connect to ") + endpoint +
                      ": the port must be " + (binding ? "0 to 65535 or *" : "1 to 65535") +
                      ", got '" + port + "'");
+}
+
+// libzmq resolves a host when it connects, and retries one that does not resolve for ever,
+// silently: a sender would block with no word of why. A name that does not exist is an
+// error now, as the pipe's connect makes it; a failure that may pass (no answer from the
+// DNS server yet) is left to libzmq's retries.
+void check_tcp_host(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return;
+  const size_t colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(6, colon - 6);
+  if (const size_t semi = host.find(';'); semi != std::string::npos)  // "source;host"
+    host = host.substr(semi + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc == 0) {
+    ::freeaddrinfo(res);
+    return;
+  }
+  if (rc == EAI_NONAME || rc == EAI_NODATA || rc == EAI_FAIL)
+    throw ValueError("zmq connect to " + endpoint + ": cannot resolve host '" + host +
+                     "': " + gai_strerror(rc));
 }
 
 }  // namespace
@@ -98,6 +124,7 @@ void Socket::bind(const std::string& endpoint) {
 
 void Socket::connect(const std::string& endpoint) {
   check_tcp_port(endpoint, false);
+  check_tcp_host(endpoint);
   try {
     sock_->connect(endpoint);
   } catch (const zmq::error_t& e) {

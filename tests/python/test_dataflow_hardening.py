@@ -740,6 +740,19 @@ def test_a_tcp_port_out_of_range_is_an_error_not_another_port():
             twdf.send_dataflow_zmq(Counting(3), addr, max_datapoints=1)
 
 
+
+def test_a_host_that_does_not_resolve_is_an_error_not_a_silent_wait():
+    # libzmq retries the name for ever and the send blocks with no word of why.
+    for addr in ("tcp://nosuchhost.invalid:5555", "tcp://eth0;nosuchhost.invalid:5555",
+                 "tcp://[nosuchhost.invalid]:5555"):
+        with pytest.raises(ValueError, match=r"zmq connect to .*: cannot resolve host "
+                                             r"'nosuchhost\.invalid'"):
+            twdf.send_dataflow_zmq(Counting(3), addr, max_datapoints=1)
+    remote = twdf.RemoteDataZMQ("tcp://nosuchhost.invalid:5555", bind=False)
+    with pytest.raises(ValueError, match=r"cannot resolve host 'nosuchhost\.invalid'"):
+        remote.reset_state()
+    remote.close()
+
 def _child_runs_what_it_was_sent(runner, q):
     runner.reset_state()
     try:

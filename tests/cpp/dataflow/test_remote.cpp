@@ -346,6 +346,16 @@ TEST(Remote, SendingWithNoReceiverBlocksAndCanBeInterrupted) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
+TEST(Remote, AHostThatDoesNotResolveIsAValueErrorNotASilentWait) {
+  // libzmq would retry the name for ever while the send blocks.
+  try {
+    send_dataflow_zmq(*counting(10), "tcp://nosuchhost.invalid:5555", {.max_datapoints = 1});
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot resolve host 'nosuchhost.invalid'"));
+  }
+}
+
 // Producers' liveness: the receiver's table of producers and its report of a producer that
 // goes silent while the others go on.
 
