@@ -37,6 +37,9 @@ inline int parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
+  } catch (const CLI::CallForVersion& e) {  // its what() is the version text
+    std::printf("%s\n", e.what());
+    return 0;
   } catch (const CLI::ParseError& e) {
     auto formatter = std::dynamic_pointer_cast<CLI::Formatter>(app.get_formatter());
     std::string usage = formatter ? formatter->make_usage(&app, app.get_name())

@@ -22,12 +22,27 @@ CLI::App* add(CLI::App& parent, const std::string& name, const std::string& what
   return sub;
 }
 
+// `name` is not a subcommand of `parent`: says so with the parent's help (CLI11's own word
+// is "The following argument was not expected", and the top level's usage).
+bool unknown(CLI::App& parent, const char* name, const std::string& command) {
+  if (name[0] == '-') return false;
+  try {
+    parent.get_subcommand(name);
+    return false;
+  } catch (const CLI::OptionNotFound&) {
+    std::fprintf(stderr, "%s: unknown command '%s'\n%s", command.c_str(), name,
+                 parent.help().c_str());
+    return true;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   namespace tools = tensorwire::tools;
   CLI::App app("tensorwire: move TensorDicts between processes and machines, fast", "tensorwire");
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tensorwire ") + TENSORWIRE_VERSION);
   std::vector<std::pair<CLI::App*, Command>> commands = {
       {add(app, "demo", "build a nested TensorDict, consolidate, save, map back"), tools::demo},
       {add(app, "inspect", "print the structure of a saved TensorDict"), tools::inspect},
@@ -44,14 +59,9 @@ int main(int argc, char** argv) {
        tools::bench_dataflow});
   commands[2].first->group("");  // hidden from the help
 
-  if (argc > 1 && argv[1][0] != '-') {
-    try {
-      app.get_subcommand(argv[1]);
-    } catch (const CLI::OptionNotFound&) {
-      std::fprintf(stderr, "tensorwire: unknown command '%s'\n%s", argv[1], app.help().c_str());
-      return 2;
-    }
-  }
+  if (argc > 1 && unknown(app, argv[1], "tensorwire")) return 2;
+  if (argc > 2 && std::string(argv[1]) == "bench" && unknown(*bench, argv[2], "tensorwire bench"))
+    return 2;
   if (int status = tools::parse(app, argc, argv); status >= 0) return status;
   if (bench->parsed() && bench->get_subcommands().empty()) {
     std::fputs(bench->help().c_str(), stderr);

@@ -1,11 +1,13 @@
 """The tensorwire command: demo and inspect."""
+import os
 import re
+import tomllib
 
 import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import run
+from conftest import ROOT, run
 
 
 def test_demo_runs_and_round_trips(tensorwire_bin):
@@ -45,6 +47,22 @@ def test_inspect_of_a_corrupt_file_fails_with_a_message(tensorwire_bin, tmp_path
 def test_unknown_command_is_a_usage_error(tensorwire_bin):
     r = run([tensorwire_bin, "frobnicate"])
     assert r.returncode == 2 and "frobnicate" in r.stderr and "--help" in r.stderr
+
+
+def test_an_unknown_bench_is_named_with_the_bench_help(tensorwire_bin):
+    r = run([tensorwire_bin, "bench", "frobnicate"])
+    assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr, r.stderr
+    assert "pipe" in r.stderr and "infer" in r.stderr and "dataflow" in r.stderr
+
+
+def test_version_is_the_packages(tensorwire_bin):
+    r = run([tensorwire_bin, "--version"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"tensorwire {tw.__version__}"
+    # The three places that write it (CMakeLists.txt for the command, pyproject.toml for
+    # the wheel, tensorwire/__init__.py) agree.
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["version"] == tw.__version__
 
 
 def test_no_command_is_a_usage_error(tensorwire_bin):
