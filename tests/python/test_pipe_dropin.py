@@ -78,12 +78,12 @@ def test_non_json_non_tensor_raises_valueerror_before_sending(tls):
 
 
 @contextlib.asynccontextmanager
-async def _served_client():
+async def _served_client(consolidated=True):
     """(client, pipes): a client of a TensorDictServer whose accepted pipes land in pipes."""
-    server = TensorDictServer(0)
+    server = TensorDictServer(0, consolidated=consolidated)
     pipes = []
     task = asyncio.ensure_future(server.serve(lambda p: _append(pipes, p)))
-    client = await TensorDictPipe.connect("127.0.0.1", server.port)
+    client = await TensorDictPipe.connect("127.0.0.1", server.port, consolidated=consolidated)
     try:
         yield client, pipes
     finally:
@@ -162,6 +162,25 @@ def test_a_locked_dict_arrives_locked_and_an_unlocked_one_unlocked_as_tensordict
             assert tw_from(locked).is_locked  # the conversion keeps it too
             unlocked = await asyncio.wait_for(server_end.arecv(), 30)
             assert not unlocked.is_locked
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("consolidated", [True, False], ids=["consolidated", "plain"])
+def test_a_dtype_tensordict_cannot_consolidate_arrives_whole(tls, consolidated):
+    # tensordict's table of dtypes lacks float8 (its own consolidate() raises KeyError):
+    # the consolidated pipe gave the receiver KeyError 'torch.float8_e4m3fn' and lost it.
+    async def run():
+        async with _served_client(consolidated) as (client, pipes):
+            sent = TensorDict({"f8": torch.linspace(-2, 2, 4).to(torch.float8_e4m3fn),
+                               "x": torch.arange(4.0)}, [4])
+            for _ in range(2):  # the first and the steady-state conversion
+                await client.asend(sent)
+            server_end = await _first_pipe(pipes)
+            for _ in range(2):
+                got = await asyncio.wait_for(server_end.arecv(), 30)
+                assert got["f8"].dtype == torch.float8_e4m3fn
+                assert torch.equal(got["f8"].view(torch.uint8), sent["f8"].view(torch.uint8))
+                assert got["x"].tolist() == [0, 1, 2, 3]
     asyncio.run(run())
 
 
