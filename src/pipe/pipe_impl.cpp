@@ -796,7 +796,11 @@ void PipeImpl::close() {
     return;
   }
   close_msg = ucx::Request();  // released to UCX before the endpoint goes, as it was sent
-  close_endpoint(/*force=*/false);
+  // A receive left in flight (one that timed out or was interrupted) may have matched the
+  // peer's rendezvous: cancelling does not end that, a graceful close leaves it attached
+  // to the endpoint, and UCX 1.13 aborts destroying the worker ("proto_reqs" not empty).
+  // A forced close fails it.
+  close_endpoint(/*force=*/state_ != RecvState::Idle);
 }
 
 bool PipeImpl::sends_in_flight() {

@@ -672,6 +672,29 @@ TEST(PipeRuntime, AsyncFormsEndAtTheirTimeoutOrWhenThePipeCloses) {
   }
 }
 
+// A receive that timed out after it matched the peer's rendezvous (a sender that started
+// a large send and then stopped moving it: busy elsewhere, or an event loop that dropped the
+// send): closing and destroying either end ends it. Destroying the receiving end aborted
+// the process in UCX ("proto_reqs" not empty).
+TEST(PipeRuntime, APipeWhoseReceiveTimedOutInTheMiddleOfARendezvousClosesCleanly) {
+  for (const bool receiver_first : {true, false}) {
+    Pair p;
+    const TensorDict td = big();
+    (void)p.connected->start_send(td);
+    EXPECT_THROW((void)p.accepted->recv(nullptr, 300ms), TimeoutError);
+    (void)p.connected->poll_send();  // the announcement goes; the data never moves after it
+    EXPECT_THROW((void)p.accepted->recv(nullptr, 300ms), TimeoutError);
+    const auto start = Clock::now();
+    std::optional<TensorDictPipe>& first = receiver_first ? p.accepted : p.connected;
+    std::optional<TensorDictPipe>& second = receiver_first ? p.connected : p.accepted;
+    first->close();
+    first.reset();
+    second->close();
+    second.reset();
+    EXPECT_LT(Clock::now() - start, 5s);
+  }
+}
+
 TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
   PipeListener first(0);
   try {
