@@ -356,9 +356,13 @@ std::string RemoteClient::address() const {
   return host_ + ":" + std::to_string(port_);
 }
 
+void RemoteClient::throw_closed() const {
+  throw ClosedError("this remote inference client (to " + address() + ") is closed");
+}
+
 std::shared_ptr<RemoteLink> RemoteClient::link(Deadline limit) {
   auto current = [&]() -> std::shared_ptr<RemoteLink> {
-    if (closed_) throw ClosedError("this remote inference client (to " + address() + ") is closed");
+    if (closed_) throw_closed();
     if (link_ && link_->inherited()) {
       // Made by the parent of this forked child: not ours to use nor to tear down.
       (void)new std::shared_ptr<RemoteLink>(std::move(link_));
@@ -424,6 +428,8 @@ std::unique_ptr<Pending> RemoteClient::submit(const TensorDict& td, Deadline dea
       }
       seen = l->worker->events();
     }
+    if (closed_.load(std::memory_order_acquire))  // by another thread, while we wait
+      throw_closed();
     l->wait(slice, seen);
     return false;
   });

@@ -93,12 +93,15 @@ class RemoteClient final : public ClientImpl {
   std::shared_ptr<RemoteLink> link(Deadline limit = Deadline::never());
 
  private:
+  [[noreturn]] void throw_closed() const;
+
   std::string host_;
   uint16_t port_;
   RemoteClientOptions options_;
   std::mutex mu_;
   std::shared_ptr<RemoteLink> link_;
-  bool closed_ = false;
+  // Set under mu_; read without it by a submit waiting for room, which close() ends.
+  std::atomic<bool> closed_{false};
 };
 
 // "host:port" -> (host, port); ValueError naming the address otherwise.

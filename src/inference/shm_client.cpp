@@ -148,12 +148,16 @@ std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline 
   return c;
 }
 
+namespace {
+constexpr const char* kClientClosed = "the inference client was closed";
+}  // namespace
+
 ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
     : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
 std::shared_ptr<ShmConnection> ShmClient::connection(Deadline limit) {
   auto current = [&]() -> std::shared_ptr<ShmConnection> {
-    if (closed_) throw ClosedError("the inference client was closed");
+    if (closed_) throw ClosedError(kClientClosed);
     return conn_ && !conn_->stale() ? conn_ : nullptr;
   };
   auto make = [&] {
@@ -216,6 +220,8 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
         return true;
       }
     }
+    if (closed_.load(std::memory_order_acquire))  // by another thread, while we wait
+      throw ClosedError(kClientClosed);
     // The owner's pidfd (a system call) only once a wait for a slot went by: the slots
     // being taken shows the server at work.
     if (slept && !c.owner_alive()) throw ClosedError(c.gone_message());

@@ -56,7 +56,8 @@ class ShmClient final : public ClientImpl {
   uint64_t local_generation_ = 0;
   std::mutex mu_;
   std::shared_ptr<ShmConnection> conn_;
-  bool closed_ = false;
+  // Set under mu_; read without it by a submit waiting for a slot, which close() ends.
+  std::atomic<bool> closed_{false};
   std::atomic<uint32_t> hint_{0};
 };
 

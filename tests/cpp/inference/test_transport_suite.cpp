@@ -577,6 +577,26 @@ TEST(TransportOptions, AllowedUidsOutsideTheUidRangeAreRejected) {
   }
 }
 
+// The transports with a bank of slots: a submit waits for room while every slot holds a
+// request in flight. Closing its client from another thread ends that wait with
+// ClosedError at once (it went on to its timeout; with none, for ever).
+TEST(TransportClients, ClosingAClientEndsASubmitWaitingForASlot) {
+  for (const std::string kind : {"shared_memory", "remote"}) {
+    SCOPED_TRACE(kind);
+    auto transport = make_transport(kind, 2);
+    Client c = transport->client();
+    Future a = c.submit(observation(1)), b = c.submit(observation(2));  // no server
+    std::thread closer([&] {
+      std::this_thread::sleep_for(200ms);
+      c.close();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(c.submit(observation(3)), ClosedError);  // Timeout::forever()
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+    closer.join();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest,
                          ::testing::Values("shared_memory", "socket", "thread", "remote"),
                          [](const auto& p) { return p.param; });
