@@ -629,10 +629,14 @@ TEST(PipeRuntime, AClientThatStopsInTheMiddleOfAnOversizedHandshakeFrameHoldsNot
   ucx::Request flushed = ep.flush();
   for (auto until = Clock::now() + 5s; !flushed.done() && Clock::now() < until;) worker.progress();
   std::vector<std::byte> frame(1 << 20);
-  // A few progress calls send the rendezvous' announcement (microseconds: long before the
-  // listener's request for the data comes back); from here on the client does nothing.
+  // The client moves its worker until the listener has seen the rendezvous' announcement
+  // and refused it by its size alone (it never asks for the data, so none moves). A fixed
+  // 20 progress calls did not always send the announcement on a loaded machine: the
+  // listener then saw nothing and refused "handshake timed out". From here on the client
+  // does nothing.
   ucx::Request sent = ep.send(detail::kControlTag, frame);
-  for (int i = 0; i < 20; ++i) worker.progress();
+  for (auto until = Clock::now() + 10s; listener.refused() == 0 && Clock::now() < until;)
+    worker.progress();
   if (got.wait_for(10s) != std::future_status::ready) {
     ADD_FAILURE() << "accept() still waits for the rest of the frame";
     std::fflush(nullptr);
