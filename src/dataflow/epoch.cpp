@@ -1,15 +1,35 @@
 #include "tensorwire/dataflow/epoch.h"
 
+#include <utility>
+
 #include "dataflow/raw_datapoint.h"
+#include "tensorwire/core/error.h"
 
 namespace tensorwire::dataflow {
 
 Epoch::Epoch(detail::EpochSource* source) : source_(source) {
   source_->epoch_begin();
+  source_->live_ = this;
+}
+
+Epoch::Epoch(Epoch&& o) noexcept
+    : source_(std::exchange(o.source_, nullptr)),
+      count_(o.count_),
+      done_(o.done_),
+      orphaned_(o.orphaned_) {
+  if (source_) source_->live_ = this;
 }
 
 Epoch::~Epoch() {
-  if (source_) source_->epoch_end();
+  if (!source_) return;
+  source_->live_ = nullptr;
+  source_->epoch_end();
+}
+
+detail::EpochSource::~EpochSource() {
+  if (!live_) return;
+  live_->source_ = nullptr;
+  live_->orphaned_ = true;
 }
 
 std::optional<TensorDict> Epoch::next(Timeout timeout) {
@@ -19,6 +39,7 @@ std::optional<TensorDict> Epoch::next(Timeout timeout) {
 }
 
 std::optional<RawDatapoint> detail::RawAccess::next(Epoch& epoch, Timeout timeout) {
+  if (epoch.orphaned_) throw ClosedError("this epoch's runner was destroyed");
   if (epoch.done_ || !epoch.source_) return std::nullopt;
   EpochSource::Step s = epoch.source_->epoch_step(Deadline::after(timeout));
   if (s.end) epoch.done_ = true;

@@ -30,6 +30,9 @@ struct RawDatapoint {
 namespace detail {
 
 // What a runner implements for its epochs (its Impl does; an Epoch holds a pointer).
+// It knows its live Epoch (at most one) and detaches it when it goes: an Epoch may outlive
+// its runner (a function that returns runner.epoch() of a local runner), and then says so
+// instead of reading freed memory.
 class EpochSource {
  public:
   struct Step {
@@ -43,7 +46,11 @@ class EpochSource {
   virtual void epoch_end() noexcept = 0;
 
  protected:
-  ~EpochSource() = default;
+  virtual ~EpochSource();
+
+ private:
+  friend class tensorwire::dataflow::Epoch;
+  Epoch* live_ = nullptr;  // set and cleared by the Epoch
 };
 
 // next() before the datapoint becomes a TensorDict: the same waits, errors and counts.

@@ -3,7 +3,8 @@
 //   for (TensorDict& dp : runner.epoch()) ...
 //
 // An Epoch holds its runner's iteration guard: while one is alive, asking the runner for
-// another throws StateError (tensorpack's "This DataFlow is not reentrant!").
+// another throws StateError (tensorpack's "This DataFlow is not reentrant!"). An Epoch
+// that outlives its runner throws ClosedError from next().
 // Thread-safety: as its runner (one thread).
 #pragma once
 
@@ -19,9 +20,7 @@ class Epoch {
  public:
   // Made by a runner's epoch(): begins an epoch of `source` (StateError when one runs).
   explicit Epoch(detail::EpochSource* source);
-  Epoch(Epoch&& o) noexcept : source_(o.source_), count_(o.count_), done_(o.done_) {
-    o.source_ = nullptr;
-  }
+  Epoch(Epoch&& o) noexcept;
   Epoch& operator=(Epoch&&) = delete;
   ~Epoch();
 
@@ -60,9 +59,11 @@ class Epoch {
 
  private:
   friend struct detail::RawAccess;
-  detail::EpochSource* source_;
+  friend class detail::EpochSource;
+  detail::EpochSource* source_;  // null once moved from, or once the runner went
   uint64_t count_ = 0;
   bool done_ = false;
+  bool orphaned_ = false;  // the runner went first
 };
 
 }  // namespace tensorwire::dataflow

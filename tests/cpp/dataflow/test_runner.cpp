@@ -8,6 +8,7 @@
 #include <map>
 
 #include "flows.h"
+#include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/runner.h"
 #include "tensorwire/runtime/interrupt.h"
 
@@ -339,6 +340,29 @@ TEST(RunnerClosed, EveryUseAfterCloseIsAClosedError) {
   after.close();
   EXPECT_THROW(after.next(1s), ClosedError);
   EXPECT_THROW(after.reset_state(), ClosedError);
+}
+
+// An Epoch that outlives its runner (a function returning runner.epoch() of a local
+// runner; members declared in the wrong order) says so: it read freed memory.
+template <class Runner, class... Args>
+Epoch epoch_of_a_runner_gone(Args&&... args) {
+  Runner r(std::forward<Args>(args)...);
+  r.reset_state();
+  Epoch e = r.epoch();
+  EXPECT_TRUE(e.next(10s).has_value());
+  return e;  // moved out; the runner goes here
+}
+
+TEST(RunnerClosed, AnEpochThatOutlivesItsRunnerIsAClosedError) {
+  Epoch runner_epoch = epoch_of_a_runner_gone<MultiProcessRunnerZMQ>(testing::counting(4),
+                                                                     RunnerOptions{.num_proc = 1});
+  EXPECT_THAT([&] { (void)runner_epoch.next(1s); },
+              ::testing::ThrowsMessage<ClosedError>(::testing::HasSubstr("runner was destroyed")));
+  Epoch map_epoch = epoch_of_a_runner_gone<MultiProcessMapDataZMQ>(
+      testing::counting(4), [](TensorDict td) -> std::optional<TensorDict> { return td; },
+      MapOptions{.num_proc = 1});
+  EXPECT_THROW((void)map_epoch.next(1s), ClosedError);
+  EXPECT_EQ(map_epoch.count(), 1u);
 }
 
 // An interrupt check that throws once asked to: what the Python binding installs.
