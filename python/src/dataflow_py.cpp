@@ -167,11 +167,13 @@ struct PyRunner {
   }
 };
 
-// An epoch of a runner as a Python iterator; keeps its runner alive.
+// An epoch of a runner as a Python iterator; keeps its runner alive. Threads sharing the
+// iterator take turns in the runner; each holds the epoch while it waits, so one that ends
+// the iteration (an error, the end) does not destroy it under another.
 struct PyEpoch {
   nb::object owner;  // the Python object of the runner (tensorwire.dataflow's)
   nb::object core;   // the binding's: a collected cycle clears owner's attributes first
-  std::optional<df::Epoch> epoch;
+  std::shared_ptr<df::Epoch> epoch;
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(owner.ptr());
@@ -185,15 +187,16 @@ struct PyEpoch {
   }
 
   nb::object next() {
-    if (!epoch) throw nb::stop_iteration();
+    const std::shared_ptr<df::Epoch> held = epoch;
+    if (!held) throw nb::stop_iteration();
     std::optional<df::RawDatapoint> dp;
     try {
       // A look without waiting first, GIL held: in a busy pipeline the datapoint is
       // there, and releasing and re-taking the GIL for each one would cost more.
-      dp = df::detail::RawAccess::next(*epoch, Timeout::poll());
-      if (!dp && !epoch->done()) {
+      dp = df::detail::RawAccess::next(*held, Timeout::poll());
+      if (!dp && !held->done()) {
         NoGil nogil;
-        dp = df::detail::RawAccess::next(*epoch, Timeout::forever());
+        dp = df::detail::RawAccess::next(*held, Timeout::forever());
       }
     } catch (...) {
       epoch.reset();  // as a generator that raised: this iteration is over
@@ -210,8 +213,8 @@ struct PyEpoch {
 // `owner`: what the iterator keeps alive (the Python runner object holding this one).
 template <class T>
 PyEpoch epoch_of(nb::handle self, nb::handle owner) {
-  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), std::nullopt};
-  e.epoch.emplace(nb::cast<PyRunner<T>&>(self).runner->epoch());
+  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), nullptr};
+  e.epoch = std::make_shared<df::Epoch>(nb::cast<PyRunner<T>&>(self).runner->epoch());
   return e;
 }
 

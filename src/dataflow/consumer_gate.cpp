@@ -1,21 +1,38 @@
 #include "dataflow/consumer_gate.h"
 
+#include "runtime/wait.h"
 #include "tensorwire/core/error.h"
+#include "tensorwire/dataflow/dataflow.h"
 #include "tensorwire/runtime/log.h"
 
 namespace tensorwire::dataflow::detail {
 
-ConsumerGate::Call::Call(ConsumerGate& gate, const char* name) : gate_(gate) {
+ConsumerGate::Call::Call(ConsumerGate& gate, const char* name, Deadline deadline) : gate_(gate) {
+  if (gate_.thread_.load(std::memory_order_acquire) == std::this_thread::get_id())
+    throw StateError(std::string(name) +
+                     ": called again from within its own running call (a callback of it)");
+  entered_ = runtime::wait_until(deadline, [&](Deadline slice) {
+    if (gate_.closing()) throw ClosedError(std::string(name) + " is closed");
+    return gate_.turn_.try_lock_until(slice.when());
+  });
+  if (!entered_) return;
   gate_.calls_.fetch_add(1, std::memory_order_seq_cst);
   gate_.thread_.store(std::this_thread::get_id(), std::memory_order_release);
   if (gate_.closing()) {
-    gate_.calls_.fetch_sub(1, std::memory_order_seq_cst);
+    leave();
     throw ClosedError(std::string(name) + " is closed");
   }
 }
 
 ConsumerGate::Call::~Call() {
+  if (entered_) leave();
+}
+
+void ConsumerGate::Call::leave() noexcept {
+  entered_ = false;
+  gate_.thread_.store(std::thread::id(), std::memory_order_release);
   gate_.calls_.fetch_sub(1, std::memory_order_seq_cst);
+  gate_.turn_.unlock();
 }
 
 bool ConsumerGate::stop(std::chrono::milliseconds wait, const char* name) noexcept {

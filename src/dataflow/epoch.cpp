@@ -14,8 +14,8 @@ Epoch::Epoch(detail::EpochSource* source) : source_(source) {
 
 Epoch::Epoch(Epoch&& o) noexcept
     : source_(std::exchange(o.source_, nullptr)),
-      count_(o.count_),
-      done_(o.done_),
+      count_(o.count_.load()),
+      done_(o.done_.load()),
       orphaned_(o.orphaned_) {
   if (source_) source_->live_ = this;
 }

@@ -540,7 +540,8 @@ Epoch MultiProcessMapDataZMQ::epoch() {
 detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline deadline) {
   Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
-  ConsumerCall call(m);
+  ConsumerCall call(m, deadline);
+  if (!call.entered()) return {};
   try {
     if (!m.opt.strict) {
       while (true) {

@@ -297,7 +297,9 @@ void RemoteDataZMQ::Impl::open() {
 std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeout timeout) {
   RemoteDataZMQ::Impl& m = *remote.impl_;
   m.check_usable();
-  detail::ConsumerGate::Call call(m.gate, "RemoteDataZMQ");
+  const Deadline deadline = Deadline::after(timeout);
+  detail::ConsumerGate::Call call(m.gate, "RemoteDataZMQ", deadline);
+  if (!call.entered()) return std::nullopt;
   using Clock = ProducerTable::Clock;
   const auto live = m.opt.liveness_timeout;
   if (m.last_return && live.count() > 0) {
@@ -312,7 +314,7 @@ std::optional<RawDatapoint> detail::RawAccess::next(RemoteDataZMQ& remote, Timeo
   const auto check_every = live.count() > 0 ? std::max(live / 20, std::chrono::milliseconds(10))
                                             : std::chrono::milliseconds::max();
   std::optional<RawDatapoint> out;
-  runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+  runtime::wait_until(deadline, [&](Deadline slice) {
     while (true) {
       if (m.gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
       // The events and the silence check on a clock, not per datapoint: each read of the

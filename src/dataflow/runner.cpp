@@ -192,7 +192,8 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadl
   Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
   m.check_started();
-  ConsumerCall call(m);
+  ConsumerCall call(m, deadline);
+  if (!call.entered()) return std::nullopt;
   try {
     while (true) {
       auto r = m.link.receive(deadline);

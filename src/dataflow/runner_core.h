@@ -56,8 +56,12 @@ struct RunnerCore {
   // The consumer's call (next(), an epoch's step, the map's first fill) while it runs:
   // close() from another thread waits for it to leave the link (link.gate). It begins by
   // throwing what an on_restart callback threw in an earlier call (deferred_report).
+  // Calls take turns (ConsumerGate): one that waited for its turn until `deadline` is not
+  // entered() and returns as at its timeout.
   struct ConsumerCall : ConsumerGate::Call {
-    explicit ConsumerCall(RunnerCore& core) : ConsumerGate::Call(core.link.gate, core.name) {
+    explicit ConsumerCall(RunnerCore& core, Deadline deadline = Deadline::never())
+        : ConsumerGate::Call(core.link.gate, core.name, deadline) {
+      if (!entered()) return;
       if (std::exception_ptr e = std::exchange(core.deferred_report, nullptr))
         std::rethrow_exception(e);
     }

@@ -807,3 +807,62 @@ def test_a_subclass_pickles_with_its_attributes_as_tensorpacks():
     assert (got, exitcode) == ([0, 1, 2, 3], 0)
     back.close()
     r.close()
+
+
+def _read_in_threads(read, threads=2):
+    """Datapoint indices read by `threads` threads calling read() until it returns None or
+    raises StopIteration; whether each came intact; and what else was raised."""
+    import threading
+    seen, errors, lock = [], [], threading.Lock()
+
+    def consume():
+        try:
+            while (dp := read()) is not None:
+                with lock:
+                    seen.append((dp[1], bool((dp[0] == dp[1] % 251).all())))
+        except StopIteration:
+            pass
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            errors.append(repr(e))
+    ts = [threading.Thread(target=consume) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return [i for i, _ in seen], all(ok for _, ok in seen), errors
+
+
+def test_threads_sharing_one_receiver_take_turns_and_each_datapoint_comes_once():
+    # Two threads in recv() read one ZeroMQ socket at once: the heap was corrupted (abort),
+    # messages were split between them (false rejections), datapoints came twice.
+    import threading
+    n = 600
+    remote = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    remote.reset_state()
+    sender = threading.Thread(target=twdf.send_dataflow_zmq,
+                              args=(Counting(n, 2048), remote.endpoint(0)),
+                              kwargs={"max_datapoints": n}, daemon=True)
+    sender.start()
+    try:
+        got, intact, errors = _read_in_threads(lambda: remote.recv(timeout=3))
+        assert errors == [] and intact and remote.rejected == 0
+        assert sorted(got) == list(range(n))
+    finally:
+        sender.join(30)
+        remote.close()
+
+
+@pytest.mark.parametrize("strict_map", [False, True], ids=["runner", "strict map"])
+def test_threads_sharing_one_iterator_take_turns_and_the_epoch_stays_whole(strict_map):
+    # The map's iterator shared by two threads ran its dataflow's generator in both ("generator
+    # already executing"), cut the epoch short, or gave a datapoint twice.
+    flow = Counting(300, 2048)
+    with (twdf.MultiProcessMapDataZMQ(flow, 2, lambda dp: dp, buffer_size=16, strict=True)
+          if strict_map else twdf.MultiProcessRunnerZMQ(flow, num_proc=2)) as runner:
+        runner.reset_state()
+        it = iter(runner)
+        got, intact, errors = _read_in_threads(lambda: next(it))
+        assert errors == [] and intact
+        # An epoch is len(ds) datapoints; the runner's workers each iterate the whole flow
+        # (tensorpack's), the strict map's epoch is each datapoint once.
+        assert sorted(got) == list(range(300)) if strict_map else len(got) == 300

@@ -8,6 +8,7 @@
 // Thread-safety: as its runner (one thread).
 #pragma once
 
+#include <atomic>
 #include <iterator>
 #include <optional>
 
@@ -28,8 +29,8 @@ class Epoch {
   // `timeout` passed first (done() false). An interrupt (see runtime/interrupt.h) or a
   // timeout leaves the epoch where it was: next() may be called again.
   std::optional<TensorDict> next(Timeout timeout = Timeout::forever());
-  bool done() const noexcept { return done_; }
-  uint64_t count() const noexcept { return count_; }
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+  uint64_t count() const noexcept { return count_.load(std::memory_order_acquire); }
 
   class iterator {
    public:
@@ -61,8 +62,10 @@ class Epoch {
   friend struct detail::RawAccess;
   friend class detail::EpochSource;
   detail::EpochSource* source_;  // null once moved from, or once the runner went
-  uint64_t count_ = 0;
-  bool done_ = false;
+  // Atomic: the runner's calls take turns (a second thread's next() waits for the first),
+  // but each updates these after its turn.
+  std::atomic<uint64_t> count_{0};
+  std::atomic<bool> done_{false};
   bool orphaned_ = false;  // the runner went first
 };
 

@@ -11,6 +11,10 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
 #include "dataflow/raw_datapoint.h"
 #include "flows.h"
 #include "tensorwire/dataflow/remote.h"
@@ -354,6 +358,57 @@ TEST(Remote, AHostThatDoesNotResolveIsAValueErrorNotASilentWait) {
   } catch (const ValueError& e) {
     EXPECT_THAT(e.what(), HasSubstr("cannot resolve host 'nosuchhost.invalid'"));
   }
+}
+
+// Two threads reading one receiver take turns: together they get every datapoint once,
+// whole (they read one ZeroMQ socket at once: heap corruption, messages split between
+// them). A callback of a call that calls next() again is a StateError, not a deadlock.
+TEST(Remote, ThreadsSharingAReceiverTakeTurns) {
+  const std::string addr = free_tcp_address();
+  const int pid = spawn_producer(addr, counting(std::nullopt, 4096), 400);
+  RemoteDataZMQ recv(addr);
+  recv.reset_state();
+  std::mutex mu;
+  std::vector<int64_t> got;
+  auto consume = [&] {
+    while (auto dp = recv.next(3s)) {
+      std::lock_guard<std::mutex> l(mu);
+      got.push_back(index_of(*dp));
+    }
+  };
+  std::thread a(consume), b(consume);
+  a.join();
+  b.join();
+  EXPECT_EQ(wait_exit(pid), 0);
+  std::sort(got.begin(), got.end());
+  ASSERT_EQ(got.size(), 400u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], static_cast<int64_t>(i));
+  EXPECT_EQ(recv.rejected(), 0u);
+}
+
+TEST(Remote, ACallFromACallbackOfTheRunningCallIsAStateError) {
+  const std::string addr = free_tcp_address();
+  RemoteDataZMQ* self = nullptr;
+  std::string inner;
+  RemoteDataZMQ recv(addr, "", {.on_rejected = [&](const ProtocolError&) {
+                       try {
+                         (void)self->next(Timeout::poll());
+                       } catch (const StateError& e) {
+                         inner = e.what();
+                       }
+                     }});
+  self = &recv;
+  recv.reset_state();
+  zmq::context_t ctx;
+  zmq::socket_t rogue(ctx, zmq::socket_type::push);
+  rogue.set(zmq::sockopt::linger, 1000);
+  rogue.connect(addr);
+  rogue.send(zmq::str_buffer("lonely"), zmq::send_flags::none);
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       recv.rejected() == 0 && std::chrono::steady_clock::now() < until;)
+    (void)recv.next(100ms);
+  EXPECT_EQ(recv.rejected(), 1u);
+  EXPECT_THAT(inner, HasSubstr("called again from within its own running call"));
 }
 
 // Producers' liveness: the receiver's table of producers and its report of a producer that
