@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "os/fork.h"
 #include "tensorwire/core/error.h"
 
 namespace tensorwire::shm {
@@ -232,9 +233,13 @@ Storage chunk_storage(const Segment& segment, size_t payload_offset, size_t nbyt
     throw ProtocolError("a " + std::to_string(nbytes) +
                         "-byte payload does not fit the chunk at offset " +
                         std::to_string(payload_offset));
+  // Only the process that took the chunk releases it. A forked child's copy of the
+  // storage views the same shared memory: its release (the child dropping the copy, or
+  // exiting) would hand the chunk back to its owner while the parent still reads it.
   return Storage::external(
       segment.data() + payload_offset, nbytes,
-      [segment, payload_offset] {
+      [segment, payload_offset, generation = os::fork_generation()] {
+        if (os::fork_generation() != generation) return;
         try {
           release_chunk(segment, payload_offset);
         } catch (...) {

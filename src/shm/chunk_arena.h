@@ -89,7 +89,8 @@ void release_chunk(const Segment& segment, size_t payload_offset);
 size_t chunk_capacity(const Segment& segment, size_t payload_offset);
 
 // A Storage over the first `nbytes` of a Used chunk's payload, whose release (when the last
-// tensor viewing it goes) is release_chunk(). Keeps the segment mapped until then.
+// tensor viewing it goes, in the process that made it: not in a forked child) is
+// release_chunk(). Keeps the segment mapped until then.
 Storage chunk_storage(const Segment& segment, size_t payload_offset, size_t nbytes);
 
 // Several arenas owned by one process, grown on demand.

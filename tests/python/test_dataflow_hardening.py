@@ -866,3 +866,25 @@ def test_threads_sharing_one_iterator_take_turns_and_the_epoch_stays_whole(stric
         # An epoch is len(ds) datapoints; the runner's workers each iterate the whole flow
         # (tensorpack's), the strict map's epoch is each datapoint once.
         assert sorted(got) == list(range(300)) if strict_map else len(got) == 300
+
+
+@pytest.mark.parametrize("strict_map", [False, True], ids=["runner", "map"])
+def test_a_forked_child_dropping_its_copy_of_a_datapoint_leaves_the_parents_whole(strict_map):
+    # The child's copy views the same shared memory: releasing it (the child dropping it, or
+    # exiting) handed the chunk back to the worker, which rewrote the parent's datapoint.
+    import gc
+    flow = Counting(10_000, 1 << 16)
+    with (twdf.MultiProcessMapDataZMQ(flow, 1, lambda dp: dp, buffer_size=4, strict=True)
+          if strict_map else twdf.MultiProcessRunnerZMQ(flow, num_proc=1)) as runner:
+        runner.reset_state()
+        it = iter(runner)
+        kept = next(it)
+        pid = os.fork()
+        if pid == 0:
+            del kept
+            gc.collect()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        for _ in range(200):
+            next(it)
+        assert (kept[0] == kept[1] % 251).all()
