@@ -57,10 +57,11 @@ struct RunnerCore {
   // close() from another thread waits for it to leave the link (link.gate). It begins by
   // throwing what an on_restart callback threw in an earlier call (deferred_report).
   // Calls take turns (ConsumerGate): one that waited for its turn until `deadline` is not
-  // entered() and returns as at its timeout.
+  // entered() and returns as at its timeout. Each begins with check_open(): a forked
+  // child's copy of the runner (its iterator, an epoch) is refused here, once for all.
   struct ConsumerCall : ConsumerGate::Call {
     explicit ConsumerCall(RunnerCore& core, Deadline deadline = Deadline::never())
-        : ConsumerGate::Call(core.link.gate, core.name, deadline) {
+        : ConsumerGate::Call((core.check_open(), core.link.gate), core.name, deadline) {
       if (!entered()) return;
       if (std::exception_ptr e = std::exchange(core.deferred_report, nullptr))
         std::rethrow_exception(e);

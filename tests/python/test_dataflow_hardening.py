@@ -487,9 +487,9 @@ def _child_uses_own_runner(q):
         q.put(sorted(check(dp) for dp in r))
 
 
-def _child_uses_inherited(r, q):
+def _child_uses_inherited(r, q, it=None):
     try:
-        next(iter(r))
+        next(iter(r) if it is None else it)
         q.put("no error")
     except tensorwire.ClosedError as e:
         q.put(str(e))
@@ -524,18 +524,25 @@ def test_a_forked_child_cannot_use_its_parents_remote():
     r.close()
 
 
-def test_a_forked_child_cannot_use_its_parents_runner():
+@pytest.mark.parametrize("kind", ["runner", "map"])
+@pytest.mark.parametrize("inherited_iterator", [False, True], ids=["new iterator", "its iterator"])
+def test_a_forked_child_cannot_use_its_parents_runner(kind, inherited_iterator):
+    # The map's iterator, inherited, went on in the child and broke the parent's stream.
     ctx = multiprocessing.get_context("fork")
-    with twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=1) as r:
+    with (twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=1) if kind == "runner" else
+          twdf.MultiProcessMapDataZMQ(Counting(4), 1, lambda dp: dp, strict=True)) as r:
         r.reset_state()
+        it = iter(r) if inherited_iterator else None
+        got = [check(next(it))] if it else []
         q = ctx.Queue()
-        p = ctx.Process(target=_child_uses_inherited, args=(r, q))
+        p = ctx.Process(target=_child_uses_inherited, args=(r, q, it))
         p.start()
         msg = q.get(timeout=60)
         p.join(30)
         assert "forked child cannot use it" in msg and str(os.getpid()) in msg
         assert p.exitcode == 0
-        assert sorted(check(dp) for dp in r) == [0, 1, 2, 3]  # the parent's goes on
+        got += [check(dp) for dp in (it or r)]  # the parent's goes on
+        assert sorted(got) == [0, 1, 2, 3]
 
 
 Point = collections.namedtuple("Point", "x y")
