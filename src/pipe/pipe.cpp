@@ -8,7 +8,15 @@ namespace tensorwire {
 
 TensorDictPipe::TensorDictPipe(std::shared_ptr<detail::PipeImpl> impl) : impl_(std::move(impl)) {}
 TensorDictPipe::TensorDictPipe(TensorDictPipe&&) noexcept = default;
-TensorDictPipe& TensorDictPipe::operator=(TensorDictPipe&&) noexcept = default;
+// The pipe replaced is closed, as its destructor would: a future of it (recv_async) holds
+// its impl, and nothing else could ever close it.
+TensorDictPipe& TensorDictPipe::operator=(TensorDictPipe&& o) noexcept {
+  if (this != &o) {
+    if (impl_) impl_->close();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
 TensorDictPipe::~TensorDictPipe() {
   if (impl_) impl_->close();
 }

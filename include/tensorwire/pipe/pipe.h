@@ -159,8 +159,8 @@ class TensorDictPipe {
   size_t inline_payload_max() const;
 
   TensorDictPipe(TensorDictPipe&&) noexcept;
-  TensorDictPipe& operator=(TensorDictPipe&&) noexcept;
-  ~TensorDictPipe();  // closes
+  TensorDictPipe& operator=(TensorDictPipe&&) noexcept;  // closes the pipe it replaces
+  ~TensorDictPipe();                                     // closes
 
  private:
   friend class PipeListener;

@@ -699,6 +699,19 @@ TEST(PipeRuntime, APipeWhoseReceiveTimedOutInTheMiddleOfARendezvousClosesCleanly
   }
 }
 
+// Assigning over a pipe closes it, as destroying it does: a pending recv_async of the pipe
+// replaced ended never (its future held it open, and nothing could close it).
+TEST(PipeRuntime, MoveAssigningOverAPipeClosesIt) {
+  Pair p, q;
+  auto pending = p.connected->recv_async();
+  *p.connected = std::move(*q.connected);
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready);
+  EXPECT_THROW(pending.get(), ClosedError);
+  p.accepted.reset();            // the other end of the closed pipe
+  q.accepted->send(small(3.f));  // the pipe moved in works
+  EXPECT_EQ(p.connected->recv(nullptr, 5s).get("v").data<float>()[0], 3.f);
+}
+
 TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
   PipeListener first(0);
   try {
