@@ -149,6 +149,12 @@ class _FdWaiter:
 
     async def wait(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._waiters and self._own_loop() not in (None, loop):
+            # The fds are watched by that loop's selector and its waiters woken from its
+            # thread: a waiter of this loop would never wake (both loops hung).
+            raise RuntimeError(
+                "this pipe is awaited on another thread's event loop already: await a pipe "
+                "from one event loop at a time")
         fut = loop.create_future()
         if not self._waiters:
             self._loop = loop

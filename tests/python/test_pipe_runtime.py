@@ -1104,3 +1104,30 @@ def test_a_receive_cut_by_the_senders_close_ends(tmp_path, tls, delay, exits):
     # error"), whichever comes first.
     assert exits or "the peer closed the pipe" in r.stdout, r.stdout
     assert r.returncode == 0 and "Fatal" not in r.stderr, r.stderr
+
+
+def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair):
+    # The fds are watched by the first loop's selector: a waiter of another thread's loop
+    # never woke, and both loops hung.
+    accepted, connected = pair
+    waiting = threading.Event()
+    first_done = {}
+
+    def first_loop():
+        async def recv():
+            waiting.set()
+            return await connected.arecv()
+        first_done["got"] = asyncio.run(recv())
+
+    t = threading.Thread(target=first_loop)
+    t.start()
+    assert waiting.wait(10)
+    time.sleep(0.2)  # the first loop's arecv waits on the pipe's fds
+
+    async def second():  # a send that must wait: a rendezvous the peer does not take yet
+        await connected.asend(big())
+    with pytest.raises(RuntimeError, match="awaited on another thread's event loop"):
+        asyncio.run(second())
+    accepted.send(small(7.0))  # the first loop's receive goes on
+    t.join(10)
+    assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
