@@ -110,6 +110,11 @@ class _FdWaiter:
         if self._loop is not None and self._pid != os.getpid():
             self._loop = None
             self._waiters = set()
+        elif self._loop is not None and self._loop.is_closed():
+            # Closed with our waiters pending (a fixture's loop torn down): its selector and
+            # its futures are gone with it; nothing there to unregister or wake.
+            self._loop = None
+            self._waiters = set()
         return self._loop
 
     def on_loop(self, fn) -> None:

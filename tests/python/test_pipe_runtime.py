@@ -1131,3 +1131,16 @@ def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair):
     accepted.send(small(7.0))  # the first loop's receive goes on
     t.join(10)
     assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
+
+
+def test_close_after_the_event_loop_was_closed_with_a_receive_pending(pair):
+    # A test fixture's loop torn down with an arecv still waiting: close() raised "Event loop
+    # is closed" (unregistering the fds from the closed loop) and left the pipe open.
+    accepted, _ = pair
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(accepted.arecv())
+    loop.run_until_complete(asyncio.sleep(0.2))  # the arecv waits on the pipe's fds
+    loop.close()
+    accepted.close()
+    assert accepted.closed
+    task._log_destroy_pending = False  # asyncio's own warning about the task left pending
