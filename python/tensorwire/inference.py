@@ -425,6 +425,10 @@ _STATS = ("requests", "batches", "requests_per_s", "batches_per_s", "avg_batch_s
           "weight_updates")
 
 _live_servers: "weakref.WeakSet[InferenceServer]" = weakref.WeakSet()
+# Started servers, held until shutdown() or close(), as a started threading.Thread is: a
+# server started by a helper that drops it (`InferenceServer(...).start()`) goes on serving
+# instead of being shut down by the garbage collector under its clients.
+_serving: "set[InferenceServer]" = set()
 
 
 @atexit.register
@@ -492,8 +496,10 @@ class InferenceServer:
         _live_servers.add(self)
 
     def start(self) -> "InferenceServer":
-        """Starts the serving thread (RuntimeError when already running)."""
+        """Starts the serving thread (RuntimeError when already running). The server is
+        then kept alive until ``shutdown()`` or ``close()``, as a started thread is."""
         self._server.start()
+        _serving.add(self)
         return self
 
     def shutdown(self, timeout: float | None = 5.0) -> bool:
@@ -502,6 +508,7 @@ class InferenceServer:
         Waits up to ``timeout`` seconds for a policy call in progress; returns whether the
         serving thread stopped in time.
         """
+        _serving.discard(self)
         return self._server.shutdown(timeout)
 
     @property
@@ -536,6 +543,7 @@ class InferenceServer:
     def close(self) -> None:
         """Shuts down (if running) and releases the server: every later use raises ClosedError."""
         _live_servers.discard(self)  # nothing left for the exit hook to shut down
+        _serving.discard(self)
         self._server.close()
 
     def __repr__(self) -> str:

@@ -712,3 +712,26 @@ def test_a_policy_output_of_the_wrong_batch_size_is_a_value_error_and_the_server
         wrong["on"] = False
         assert float(c(observation(1), timeout=30)["action"][0]) == 2.0
     t.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_started_server_its_maker_dropped_goes_on_serving_until_shutdown(kind):
+    # It was shut down by the garbage collector, and its clients got "the inference server
+    # was shut down" with no word of why. Kept alive as a started thread is.
+    import gc
+    import weakref
+    transport = make(kind)
+
+    def serve():
+        return weakref.ref(tw.InferenceServer(double_policy, transport).start())
+    ref = serve()
+    gc.collect()
+    client = transport.client()
+    assert client(observation(1), timeout=10)["action"].tolist() == [2.0, 4.0]
+    server = ref()
+    assert server is not None and server.is_alive
+    assert server.shutdown()
+    del server
+    gc.collect()
+    assert ref() is None  # released once shut down
+    transport.close()
