@@ -1,5 +1,7 @@
 #include "tensorwire/inference/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -67,6 +69,21 @@ struct InferenceServer::State {
   bool finished = true;
   bool started = false;            // under done_mu: a worker was started and not joined yet
   uint64_t worker_generation = 0;  // under done_mu
+  // The process that started a worker (0: none yet). Atomic, read without done_mu: a
+  // forked child's copy of that mutex may be locked for ever.
+  std::atomic<int> started_by{0};
+
+  // A forked child's copy of a server started by its parent: the serving thread, the model
+  // and the batches are the parent's. What would act on them is refused here, naming the
+  // fork (a copy would run `update_model` on the child's policy and say nothing). Quiet
+  // calls (is_alive, shutdown, close: an exit hook's) stay quiet.
+  void refuse_if_inherited(const char* what) const {
+    const int by = started_by.load(std::memory_order_acquire);
+    if (by != 0 && by != ::getpid())
+      throw ClosedError(std::string("InferenceServer.") + what +
+                        "(): this server serves in process " + std::to_string(by) +
+                        "; a forked child cannot use it (make a new one here)");
+  }
 
   // Held during each batch's policy calls and by update_model (which may give up waiting).
   runtime::TimedLock model_mu;
@@ -322,6 +339,7 @@ void InferenceServer::start() {
     s_->finished = !started;  // before the thread runs: it sets finished when it ends
     s_->started = started;
     s_->worker_generation = os::fork_generation();
+    s_->started_by.store(::getpid(), std::memory_order_release);
   };
   set_started(true);
   try {
@@ -372,6 +390,7 @@ bool InferenceServer::running() const noexcept {
 }
 
 void InferenceServer::update_model(const std::function<void()>& fn, bool mark, Timeout timeout) {
+  s_->refuse_if_inherited("update_model");
   if (s_->in_policy.load() == std::this_thread::get_id())
     throw Error(
         "update_model() called from the policy: it runs between batches, and this batch's "
@@ -394,6 +413,7 @@ int64_t InferenceServer::policy_version() const noexcept {
 }
 
 ServerStats InferenceServer::stats(bool reset) {
+  s_->refuse_if_inherited("stats");
   std::lock_guard<std::mutex> lock(s_->stats_mu);
   ServerStats st;
   const double elapsed =

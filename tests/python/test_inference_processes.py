@@ -203,3 +203,34 @@ def test_a_spec_of_64_mib_or_more_reaches_a_client_in_another_process():
         assert q.get(timeout=60) == (3.0, (64 << 20,), 0)
         p.join(10)
         assert p.exitcode == 0
+
+
+def _child_uses_inherited_server(server, queue):
+    out = {"is_alive": server.is_alive}
+    for name, call in (("stats", server.stats), ("update_model", lambda: server.update_model(
+            lambda policy: None, timeout=2))):
+        try:
+            call()
+            out[name] = "no error"
+        except tw.ClosedError as e:
+            out[name] = str(e)
+    queue.put(out)
+
+
+def test_a_forked_child_cannot_use_its_parents_server_and_the_parent_goes_on():
+    # update_model() ran fn on the child's copy of the policy and returned as if done; stats()
+    # reported the copy's.
+    ctx = mp.get_context("fork")
+    transport = make_shm(4)
+    with tw.InferenceServer(double_policy, transport) as server:
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_uses_inherited_server, args=(server, q))
+        p.start()
+        out = q.get(timeout=60)
+        p.join(30)
+        assert p.exitcode == 0 and out["is_alive"] is False
+        for name in ("stats", "update_model"):
+            assert f"InferenceServer.{name}(): this server serves in process {os.getpid()}" in \
+                out[name] and "forked child cannot use it" in out[name]
+        assert transport.client()(observation(1), timeout=10)["action"].tolist() == [2.0, 4.0]
+    transport.close()
