@@ -130,11 +130,13 @@ void TensorDictPipe::close() {
 bool TensorDictPipe::closed() const {
   return !impl_ || impl().closed();
 }
+// The state queries answer for a moved-from pipe too, as closed() does (it can carry no
+// data, and its peer closed nothing): they are what a caller asks before using it.
 bool TensorDictPipe::failed() const {
-  return impl().failed();
+  return !impl_ || impl_->failed();
 }
 bool TensorDictPipe::closed_by_peer() const {
-  return impl().closed_by_peer();
+  return impl_ && impl_->closed_by_peer();
 }
 uint16_t TensorDictPipe::local_port() const {
   return impl().local_port();

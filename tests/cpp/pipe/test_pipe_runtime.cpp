@@ -553,6 +553,8 @@ TEST(PipeRuntime, AMovedFromPipeIsClosed) {
   Pair p;
   TensorDictPipe taken = std::move(*p.accepted);
   EXPECT_TRUE(p.accepted->closed());
+  EXPECT_TRUE(p.accepted->failed());  // the queries answer (they threw ClosedError)
+  EXPECT_FALSE(p.accepted->closed_by_peer());
   EXPECT_THROW(p.accepted->send(small(1), 1s), ClosedError);
   EXPECT_THROW(p.accepted->recv(nullptr, 1s), ClosedError);
   EXPECT_THROW(p.accepted->recv_async(1s), ClosedError);
