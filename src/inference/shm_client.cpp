@@ -11,6 +11,11 @@ namespace tensorwire::inference::detail {
 
 namespace {
 
+constexpr const char* kClientClosed = "the inference client was closed";
+// What a client sees in shared memory (kStopped) does not say which of the two it was.
+constexpr const char* kServerStopped =
+    "the inference server was shut down, or its shared-memory transport closed";
+
 class ShmPending final : public Pending {
  public:
   ShmPending(std::shared_ptr<ShmConnection> conn, uint32_t slot)
@@ -44,7 +49,7 @@ class ShmPending final : public Pending {
                                              std::memory_order_acq_rel)) {
           r.header->freed.notify_one();
           released_ = true;
-          closed_ = "the inference server was shut down";
+          closed_ = kServerStopped;
           return true;
         }
         continue;
@@ -148,10 +153,6 @@ std::shared_ptr<ShmConnection> attach_by_name(const std::string& name, Deadline 
   return c;
 }
 
-namespace {
-constexpr const char* kClientClosed = "the inference client was closed";
-}  // namespace
-
 ShmClient::ShmClient(std::string name, std::shared_ptr<ShmRegion> local)
     : name_(std::move(name)), local_(std::move(local)), local_generation_(os::fork_generation()) {}
 
@@ -226,7 +227,7 @@ uint32_t ShmClient::claim(ShmConnection& c, Deadline deadline) {
     // being taken shows the server at work.
     if (slept && !c.owner_alive()) throw ClosedError(c.gone_message());
     if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
-      throw ClosedError("the inference server was shut down");
+      throw ClosedError(kServerStopped);
     c.slot_wait.wait(r.header->freed, seen, slice.when(), alive);
     slept = true;
     return false;
@@ -244,7 +245,7 @@ std::unique_ptr<Pending> ShmClient::submit(const TensorDict& td, Deadline deadli
   thread_local std::vector<const Tensor*> leaves;
   validate_request(td, r.request, leaves, "SharedMemoryTransport");
   if (r.header->server_state.load(std::memory_order_acquire) == kStopped)
-    throw ClosedError("the inference server was shut down");
+    throw ClosedError(kServerStopped);
   const uint32_t slot = claim(*c, deadline);
   SlotControl& sc = r.slot(slot);
   write_row(r.request, r.request_data(), slot, leaves);
