@@ -66,7 +66,10 @@ class Transport {
   std::vector<Client> clients(int64_t num_clients);
   // Closes the transport: requests not yet served fail with ClosedError, and every later
   // submit (from any client, in any process), client() and InferenceServer::start() throw
-  // ClosedError. A server still running idles until it is shut down. Idempotent.
+  // ClosedError. A SocketTransport's client already connected hears of it from its
+  // connection, at its next result(): a submit in between may still be taken, and its
+  // result() throws ClosedError. A server still running idles until it is shut down.
+  // Idempotent.
   void close();
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
 
