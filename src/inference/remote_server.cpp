@@ -2,7 +2,9 @@
 #include "remote_server.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <new>
 #include <utility>
 
 #include "runtime/peer_liveness.h"
@@ -50,9 +52,17 @@ RemoteServer::RemoteServer(const TensorDict& request_spec, const TensorDict& res
   const auto n = static_cast<uint32_t>(options.num_slots);
   request = SlotLayout::from_spec(request_spec, n, "request_spec");
   response = SlotLayout::from_spec(response_spec, n, "response_spec");
-  request_bank = Storage::allocate(request.bank_bytes(), 64);
-  response_bank = Storage::allocate(response.bank_bytes(), 64);
-  batch.staging = Storage::allocate(request.bank_bytes(), 64);
+  try {  // a tensorwire error naming the sizes, as the shared-memory transport's mmap gives
+    request_bank = Storage::allocate(request.bank_bytes(), 64);
+    response_bank = Storage::allocate(response.bank_bytes(), 64);
+    batch.staging = Storage::allocate(request.bank_bytes(), 64);
+  } catch (const std::bad_alloc&) {
+    throw SystemError("RemoteTransport: banks of " + std::to_string(n) + " slots (" +
+                          std::to_string(request.bank_bytes()) + " bytes of requests, twice, and " +
+                          std::to_string(response.bank_bytes()) +
+                          " of responses) do not fit in memory",
+                      ENOMEM);
+  }
   for (const LeafSlot& l : request.leaves()) request_bytes += l.row_bytes;
   slots.resize(n);
   for (uint32_t i = n; i-- > 0;) free_slots.push_back(i);

@@ -113,6 +113,23 @@ TEST(RemoteTransport, SpecsAreValidatedAsForSharedMemory) {
                ValueError);
 }
 
+// Banks beyond the address space (a spec of 2^58 floats viewed from one, stride 0: 2^61
+// bytes, which no overcommit setting maps) are a tensorwire error naming the sizes:
+// std::bad_alloc escaped, which no catch of tensorwire::Error sees.
+TEST(RemoteTransport, BanksThatDoNotFitInMemoryAreASystemErrorNamingThem) {
+  const Tensor one = Tensor::zeros({1}, DType::Float32);
+  TensorDict huge;
+  huge.set("obs", Tensor::view(one.storage(), 0, {int64_t(1) << 58}, DType::Float32, {0}));
+  try {
+    RemoteTransport::create(huge, response_spec(), {.num_slots = 2, .host = "127.0.0.1"});
+    ADD_FAILURE() << "no error";
+  } catch (const SystemError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("banks of 2 slots"), std::string::npos) << what;
+    EXPECT_NE(what.find("do not fit in memory"), std::string::npos) << what;
+  }
+}
+
 TEST(RemoteTransport, ABadAddressIsAValueError) {
   EXPECT_THROW(RemoteTransport::client_for("nohost"), ValueError);
   EXPECT_THROW(RemoteTransport::client_for("host:99999"), ValueError);
