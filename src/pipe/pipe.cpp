@@ -160,31 +160,43 @@ const PipeOptions& TensorDictPipe::options() const {
 
 PipeListener::PipeListener(uint16_t port, const PipeOptions& options)
     : impl_(std::make_unique<detail::ListenerImpl>(port, options)) {}
+PipeListener::PipeListener(PipeListener&&) noexcept = default;
+PipeListener& PipeListener::operator=(PipeListener&& o) noexcept {
+  if (this != &o) {
+    if (impl_) impl_->close();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
 PipeListener::~PipeListener() = default;
+detail::ListenerImpl& PipeListener::impl() const {
+  if (!impl_) throw ClosedError("this PipeListener was moved from");
+  return *impl_;
+}
 uint16_t PipeListener::port() const {
-  return impl_->port();
+  return impl().port();
 }
 std::optional<TensorDictPipe> PipeListener::accept(Timeout timeout, bool throw_on_refusal) {
-  return impl_->accept(timeout, throw_on_refusal,
+  return impl().accept(timeout, throw_on_refusal,
                        [](auto impl) { return TensorDictPipe(std::move(impl)); });
 }
 int PipeListener::fd() const {
-  return impl_->fd();
+  return impl().fd();
 }
 bool PipeListener::arm() {
-  return impl_->arm();
+  return impl().arm();
 }
 void PipeListener::close() {
-  impl_->close();
+  if (impl_) impl_->close();
 }
 bool PipeListener::closed() const {
-  return impl_->closed();
+  return !impl_ || impl_->closed();
 }
 size_t PipeListener::refused() const {
-  return impl_->refused();
+  return impl().refused();
 }
 const std::string& PipeListener::last_refusal() const {
-  return impl_->last_refusal();
+  return impl().last_refusal();
 }
 
 }  // namespace tensorwire

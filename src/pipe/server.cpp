@@ -1,48 +1,92 @@
 #include "tensorwire/pipe/server.h"
 
+#include <mutex>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "pipe_impl.h"
 
 namespace tensorwire {
 
+struct detail::ServerState {
+  ServerState(uint16_t port, const PipeOptions& options) : listener(port, options) {}
+  PipeListener listener;
+  mutable std::mutex mu;
+  bool closed = false;
+  std::vector<std::weak_ptr<detail::PipeImpl>> handed_out;
+};
+
 TensorDictServer::TensorDictServer(uint16_t port, const PipeOptions& options)
-    : listener_(port, options) {}
+    : s_(std::make_unique<detail::ServerState>(port, options)) {}
+
+TensorDictServer::TensorDictServer(TensorDictServer&&) noexcept = default;
+
+TensorDictServer& TensorDictServer::operator=(TensorDictServer&& o) noexcept {
+  if (this != &o) {
+    if (s_) close();
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
 
 TensorDictServer::~TensorDictServer() {
-  close();
+  if (s_) close();
+}
+
+detail::ServerState& TensorDictServer::state() const {
+  if (!s_) throw ClosedError("this TensorDictServer was moved from");
+  return *s_;
+}
+
+uint16_t TensorDictServer::port() const {
+  return state().listener.port();
+}
+int TensorDictServer::fd() const {
+  return state().listener.fd();
+}
+bool TensorDictServer::arm() {
+  return state().listener.arm();
+}
+size_t TensorDictServer::refused() const {
+  return state().listener.refused();
+}
+const std::string& TensorDictServer::last_refusal() const {
+  return state().listener.last_refusal();
 }
 
 std::optional<TensorDictPipe> TensorDictServer::accept(Timeout timeout) {
+  detail::ServerState& s = state();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_)
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.closed)
       throw ClosedError("the TensorDictServer on port " + std::to_string(port()) + " is closed");
   }
-  auto pipe = listener_.accept(timeout);
+  auto pipe = s.listener.accept(timeout);
   if (pipe) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) {  // closed as the handshake ended: close() did not see this pipe
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.closed) {  // closed as the handshake ended: close() did not see this pipe
       pipe->close();
       throw ClosedError("the TensorDictServer on port " + std::to_string(port()) + " is closed");
     }
     // Forget pipes that are gone, so a long-running server does not grow this list.
-    std::erase_if(handed_out_, [](const auto& w) { return w.expired(); });
-    handed_out_.push_back(pipe->impl_);
+    std::erase_if(s.handed_out, [](const auto& w) { return w.expired(); });
+    s.handed_out.push_back(pipe->impl_);
   }
   return pipe;
 }
 
 void TensorDictServer::close() {
+  if (!s_) return;  // moved from
+  detail::ServerState& s = *s_;
   std::vector<std::weak_ptr<detail::PipeImpl>> pipes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    pipes.swap(handed_out_);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.closed) return;
+    s.closed = true;
+    pipes.swap(s.handed_out);
   }
-  listener_.close();
+  s.listener.close();
   // A pipe's close may take a second and a half (a flush, then a graceful endpoint close)
   // when its peer stopped answering: side by side, as the listener closes its handshakes,
   // so any number of such peers cost one wait.
@@ -62,8 +106,9 @@ void TensorDictServer::close() {
 }
 
 bool TensorDictServer::closed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return closed_ || listener_.closed();
+  if (!s_) return true;
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->closed || s_->listener.closed();
 }
 
 }  // namespace tensorwire

@@ -174,6 +174,8 @@ class TensorDictPipe {
 class PipeListener {
  public:
   explicit PipeListener(uint16_t port, const PipeOptions& options = {});
+  PipeListener(PipeListener&&) noexcept;
+  PipeListener& operator=(PipeListener&&) noexcept;  // closes the listener it replaces
   ~PipeListener();
   uint16_t port() const;
   // Waits up to `timeout` for a client; std::nullopt on timeout. A client that fails the
@@ -186,11 +188,12 @@ class PipeListener {
   int fd() const;  // readable when a connection request may be pending
   bool arm();
   void close();
-  bool closed() const;
+  bool closed() const;     // also true when moved from
   size_t refused() const;  // clients refused at handshake so far
   const std::string& last_refusal() const;
 
  private:
+  detail::ListenerImpl& impl() const;  // ClosedError when moved from
   std::unique_ptr<detail::ListenerImpl> impl_;
 };
 

@@ -5,33 +5,35 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
-#include <vector>
 
 #include "tensorwire/pipe/pipe.h"
 
 namespace tensorwire {
 
+namespace detail {
+struct ServerState;
+}
+
 class TensorDictServer {
  public:
   explicit TensorDictServer(uint16_t port, const PipeOptions& options = {});
-  ~TensorDictServer();  // closes
+  TensorDictServer(TensorDictServer&&) noexcept;
+  TensorDictServer& operator=(TensorDictServer&&) noexcept;  // closes the server it replaces
+  ~TensorDictServer();                                       // closes
 
-  uint16_t port() const { return listener_.port(); }
+  uint16_t port() const;
   // The next client (after its handshake); std::nullopt on timeout; ClosedError once closed.
   std::optional<TensorDictPipe> accept(Timeout timeout = Timeout::forever());
-  int fd() const { return listener_.fd(); }
-  bool arm() { return listener_.arm(); }
+  int fd() const;
+  bool arm();
   void close();
-  bool closed() const;
-  size_t refused() const { return listener_.refused(); }
-  const std::string& last_refusal() const { return listener_.last_refusal(); }
+  bool closed() const;  // also true when moved from
+  size_t refused() const;
+  const std::string& last_refusal() const;
 
  private:
-  PipeListener listener_;
-  mutable std::mutex mu_;
-  bool closed_ = false;
-  std::vector<std::weak_ptr<detail::PipeImpl>> handed_out_;
+  detail::ServerState& state() const;  // ClosedError when moved from
+  std::unique_ptr<detail::ServerState> s_;
 };
 
 }  // namespace tensorwire

@@ -714,6 +714,36 @@ TEST(PipeRuntime, MoveAssigningOverAPipeClosesIt) {
   EXPECT_EQ(p.connected->recv(nullptr, 5s).get("v").data<float>()[0], 3.f);
 }
 
+// A listener and a server can be returned by value (a factory) and assigned: assigning
+// over one closes it; a moved-from one is closed and says so.
+PipeListener listener_on_any_port() {
+  PipeListener l(0);
+  return l;
+}
+
+TEST(PipeRuntime, ListenersAndServersMoveAndAssigningOverOneClosesIt) {
+  PipeListener listener = listener_on_any_port();
+  PipeListener moved = std::move(listener);
+  EXPECT_TRUE(listener.closed());
+  EXPECT_THROW((void)listener.accept(10ms), ClosedError);
+  EXPECT_NO_THROW(listener.close());
+  const uint16_t port = moved.port();
+  std::thread client([port] { (void)TensorDictPipe::connect("127.0.0.1", port); });
+  EXPECT_TRUE(moved.accept(20s).has_value());
+  client.join();
+  moved = PipeListener(0);  // the first listener closes: its port is free again
+  EXPECT_NO_THROW(PipeListener again(port));
+
+  TensorDictServer server(0);
+  const uint16_t server_port = server.port();
+  TensorDictServer taken = std::move(server);
+  EXPECT_TRUE(server.closed());
+  EXPECT_THROW((void)server.accept(10ms), ClosedError);
+  EXPECT_EQ(taken.port(), server_port);
+  taken = TensorDictServer(0);
+  EXPECT_NO_THROW(TensorDictServer again(server_port));
+}
+
 TEST(PipeRuntime, ASecondListenerOnABusyPortIsPortInUse) {
   PipeListener first(0);
   try {
