@@ -79,7 +79,10 @@ class TensorDictPipe {
   // valid until the next receive on this pipe. A receive that timed out or was interrupted
   // stays in flight (it may still write into `into`); the next recv() continues it.
   TensorDict& recv(TensorDict* into = nullptr, Timeout timeout = Timeout::forever());
-  // True when the last recv() started a new structure (a new TensorDict object).
+  // True when the last recv() brought a new structure (keys, dtypes or shapes). The
+  // reference recv() returns may still be at the same address (the pipe's one slot holds
+  // the new dict): a caller that keeps views of the old one's leaves must look here, not
+  // compare addresses.
   bool last_recv_was_new_schema() const;
 
   // recv() and poll_recv() for a pipe that several threads receive from: what recv()
