@@ -37,6 +37,7 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   MapFunction map;
   MapOptions opt;
   size_t buffer_size = 0;
+  bool epoch_over = false;  // the current epoch's end was returned (epoch_step)
   // Worker i takes tasks from task_endpoint + its sender id: a replacement gets a socket
   // of its own, so no task goes into the dead one's queue once it was replaced.
   std::string result_endpoint, task_endpoint;
@@ -122,7 +123,10 @@ struct MultiProcessMapDataZMQ::Impl final : detail::RunnerCore, detail::EpochSou
   WorkerError worker_error(detail::ShmReceiver::Received& r);
 
   Step epoch_step(Deadline deadline) override;
-  void epoch_begin() override { begin_epoch(); }
+  void epoch_begin() override {
+    begin_epoch();
+    epoch_over = false;
+  }
   void epoch_end() noexcept override { end_epoch(); }
 };
 
@@ -542,11 +546,17 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
   if (m.failed) std::rethrow_exception(m.failed);
   ConsumerCall call(m, deadline);
   if (!call.entered()) return {};
+  // Decided within the call's turn: a thread that waited for it while another ended the
+  // epoch gets the end too, not a datapoint of the next pass.
+  if (m.epoch_over) return {std::nullopt, true};
   try {
     if (!m.opt.strict) {
       while (true) {
         m.fill();
-        if (m.pending.empty()) return {std::nullopt, true};  // an empty dataflow
+        if (m.pending.empty()) {  // an empty dataflow
+          m.epoch_over = true;
+          return {std::nullopt, true};
+        }
         auto r = m.receive(deadline);
         if (!r) return {};
         const bool filtered = r->header.kind == detail::DescriptorKind::Filtered;
@@ -570,6 +580,7 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
         m.complete.erase(m.yield_pass);
         ++m.yield_pass;
         m.fill();
+        m.epoch_over = true;
         return {std::nullopt, true};
       }
       m.fill();

@@ -75,7 +75,10 @@ struct MultiProcessRunnerZMQ::Impl final : detail::RunnerCore, detail::EpochSour
 
   Credit& credit(int i) const { return reinterpret_cast<Credit*>(credits.data())[i]; }
   [[noreturn]] void worker_main(int index, uint16_t sender, os::UnixSocket socket);
-  std::optional<RawDatapoint> next_raw(Deadline deadline);
+  // The next datapoint. For an epoch (`epoch_end` given), its end is decided within the
+  // call's turn: a thread that waited for its turn while another took the epoch's last
+  // datapoint gets the end, not a datapoint of the next epoch.
+  std::optional<RawDatapoint> next_raw(Deadline deadline, bool* epoch_end = nullptr);
   // A replacement starts with no datapoint sent and none received.
   void before_replacing(int index) override {
     Credit& c = credit(index);
@@ -188,12 +191,17 @@ std::optional<RawDatapoint> detail::RawAccess::next(MultiProcessRunnerZMQ& runne
   return runner.impl_->next_raw(Deadline::after(timeout));
 }
 
-std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadline) {
+std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadline,
+                                                                  bool* epoch_end) {
   Impl& m = *this;
   if (m.failed) std::rethrow_exception(m.failed);
   m.check_started();
   ConsumerCall call(m, deadline);
   if (!call.entered()) return std::nullopt;
+  if (epoch_end && m.size && m.epoch_count >= *m.size) {
+    *epoch_end = true;
+    return std::nullopt;
+  }
   try {
     while (true) {
       auto r = m.link.receive(deadline);
@@ -211,6 +219,7 @@ std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadl
       if (r->header.kind != detail::DescriptorKind::Datapoint) continue;
       // A replaced worker's last datapoints still count, but not against its successor.
       if (m.link.is_current(sender)) m.credit(w).on_received();
+      if (epoch_end) ++m.epoch_count;
       return std::move(r->datapoint);
     }
   } catch (const ClosedError&) {
@@ -241,10 +250,9 @@ void MultiProcessRunnerZMQ::Impl::epoch_end() noexcept {
 }
 
 detail::EpochSource::Step MultiProcessRunnerZMQ::Impl::epoch_step(Deadline deadline) {
-  if (size && epoch_count >= *size) return {std::nullopt, true};
-  auto dp = next_raw(deadline);
-  if (dp) ++epoch_count;
-  return {std::move(dp), false};
+  Step step;
+  step.datapoint = next_raw(deadline, &step.end);
+  return step;
 }
 
 std::optional<size_t> MultiProcessRunnerZMQ::size() const {
