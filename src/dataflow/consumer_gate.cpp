@@ -11,10 +11,17 @@ ConsumerGate::Call::Call(ConsumerGate& gate, const char* name, Deadline deadline
   if (gate_.thread_.load(std::memory_order_acquire) == std::this_thread::get_id())
     throw StateError(std::string(name) +
                      ": called again from within its own running call (a callback of it)");
-  entered_ = runtime::wait_until(deadline, [&](Deadline slice) {
-    if (gate_.closing()) throw ClosedError(std::string(name) + " is closed");
-    return gate_.turn_.try_lock_until(slice.when());
-  });
+  // Uncontended (one consumer thread, the usual case): one atomic exchange. Contended (a
+  // shared iterator): a look every 100 us, which costs the running call nothing.
+  entered_ = !gate_.turn_.exchange(true, std::memory_order_acquire) ||
+             runtime::wait_until(deadline, [&](Deadline slice) {
+               while (true) {
+                 if (gate_.closing()) throw ClosedError(std::string(name) + " is closed");
+                 if (!gate_.turn_.exchange(true, std::memory_order_acquire)) return true;
+                 if (slice.passed()) return false;
+                 std::this_thread::sleep_for(std::chrono::microseconds(100));
+               }
+             });
   if (!entered_) return;
   gate_.calls_.fetch_add(1, std::memory_order_seq_cst);
   gate_.thread_.store(std::this_thread::get_id(), std::memory_order_release);
@@ -32,7 +39,7 @@ void ConsumerGate::Call::leave() noexcept {
   entered_ = false;
   gate_.thread_.store(std::thread::id(), std::memory_order_release);
   gate_.calls_.fetch_sub(1, std::memory_order_seq_cst);
-  gate_.turn_.unlock();
+  gate_.turn_.store(false, std::memory_order_release);
 }
 
 bool ConsumerGate::stop(std::chrono::milliseconds wait, const char* name) noexcept {

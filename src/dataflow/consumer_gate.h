@@ -13,7 +13,6 @@
 #include <string>
 #include <thread>
 
-#include "runtime/timed_lock.h"
 #include "tensorwire/runtime/timeout.h"
 
 namespace tensorwire::dataflow::detail {
@@ -50,7 +49,7 @@ class ConsumerGate {
   std::atomic<bool> closing_{false};
   std::atomic<int> calls_{0};
   std::atomic<std::thread::id> thread_{};  // of the running call; {} when none
-  runtime::TimedLock turn_;
+  std::atomic<bool> turn_{false};          // a call runs (its turn is taken)
 };
 
 }  // namespace tensorwire::dataflow::detail

@@ -1,5 +1,6 @@
 #include "dataflow/links.h"
 
+#include "os/fork.h"
 #include "runtime/wait.h"
 
 #include <unistd.h>
@@ -14,6 +15,7 @@ namespace tensorwire::dataflow::detail {
 
 void MainLink::make_sockets(int n) {
   owner_pid = ::getpid();
+  owner_generation = os::fork_generation();
   num_workers = n;
   generation.assign(static_cast<size_t>(n), 0);
   slot.assign(static_cast<size_t>(n), 0);

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "os/fork.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/runtime/log.h"
 
@@ -215,7 +216,7 @@ int RunnerCore::replace(int index, uint16_t& sender) {
 void RunnerCore::check_open() const {
   if (closed || link.gate.closing()) throw ClosedError(std::string(name) + " is closed");
   // A forked child holds a copy whose sockets and workers belong to its parent.
-  if (link.owner_pid != -1 && link.owner_pid != ::getpid())
+  if (link.owner_pid != -1 && link.owner_generation != os::fork_generation())
     throw ClosedError(std::string(name) + " was started by process " +
                       std::to_string(link.owner_pid) +
                       "; this forked child cannot use it (make a new one here)");
