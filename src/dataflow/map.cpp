@@ -579,8 +579,8 @@ detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline dead
         m.outstanding.erase(m.yield_pass);
         m.complete.erase(m.yield_pass);
         ++m.yield_pass;
+        m.epoch_over = true;  // before fill(), which may throw (an interrupt): the end stays
         m.fill();
-        m.epoch_over = true;
         return {std::nullopt, true};
       }
       m.fill();
