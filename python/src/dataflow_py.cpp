@@ -346,7 +346,8 @@ void bind_dataflow(nb::module_& m) {
           nb::arg("bind").none(), nb::arg("allow_pickle").none(), nb::arg("on_rejected").none(),
           nb::arg("liveness_timeout").none(), nb::arg("on_silent").none(),
           nb::arg("max_message_bytes").none())
-      .def("reset_state", [](PyRemote& r) { r.remote->reset_state(); })
+      .def(  // without the GIL: a connect looks its host up (a DNS server may be slow)
+          "reset_state", [](PyRemote& r) { r.remote->reset_state(); }, nb::call_guard<NoGil>())
       .def("next", &PyRemote::next, nb::arg("timeout").none() = nb::none())
       .def("endpoint", [](PyRemote& r, int which) { return r.remote->endpoint(which); })
       .def("count", [](PyRemote& r, int which) { return r.remote->count(which); })

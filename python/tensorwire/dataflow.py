@@ -308,8 +308,8 @@ def send_dataflow_zmq(df, addr, hwm=50, format=None, bind=False, *, max_datapoin
     it; 0: no limit, ZeroMQ's) this blocks, and Ctrl-C interrupts it. Datapoints go in
     tensorwire's wire format;
     tensors are never pickled. ``progress(sent)`` is called after each datapoint. Returns
-    the number sent once the last is queued (a ``tcp://`` host that does not resolve is a
-    ValueError at once); the receiver then has 5 s to take what is still
+    the number sent once the last is queued (a ``tcp://`` host that does not resolve is
+    named in a warning, and tried again); the receiver then has 5 s to take what is still
     queued for it (ZeroMQ's linger) before it is dropped: up to ``hwm`` datapoints, and with
     ``hwm=0`` as many as the receiver is behind, so keep a bound where a slow receiver must
     get the whole of a stream cut by ``max_datapoints``.

@@ -14,6 +14,7 @@
 #include "os/fork.h"
 #include "os/port.h"
 #include "tensorwire/core/error.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::zmqio {
 
@@ -44,10 +45,10 @@ void check_tcp_port(const std::string& endpoint, bool binding) {
 }
 
 // libzmq resolves a host when it connects, and retries one that does not resolve for ever,
-// silently: a sender would block with no word of why. A name that does not exist is an
-// error now, as the pipe's connect makes it; a failure that may pass (no answer from the
-// DNS server yet) is left to libzmq's retries.
-void check_tcp_host(const std::string& endpoint) {
+// silently: a sender would block with no word of why. A name that does not resolve now is
+// logged as a warning naming it, and left to libzmq's retries: it may be a typo, or a name
+// that appears later (a cluster's service record made once its pod is up).
+void warn_unresolved_tcp_host(const std::string& endpoint) {
   if (endpoint.rfind("tcp://", 0) != 0) return;
   const size_t colon = endpoint.rfind(':');
   std::string host = endpoint.substr(6, colon - 6);
@@ -63,9 +64,9 @@ void check_tcp_host(const std::string& endpoint) {
     ::freeaddrinfo(res);
     return;
   }
-  if (rc == EAI_NONAME || rc == EAI_NODATA || rc == EAI_FAIL)
-    throw ValueError("zmq connect to " + endpoint + ": cannot resolve host '" + host +
-                     "': " + gai_strerror(rc));
+  log_message(LogLevel::Warning, "zmq connect to " + endpoint + ": cannot resolve host '" + host +
+                                     "' (" + gai_strerror(rc) +
+                                     "); ZeroMQ keeps trying, and sends wait for it meanwhile");
 }
 
 }  // namespace
@@ -124,7 +125,7 @@ void Socket::bind(const std::string& endpoint) {
 
 void Socket::connect(const std::string& endpoint) {
   check_tcp_port(endpoint, false);
-  check_tcp_host(endpoint);
+  warn_unresolved_tcp_host(endpoint);
   try {
     sock_->connect(endpoint);
   } catch (const zmq::error_t& e) {

@@ -55,7 +55,7 @@ class Socket {
 
   // An ipc:// endpoint admits connections of this user only (ZMQ_IPC_FILTER_UID).
   void bind(const std::string& endpoint);
-  // A tcp:// host that does not resolve is a ValueError (libzmq would retry it silently).
+  // A tcp:// host that does not resolve is logged as a warning (libzmq retries it silently).
   void connect(const std::string& endpoint);
   // The endpoint actually bound (tcp://host:* resolves to a port).
   std::string last_endpoint() const;
