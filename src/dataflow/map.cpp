@@ -543,8 +543,7 @@ Epoch MultiProcessMapDataZMQ::epoch() {
 
 detail::EpochSource::Step MultiProcessMapDataZMQ::Impl::epoch_step(Deadline deadline) {
   Impl& m = *this;
-  if (m.failed) std::rethrow_exception(m.failed);
-  ConsumerCall call(m, deadline);
+  ConsumerCall call(m, deadline);  // rethrows a failure (m.failed) once it has its turn
   if (!call.entered()) return {};
   // Decided within the call's turn: a thread that waited for it while another ended the
   // epoch gets the end too, not a datapoint of the next pass.

@@ -194,9 +194,8 @@ std::optional<RawDatapoint> detail::RawAccess::next(MultiProcessRunnerZMQ& runne
 std::optional<RawDatapoint> MultiProcessRunnerZMQ::Impl::next_raw(Deadline deadline,
                                                                   bool* epoch_end) {
   Impl& m = *this;
-  if (m.failed) std::rethrow_exception(m.failed);
   m.check_started();
-  ConsumerCall call(m, deadline);
+  ConsumerCall call(m, deadline);  // rethrows a failure (m.failed) once it has its turn
   if (!call.entered()) return std::nullopt;
   if (epoch_end && m.size && m.epoch_count >= *m.size) {
     *epoch_end = true;

@@ -63,8 +63,8 @@ struct RunnerCore {
     explicit ConsumerCall(RunnerCore& core, Deadline deadline = Deadline::never())
         : ConsumerGate::Call((core.check_open(), core.link.gate), core.name, deadline) {
       if (!entered()) return;
-      // What another thread's call met while this one waited for its turn (the callers'
-      // own look at `failed` came before the wait) is final for this one too.
+      // A failure is final: an earlier call's, or one another thread's call met while this
+      // one waited for its turn.
       if (core.failed) std::rethrow_exception(core.failed);
       if (std::exception_ptr e = std::exchange(core.deferred_report, nullptr))
         std::rethrow_exception(e);
