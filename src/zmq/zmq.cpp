@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "os/fork.h"
 #include "os/port.h"
@@ -30,12 +31,30 @@ std::string endpoint_hint(const std::string& endpoint) {
   return ": an endpoint names its transport, as in 'tcp://host:port' or 'ipc://name'";
 }
 
+// A tcp:// endpoint's host (the destination's: after a "source;", without IPv6 brackets)
+// and port text; none for another transport.
+struct TcpEndpoint {
+  std::string host, port;
+};
+std::optional<TcpEndpoint> split_tcp(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return std::nullopt;
+  const size_t colon = endpoint.rfind(':');
+  TcpEndpoint out;
+  out.host = colon > 5 ? endpoint.substr(6, colon - 6) : endpoint.substr(6);
+  out.port = colon > 5 ? endpoint.substr(colon + 1) : "";
+  if (const size_t semi = out.host.find(';'); semi != std::string::npos)
+    out.host = out.host.substr(semi + 1);
+  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
+    out.host = out.host.substr(1, out.host.size() - 2);
+  return out;
+}
+
 // libzmq takes a TCP port modulo 65536 (99999 binds 34463) and connects to port 0 for
 // ever: a typo in a port must be an error, not another port.
 void check_tcp_port(const std::string& endpoint, bool binding) {
-  if (endpoint.rfind("tcp://", 0) != 0) return;
-  const size_t colon = endpoint.rfind(':');
-  const std::string port = colon > 5 ? endpoint.substr(colon + 1) : "";
+  const std::optional<TcpEndpoint> tcp = split_tcp(endpoint);
+  if (!tcp) return;
+  const std::string& port = tcp->port;
   if (binding && port == "*") return;
   const std::optional<uint16_t> value = os::parse_port(port);
   if (!value || (!binding && *value == 0))
@@ -49,13 +68,9 @@ void check_tcp_port(const std::string& endpoint, bool binding) {
 // logged as a warning naming it, and left to libzmq's retries: it may be a typo, or a name
 // that appears later (a cluster's service record made once its pod is up).
 void warn_unresolved_tcp_host(const std::string& endpoint) {
-  if (endpoint.rfind("tcp://", 0) != 0) return;
-  const size_t colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(6, colon - 6);
-  if (const size_t semi = host.find(';'); semi != std::string::npos)  // "source;host"
-    host = host.substr(semi + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  const std::optional<TcpEndpoint> tcp = split_tcp(endpoint);
+  if (!tcp) return;
+  const std::string& host = tcp->host;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
