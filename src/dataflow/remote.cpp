@@ -9,6 +9,7 @@
 #include "dataflow/consumer_gate.h"
 #include "dataflow/producers.h"
 #include "dataflow/raw_datapoint.h"
+#include "os/fork.h"
 #include "os/listeners.h"
 #include "runtime/wait.h"
 #include "tensorwire/core/consolidate.h"
@@ -129,9 +130,15 @@ struct RemoteDataZMQ::Impl {
   void read_events();
   void check_silence(ProducerTable::Clock::time_point now);
   int owner_pid = -1;  // the process that called reset_state()
+  // os::fork_generation() of that process: a load per call, where getpid() is a system call.
+  uint64_t owner_generation = 0;
+  // A copy inherited by a forked child: its sockets belong to the parent's ZeroMQ threads.
+  bool forked_copy() const noexcept {
+    return owner_pid != -1 && owner_generation != os::fork_generation();
+  }
   void check_usable() const {
     if (gate.closing()) throw ClosedError("RemoteDataZMQ is closed");
-    if (owner_pid != -1 && owner_pid != ::getpid())
+    if (forked_copy())
       throw ClosedError("RemoteDataZMQ was started by process " + std::to_string(owner_pid) +
                         "; this forked child cannot use it (make a new one here)");
     if (!reset_done) throw StateError("RemoteDataZMQ: call reset_state() before iterating");
@@ -267,6 +274,7 @@ void RemoteDataZMQ::Impl::unopen() noexcept {
 
 void RemoteDataZMQ::Impl::open() {
   owner_pid = ::getpid();
+  owner_generation = os::fork_generation();
   ctx = std::make_unique<zmqio::Context>();
   // A frame is refused (its connection dropped) before libzmq buffers it, when it is larger
   // than anything decode() accepts: the header, the metadata or the storage frame.
@@ -379,11 +387,14 @@ std::chrono::milliseconds RemoteDataZMQ::liveness_timeout() const {
 std::vector<ProducerInfo> RemoteDataZMQ::producers() const {
   Impl& m = *impl_;
   // Connections made since the last next() are listed too.
-  if (m.reset_done && !m.gate.closing() && m.owner_pid == ::getpid()) m.read_events();
+  if (m.reset_done && !m.gate.closing() && !m.forked_copy()) m.read_events();
   return m.producers.list();
 }
 
 void RemoteDataZMQ::close() {
+  // A forked copy: nothing here is ours, and the turn it copied may be held by a parent's
+  // thread that does not exist here (close() would wait for it in vain).
+  if (impl_->forked_copy()) return;
   // A next() of another thread leaves first (within a poll: at most a twentieth of the
   // liveness timeout, or 100 ms).
   if (impl_->gate.stop(std::chrono::milliseconds(5000), "RemoteDataZMQ")) impl_->take_down();

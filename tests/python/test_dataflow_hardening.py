@@ -524,6 +524,27 @@ def test_a_forked_child_cannot_use_its_parents_remote():
     r.close()
 
 
+def test_a_forked_child_closing_its_copy_of_a_busy_remote_returns_at_once():
+    # Forked while another thread of the parent waited in recv(): the child's copy holds that
+    # call's turn, which no thread of the child will give back. Its close() waited 5 s for
+    # it (at every exit of such a child), then warned.
+    import threading
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    waiting = threading.Thread(target=r.recv, kwargs={"timeout": 3})
+    waiting.start()
+    time.sleep(0.2)  # the thread is in recv()
+    pid = os.fork()
+    if pid == 0:
+        t0 = time.monotonic()
+        r.close()
+        os._exit(0 if time.monotonic() - t0 < 1 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    waiting.join()
+    assert r.recv(timeout=0) is None  # the parent's goes on
+    r.close()
+
+
 @pytest.mark.parametrize("kind", ["runner", "map"])
 @pytest.mark.parametrize("inherited_iterator", [False, True], ids=["new iterator", "its iterator"])
 def test_a_forked_child_cannot_use_its_parents_runner(kind, inherited_iterator):
