@@ -94,13 +94,13 @@ UnixSocket UnixSocket::connect(const std::string& name, Deadline deadline) {
     std::this_thread::sleep_until(slice.min(Deadline::after(Millis{10})).when());
     return false;
   });
-  if (!connected)
-    throw SystemError("connect to '" + name + "'" +
-                          (last == ECONNREFUSED || last == ENOENT
-                               ? " (nothing listened under that name until the timeout: not "
-                                 "created yet, closed, or a mistyped name)"
-                               : ""),
-                      last);
+  if (!connected && (last == ECONNREFUSED || last == ENOENT))
+    // A ClosedError in C++ (what a client's calls throw for a transport that is gone),
+    // ConnectionRefusedError in Python, as the errno's OSError was.
+    throw ConnectionRefused(
+        "connect to '" + name + "' (nothing listened under that name until " +
+        "the timeout: not created yet, closed, or a mistyped name): " + std::strerror(last));
+  if (!connected) throw SystemError("connect to '" + name + "'", last);
   return out;
 }
 

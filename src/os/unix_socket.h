@@ -61,8 +61,8 @@ class UnixSocket {
 
   // Connects to an abstract address ("@" is not needed: `name` is the whole name), trying
   // again while nothing listens yet or the listener's backlog is full (a client may be made
-  // before its server), interruptibly, until `deadline`: then SystemError (ECONNREFUSED, or
-  // EAGAIN for a listener that accepts nobody, e.g. a stopped one).
+  // before its server), interruptibly, until `deadline`: then ConnectionRefused when nothing
+  // listened, or SystemError (EAGAIN) for a listener that accepts nobody (a stopped one).
   static UnixSocket connect(const std::string& name, Deadline deadline);
   // A connected pair (for a parent and the child it is about to fork).
   static std::pair<UnixSocket, UnixSocket> pair();

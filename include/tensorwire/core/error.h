@@ -77,6 +77,8 @@ class ConnectionRefused : public ClosedError {
                     const std::string& listener = "a PipeListener or TensorDictServer")
       : ClosedError("connection refused by " + host + ":" + std::to_string(port) + " (is " +
                     listener + " listening there?)") {}
+  // A local name (a transport's Unix socket), with the message said whole.
+  explicit ConnectionRefused(const std::string& message) : ClosedError(message) {}
 };
 
 // A connection whose handshake failed (a wrong or missing auth_key, a consolidated / non-

@@ -9,9 +9,10 @@
 // Errors a result can raise: RemoteError (the policy failed: every request of its batch
 // gets the original type name and message), ClosedError (the server was shut down, or
 // its process died: raised within seconds, never a hang; also every use of a closed
-// client), TimeoutError (the request stays in flight and result() may be called again),
-// Interrupted (the process's interrupt check fired: Ctrl-C in Python; the request stays in
-// flight too). Every wait is interruptible (runtime/interrupt.h).
+// client; its subclass ConnectionRefused when nothing listens where the client connects,
+// such as a transport that was destroyed), TimeoutError (the request stays in flight and result()
+// may be called again), Interrupted (the process's interrupt check fired: Ctrl-C in Python; the
+// request stays in flight too). Every wait is interruptible (runtime/interrupt.h).
 //
 // Thread-safety: a Client may be shared by threads and copies share one connection. A
 // Future's result() may be called by several threads: a second caller waits for the first

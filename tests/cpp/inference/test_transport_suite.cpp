@@ -427,6 +427,16 @@ TEST_P(TransportTest, EveryUseOfAClosedTransportOrClientIsAClosedError) {
   EXPECT_THROW(server.start(), ClosedError);
 }
 
+// A socket client's transport gone (destroyed, or its process exited) left nothing
+// listening under its name: its connect was refused until its timeout, a SystemError that a
+// caller catching ClosedError missed.
+TEST_P(TransportTest, AClientWhoseTransportWasDestroyedGetsAClosedError) {
+  Client c = transport->client();
+  transport.reset();
+  EXPECT_THROW(c(observation(1), 5s), ClosedError);
+  EXPECT_THROW(c.submit(observation(1)).result(5s), ClosedError);
+}
+
 TEST_P(TransportTest, DroppedFuturesDoNotDisturbLaterRequests) {
   Gate gate;
   InferenceServer server(gated(gate), transport, {.max_batch_size = 2});
