@@ -899,6 +899,43 @@ def test_threads_sharing_one_iterator_take_turns_and_the_epoch_stays_whole(stric
         assert sorted(got) == list(range(300)) if strict_map else len(got) == 300
 
 
+class _FirstWorkerDies:
+    """The first worker to start exits (code 3) after 0.3 s without sending; the others
+    send from 1.5 s on."""
+
+    def __init__(self, mark_dir):
+        self.mark = os.path.join(mark_dir, "first")
+
+    def reset_state(self):
+        pass
+
+    def __len__(self):
+        return 100
+
+    def __iter__(self):
+        try:
+            os.mkdir(self.mark)
+        except FileExistsError:
+            time.sleep(1.5)
+            for i in range(100):
+                yield [np.full(8, i % 251, np.uint8), i]
+            return
+        time.sleep(0.3)
+        os._exit(3)
+
+
+def test_a_worker_death_met_by_one_thread_ends_the_waiting_threads_call_too(tmp_path):
+    # The thread waiting for its turn while the other's call met the death went on, once it
+    # had the turn, and took the next worker's datapoint from a runner that had failed.
+    with twdf.MultiProcessRunnerZMQ(_FirstWorkerDies(str(tmp_path)), num_proc=2) as runner:
+        runner.reset_state()
+        it = iter(runner)
+        got, _, errors = _read_in_threads(lambda: next(it))
+        assert got == []
+        assert len(errors) == 2 and all("WorkerDiedError" in e and "exited with status 3" in e
+                                        for e in errors), errors
+
+
 @pytest.mark.parametrize("strict_map", [False, True], ids=["runner", "map"])
 def test_a_forked_child_dropping_its_copy_of_a_datapoint_leaves_the_parents_whole(strict_map):
     # The child's copy views the same shared memory: releasing it (the child dropping it, or
