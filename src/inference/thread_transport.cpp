@@ -56,12 +56,22 @@ class ThreadRequest final : public detail::QueuedRequest {
 class ThreadPending final : public detail::Pending {
  public:
   explicit ThreadPending(std::shared_ptr<ThreadRequest> r) : r_(std::move(r)) {}
-  bool ready() override { return r_->done(); }
-  bool wait(Deadline slice) override { return r_->wait(slice); }
-  TensorDict take() override { return r_->take(); }
+  // A forked child's copy is done at once, and take() says why: no thread of the child
+  // answers it (a wait hung for ever), and its mutex may have been held at the fork.
+  bool ready() override { return stale() || r_->done(); }
+  bool wait(Deadline slice) override { return stale() || r_->wait(slice); }
+  TensorDict take() override {
+    if (stale())
+      throw ClosedError(
+          "this inference Future was made before a fork: the ThreadTransport's server thread "
+          "is in the parent process (submit again from a client in the child)");
+    return r_->take();
+  }
 
  private:
+  bool stale() const noexcept { return generation_ != os::fork_generation(); }
   std::shared_ptr<ThreadRequest> r_;
+  uint64_t generation_ = os::fork_generation();
 };
 
 }  // namespace

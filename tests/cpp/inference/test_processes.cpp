@@ -274,6 +274,35 @@ TEST_F(ForkedChildTest, RemoteFuturesInheritedByAForkedChildEndAtOnce) {
   for (auto& b : busy) b.join();
 }
 
+// A Future of each transport, pending in the parent and inherited by a forked child: no
+// thread of the child answers it. The thread transport's result() waited for ever there
+// (with a timeout: a TimeoutError saying to call again); every transport's is a ClosedError
+// naming the fork, at once, and the parent's request goes on.
+TEST_F(ForkedChildTest, PendingFuturesOfEveryTransportInheritedByAForkedChildAreClosedErrors) {
+  std::vector<std::shared_ptr<Transport>> transports = {
+      ThreadTransport::create(), SocketTransport::create(), make_shm(4),
+      RemoteTransport::create(request_spec(), response_spec(),
+                              {.num_slots = 4, .host = "127.0.0.1"})};
+  for (auto& t : transports) {
+    Client c = t->client();
+    Future f = c.submit(observation(2));  // no server yet: it stays pending
+    pid_t kid = fork_child([&] {
+      ::alarm(10);  // a hang ends as SIGALRM
+      (void)f.done();
+      try {
+        f.result();
+        return 2;
+      } catch (const ClosedError& e) {
+        return std::string(e.what()).find("before a fork") != std::string::npos ? 0 : 3;
+      }
+    });
+    EXPECT_EQ(wait_child(kid), 0) << t->kind();
+    InferenceServer server(double_policy, t);
+    server.start();
+    EXPECT_EQ(action0(f.result(5s)), 4) << t->kind();
+  }
+}
+
 // A forked child that drops its copy of a transport its parent serves: the parent's
 // serving thread waited on the transport's condition variable at the fork, and the child
 // hung for ever destroying it (thread, socket, remote). The child's copy is left alone
