@@ -389,7 +389,10 @@ void PipeImpl::check_alive() {
 }
 
 void PipeImpl::fail(const std::string& reason, Fault fault) {
-  const bool protocol = fault == Fault::PeerBrokeProtocol || fault == Fault::PeerReportedError;
+  // Only the side that met the invalid bytes raises ProtocolError. For its peer the pipe is
+  // closed, as on every other way a peer ends it: a sender's loop that ends on ClosedError
+  // (docs/reliability.md) ends here too, and the message says what the receiver refused.
+  const bool protocol = fault == Fault::PeerBrokeProtocol;
   const bool tell_peer = fault == Fault::PeerBrokeProtocol || fault == Fault::LocalFailure;
   if (failure_.empty()) {
     failure_ = reason;

@@ -50,7 +50,7 @@ static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
 // Why a pipe became unusable, which decides who is told and what is thrown.
 enum class Fault {
   PeerBrokeProtocol,  // the peer sent something invalid: tell it why; ProtocolError
-  PeerReportedError,  // the peer closed after telling us our error: ProtocolError
+  PeerReportedError,  // the peer closed after telling us our error: ClosedError, with it
   ConnectionLost,     // the peer closed or vanished: nobody to tell; ClosedError
   LocalFailure,       // this side cannot go on: tell the peer; ClosedError
 };
