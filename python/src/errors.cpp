@@ -161,7 +161,8 @@ nb::object remote_exception(const RemoteError& e, const dataflow::WorkerError* w
   if (PyErr_GivenExceptionMatches(exc.type().ptr(), PyExc_StopIteration) ||
       PyErr_GivenExceptionMatches(exc.type().ptr(), PyExc_StopAsyncIteration)) {
     nb::object wrapped = nb::borrow(PyExc_RuntimeError)(
-        text(f.type + " raised in another process" + (f.message.empty() ? "" : ": " + f.message)));
+        text(f.type + (worker ? " raised in another process" : " raised by the policy") +
+             (f.message.empty() ? "" : ": " + f.message)));
     describe(wrapped);
     PyException_SetCause(wrapped.ptr(), exc.release().ptr());
     exc = std::move(wrapped);

@@ -27,8 +27,10 @@ mending, its next ones are mended before they are sent. A timeout raises
 The transport serves from the process that created it, so torchrl's
 ``service_backend="process"`` is refused with a TypeError saying so. A policy's exception
 comes back as its type made again from its message (torchrl passes the object itself),
-where the client's process has imported that type's module, and as
-``RuntimeError("module.Type: message")`` otherwise.
+where the client's process has imported that type's module and the type can be made from
+the message alone, and as ``RuntimeError("module.Type: message")`` otherwise (a
+``UnicodeDecodeError``, a ``json.JSONDecodeError``, a class whose constructor needs more
+arguments); ``remote_type`` names the type either way.
 
 ``tensorwire.torchrl.RemoteTransport`` is the same for actors on other hosts (tensorwire's
 :class:`~tensorwire.inference.RemoteTransport`, over UCX): torchrl's ``InferenceServer``

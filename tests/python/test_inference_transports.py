@@ -140,7 +140,8 @@ def _unknown_type_error():
 
 
 def test_a_policys_own_exception_type_comes_back_as_itself_where_it_is_imported(transport):
-    raised = [CustomPolicyError("bad weights"), NeedsTwoArguments(1, 2), _unknown_type_error()]
+    raised = [CustomPolicyError("bad weights"), NeedsTwoArguments(1, 2), _unknown_type_error(),
+              StopIteration("no more")]
 
     def policy(b):
         if raised:
@@ -158,6 +159,10 @@ def test_a_policys_own_exception_type_comes_back_as_itself_where_it_is_imported(
         with pytest.raises(RuntimeError, match="tensorwire_test_never_imported.Lost: gone"):
             c(observation(0), timeout=5)
         assert "tensorwire_test_never_imported" not in sys.modules
+        # Raised as it is, it would end the caller's loop as an exhausted iterator (PEP 479).
+        with pytest.raises(RuntimeError, match="^StopIteration raised by the policy: no more$") as e:
+            c(observation(0), timeout=5)
+        assert isinstance(e.value.__cause__, StopIteration)
         np.testing.assert_array_equal(c(observation(1), timeout=5)["action"], [2, 4])  # goes on
 
 
