@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "client_impl.h"
+#include "os/fork.h"
 #include "runtime/timed_lock.h"
 #include "runtime/wait.h"
 
@@ -38,6 +39,7 @@ struct detail::FutureSync {
   enum Outcome : uint8_t { Pending, Arrived, Done, Failed };
   runtime::TimedLock lock;
   std::atomic<Outcome> outcome{Pending};
+  uint64_t generation = os::fork_generation();  // of the process that made the Future
 };
 
 Future::Future() noexcept = default;
@@ -76,8 +78,17 @@ TensorDict Future::result(Timeout timeout) {
   if (!sync_) throw Error("result() of an empty Future");
   // A second thread waits for the first one's result as interruptibly as for a response.
   std::unique_lock<runtime::TimedLock> lock(sync_->lock, std::defer_lock);
-  if (!runtime::wait_until(deadline, [&](Deadline s) { return lock.try_lock_until(s.when()); }))
+  if (sync_->generation != os::fork_generation()) {
+    // Held at the fork by a thread of the parent, which the child does not have: it is
+    // never let go of here (the wait hung, or timed out saying another thread waits).
+    if (!lock.try_lock())
+      throw ClosedError(
+          "this inference Future was made before a fork, and a thread of the parent process "
+          "was waiting for it (submit again from a client in the child)");
+  } else if (!runtime::wait_until(deadline,
+                                  [&](Deadline s) { return lock.try_lock_until(s.when()); })) {
     throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");
+  }
   if (value_) return *value_;
   if (error_) std::rethrow_exception(error_);
   // An interrupt (or the timeout) leaves pending_ in place: the request stays in flight.

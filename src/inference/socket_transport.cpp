@@ -394,21 +394,21 @@ class SocketPending final : public detail::Pending {
  public:
   SocketPending(std::shared_ptr<SockConn> c, uint64_t id) : c_(std::move(c)), id_(id) {}
   ~SocketPending() override {
-    if (taken_ || c_->generation != os::fork_generation()) return;
+    if (taken_ || stale()) return;
     std::lock_guard<std::mutex> lock(c_->mu);
     if (!c_->arrived.erase(id_) && c_->closed.empty()) c_->dropped.insert(id_);
   }
+  // A forked child's copy is done at once, and take() says why, without the connection's
+  // mutex: a thread of the parent (a reader filing a response) may have held it at the fork.
   bool ready() override {
+    if (stale()) return true;
     std::lock_guard<std::mutex> lock(c_->mu);
     return c_->arrived.count(id_) || !c_->closed.empty();
   }
   // One thread at a time reads the connection and files what arrives for whoever waits
   // for it; the others wait for the reader's notification.
   bool wait(Deadline slice) override {
-    if (c_->generation != os::fork_generation())
-      throw ClosedError(
-          "this inference Future was made before a fork: it belongs to the parent process "
-          "(submit again from a client in the child)");
+    if (stale()) return true;
     std::unique_lock<std::mutex> lock(c_->mu);
     auto ready = [&] { return c_->arrived.count(id_) || !c_->closed.empty(); };
     if (ready()) return true;
@@ -432,6 +432,10 @@ class SocketPending final : public detail::Pending {
     return ready();
   }
   TensorDict take() override {
+    if (stale())
+      throw ClosedError(
+          "this inference Future was made before a fork: it belongs to the parent process "
+          "(submit again from a client in the child)");
     std::unique_lock<std::mutex> lock(c_->mu);
     taken_ = true;
     auto it = c_->arrived.find(id_);
@@ -444,6 +448,7 @@ class SocketPending final : public detail::Pending {
   }
 
  private:
+  bool stale() const noexcept { return c_->generation != os::fork_generation(); }
   std::shared_ptr<SockConn> c_;
   uint64_t id_;
   bool taken_ = false;

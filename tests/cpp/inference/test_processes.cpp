@@ -286,20 +286,31 @@ TEST_F(ForkedChildTest, PendingFuturesOfEveryTransportInheritedByAForkedChildAre
   for (auto& t : transports) {
     Client c = t->client();
     Future f = c.submit(observation(2));  // no server yet: it stays pending
+    // One a thread of the parent waits for at the fork: it holds the Future's lock, which
+    // no thread of the child lets go of (its result() waited for it for ever).
+    Future g = c.submit(observation(3));
+    float waited = 0;
+    std::thread waiter([&] { waited = action0(g.result(20s)); });
+    std::this_thread::sleep_for(100ms);
     pid_t kid = fork_child([&] {
       ::alarm(10);  // a hang ends as SIGALRM
-      (void)f.done();
-      try {
-        f.result();
-        return 2;
-      } catch (const ClosedError& e) {
-        return std::string(e.what()).find("before a fork") != std::string::npos ? 0 : 3;
+      for (Future* x : {&f, &g}) {
+        (void)x->done();
+        try {
+          x->result();
+          return 2;
+        } catch (const ClosedError& e) {
+          if (std::string(e.what()).find("before a fork") == std::string::npos) return 3;
+        }
       }
+      return 0;
     });
     EXPECT_EQ(wait_child(kid), 0) << t->kind();
     InferenceServer server(double_policy, t);
     server.start();
     EXPECT_EQ(action0(f.result(5s)), 4) << t->kind();
+    waiter.join();
+    EXPECT_EQ(waited, 6) << t->kind();
   }
 }
 
