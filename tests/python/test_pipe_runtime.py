@@ -823,6 +823,9 @@ else:
 try:
     for _ in range(3):
         pipe.send(td, timeout=10)
+    # Small sends may all have returned before the receiver refused the first: the pipe's
+    # next call sees its close.
+    pipe.recv(timeout=30)
 except (RuntimeError, TimeoutError, ConnectionError) as e:
     print(type(e).__name__, e)
 if sys.argv[3] == "close":

@@ -59,8 +59,9 @@ class SharedMemoryTransport : public Transport {
                                                        const TensorDict& response_spec,
                                                        SharedMemoryOptions options);
   // Connects to a transport created by another process, waiting (interruptibly) up to
-  // `timeout` for it to listen and answer (SystemError when nothing listens on the name,
-  // ClosedError when its process is gone). The result makes clients; it cannot serve.
+  // `timeout` for it to listen and answer (ConnectionRefused, a ClosedError, when nothing
+  // listens on the name; ClosedError when its process is gone). The result makes clients;
+  // it cannot serve.
   static std::shared_ptr<SharedMemoryTransport> attach(const std::string& name,
                                                        Timeout timeout = std::chrono::seconds(5));
   // A client of the transport with that name, connecting on first use (so it can be
