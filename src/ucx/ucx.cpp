@@ -93,23 +93,32 @@ bool is_local_address(const std::string& ip) {
 }
 
 namespace {
-// Whether UCX_TLS lets UCX use a transport called by one of `names` (unset: all of them;
-// "^a,b": all but those).
-bool tls_enables(std::initializer_list<std::string_view> names) {
+// Whether UCX_TLS lets UCX use at least one of the transports `each` (unset: all of them;
+// "^a,b": all but those), which `groups` (aliases) each name as a whole.
+bool tls_enables(std::initializer_list<std::string_view> groups,
+                 std::initializer_list<std::string_view> each) {
   const char* env = std::getenv("UCX_TLS");
   if (env == nullptr || *env == '\0') return true;
   std::string tls = env;
   const bool exclude = tls[0] == '^';
-  bool named = false;
+  auto in = [](std::initializer_list<std::string_view> l, const std::string& t) {
+    return std::find(l.begin(), l.end(), t) != l.end();
+  };
+  bool whole = false;
+  size_t singles = 0;
   std::stringstream ss(exclude ? tls.substr(1) : tls);
-  for (std::string t; std::getline(ss, t, ',');)
-    if (t == "all" || std::find(names.begin(), names.end(), t) != names.end()) named = true;
-  return exclude ? !named : named;
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (t == "all" || in(groups, t)) whole = true;
+    if (in(each, t)) ++singles;
+  }
+  // "^posix" leaves sysv: shared memory stays on unless every one of them is left out.
+  if (exclude) return !whole && singles < each.size();
+  return whole || singles > 0;
 }
 }  // namespace
 
 bool shared_memory_enabled() {
-  return tls_enables({"sm", "shm", "mm", "posix", "sysv", "xpmem"});
+  return tls_enables({"sm", "shm", "mm"}, {"posix", "sysv", "xpmem"});
 }
 
 namespace {
@@ -238,6 +247,17 @@ Context::Context() : generation_(os::fork_generation()) {
     if (st != UCS_OK) {
       ucp_config_release(config);
       throw_status("ucp_config_modify(MM_ERROR_HANDLING)", st);
+    }
+  }
+  // UCX's posix shared-memory transport makes a 4 MiB file in /dev/shm per worker (each
+  // pipe end, each listener), which its sysv sibling, chosen for the data, makes
+  // unnecessary: with Docker's default 64 MiB /dev/shm a TensorDictServer refused its fifth
+  // local client ("No resources are available"). Left out unless UCX_TLS names transports.
+  if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0') {
+    st = ucp_config_modify(config, "TLS", "^posix");
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      throw_status("ucp_config_modify(TLS)", st);
     }
   }
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
@@ -585,7 +605,7 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
   // Connections by address start over TCP: a UCX_TLS without it cannot make one.
-  const std::string setting = tls_enables({"tcp"})
+  const std::string setting = tls_enables({}, {"tcp"})
                                   ? ""
                                   : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
                                         " has no tcp, which connecting by address needs)";
