@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "os/fd_budget.h"
 #include "os/fork.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/runtime/log.h"
@@ -64,6 +65,12 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
     throw ValueError(who + ": datapoint_timeout must be positive (or none), got " +
                      seconds(*policy.datapoint_timeout));
   size = ds->size();
+}
+
+void RunnerCore::require_fds(size_t per_worker) const {
+  check_open();
+  os::require_free_fds(16 + per_worker * static_cast<size_t>(num_proc),
+                       std::string(name) + " with " + std::to_string(num_proc) + " workers");
 }
 
 void RunnerCore::start_workers(const ForkHooks& hooks, WorkerMain worker_main) {

@@ -44,6 +44,10 @@ struct RunnerCore {
   // the restart policy, also the fork server that forks the replacements (workers.h).
   using WorkerMain = std::function<void(int index, uint16_t sender, os::UnixSocket socket)>;
   void start_workers(const ForkHooks& hooks, WorkerMain worker_main);
+  // First in reset_state(), before anything is made: SystemError (EMFILE) naming the limit
+  // when the process has too few file descriptors left for its sockets and num_proc
+  // workers, each taking about `per_worker` (libzmq aborted the process on EMFILE).
+  void require_fds(size_t per_worker) const;
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }

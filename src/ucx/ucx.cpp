@@ -26,6 +26,7 @@
 #include <thread>
 #include <utility>
 
+#include "os/fd_budget.h"
 #include "os/fork.h"
 #include "os/own_sockets.h"
 #include "os/tcp_probe.h"
@@ -291,7 +292,14 @@ Context::~Context() {
 
 // ---- Worker ----------------------------------------------------------------
 
-Worker::Worker() : context_(Context::get()), generation_(os::fork_generation()) {
+// UCX aborts the process when it runs out of descriptors while it makes its context or a
+// worker (an assertion in its async thread, or "failed to set active message handler"): a
+// worker and its first connection take about 45. Checked before the context is made.
+Worker::Worker()
+    : context_((os::require_free_fds(
+                    48, "a UCX worker (one per pipe end, listener and remote connection)"),
+                Context::get())),
+      generation_(os::fork_generation()) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // SERIALIZED, not SINGLE: a worker is used by more than one thread, one at a time under

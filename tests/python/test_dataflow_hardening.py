@@ -487,6 +487,49 @@ def _child_uses_own_runner(q):
         q.put(sorted(check(dp) for dp in r))
 
 
+FEW_FDS = """
+import errno, os, resource, sys
+import numpy as np
+from tensorwire import dataflow as twdf
+from dataflow_helpers import check
+
+class Flow:
+    def reset_state(self):
+        pass
+    def __len__(self):
+        return 4
+    def __iter__(self):
+        for i in range(4):
+            yield [np.full(8, i % 251, np.uint8), i, f"dp{i}"]
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+for r in (twdf.MultiProcessRunnerZMQ(Flow(), num_proc=12),
+          twdf.MultiProcessMapDataZMQ(Flow(), 12, lambda dp: dp, strict=True)):
+    try:
+        r.reset_state()
+        raise SystemExit(f"{type(r).__name__} started with 40 descriptors free")
+    except OSError as e:
+        assert e.errno == errno.EMFILE, e
+        assert "with 12 workers needs about" in str(e) and "RLIMIT_NOFILE" in str(e), e
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    r.reset_state()  # nothing was half-made: it starts once the limit allows
+    assert len([check(dp) for dp in r]) == 4  # an epoch: len(ds) datapoints
+    r.close()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+print("ok")
+"""
+
+
+def test_too_few_file_descriptors_for_the_workers_is_an_emfile_naming_the_limit():
+    # libzmq aborted the process (an assertion on EMFILE in its I/O thread) when the limit
+    # ran out while the workers connected: a container's `ulimit -n` with many workers.
+    proc = python(FEW_FDS)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split() == ["ok"], out
+
+
 def _child_uses_inherited(r, q, it=None):
     try:
         next(iter(r) if it is None else it)
@@ -929,7 +972,7 @@ class _FirstWorkerDies:
         except FileExistsError:
             time.sleep(1.5)
             for i in range(100):
-                yield [np.full(8, i % 251, np.uint8), i]
+                yield [np.full(8, i % 251, np.uint8), i, f"dp{i}"]
             return
         time.sleep(0.3)
         os._exit(3)

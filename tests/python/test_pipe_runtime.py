@@ -878,6 +878,30 @@ def test_a_second_listener_on_a_busy_port_is_an_oserror_and_ucx_prints_nothing(t
     assert r.stderr == ""
 
 
+def test_too_few_file_descriptors_for_a_ucx_worker_is_an_emfile_naming_the_limit(tmp_path):
+    # UCX aborted the process (an assertion in its async thread, or "failed to set active
+    # message handler") when the descriptors ran out while it made its context or a worker.
+    path = script(tmp_path, "few_fds.py", """
+    import errno, os, resource
+    import tensorwire as tw
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for room in (2, 20):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + room, hard))
+        try:
+            tw.PipeListener(0)
+            raise SystemExit(f"a listener with {room} descriptors free")
+        except OSError as e:
+            assert e.errno == errno.EMFILE, repr(e)
+            assert "a UCX worker" in str(e) and "RLIMIT_NOFILE" in str(e), e
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with tw.PipeListener(0) as listener:  # nothing was half-made
+            assert listener.port > 0
+    print("ok")
+    """)
+    r = run(path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 def test_two_concurrent_arecv_on_one_pipe_the_second_is_refused(pair):
     accepted, connected = pair
 

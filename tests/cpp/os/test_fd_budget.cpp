@@ -1,0 +1,85 @@
+// os::require_free_fds: the check before work that needs many descriptors at once (libzmq
+// and UCX abort the process on EMFILE halfway through), under a soft limit lowered for
+// the test.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "os/fd_budget.h"
+#include "os/unix_socket.h"
+#include "tensorwire/core/error.h"
+
+namespace tensorwire::os {
+namespace {
+
+// Lowers RLIMIT_NOFILE's soft limit to `open + room` for its lifetime.
+class LowLimit {
+ public:
+  explicit LowLimit(size_t room) {
+    ::getrlimit(RLIMIT_NOFILE, &saved_);
+    const std::optional<size_t> free = free_fds();
+    EXPECT_TRUE(free.has_value());
+    rlimit low = saved_;
+    low.rlim_cur = saved_.rlim_cur - *free + room;
+    EXPECT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  }
+  ~LowLimit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+
+ private:
+  rlimit saved_{};
+};
+
+TEST(FdBudget, CountsTheDescriptorsLeftBelowTheLimit) {
+  LowLimit limit(40);
+  const size_t before = free_fds().value();
+  EXPECT_NEAR(static_cast<double>(before), 40, 1);
+  {
+    Fd a(::dup(0)), b(::dup(0));
+    EXPECT_EQ(free_fds().value(), before - 2);
+  }
+  EXPECT_EQ(free_fds().value(), before);
+}
+
+TEST(FdBudget, EnoughIsSilentAndTooFewIsAnEmfileNamingTheLimit) {
+  LowLimit limit(40);
+  rlimit l{};
+  ::getrlimit(RLIMIT_NOFILE, &l);
+  EXPECT_NO_THROW(require_free_fds(10, "this"));
+  try {
+    require_free_fds(1000, "a thing with 3 parts");
+    FAIL() << "no error with about 40 free and 1000 needed";
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.code(), EMFILE);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a thing with 3 parts needs about 1000 free file descriptors, and this "
+                        "process has " +
+                        std::to_string(free_fds().value()) + " of its limit (RLIMIT_NOFILE) of " +
+                        std::to_string(l.rlim_cur) + " free"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("ulimit -n"), std::string::npos) << what;
+  }
+}
+
+TEST(FdBudget, AFreeNumberBelowTakenOnesIsCountedExactly) {
+  // Every number below the limit taken, then one low one given back: the probe near the
+  // limit finds it taken, and the count finds the one hole.
+  LowLimit limit(10);
+  std::vector<Fd> held;
+  while (free_fds().value() > 0) held.emplace_back(::dup(0));
+  ASSERT_EQ(free_fds().value(), 0u);
+  EXPECT_THROW(require_free_fds(1, "one"), SystemError);
+  held.front().reset();
+  EXPECT_EQ(free_fds().value(), 1u);
+  EXPECT_NO_THROW(require_free_fds(1, "one"));
+  EXPECT_THROW(require_free_fds(2, "two"), SystemError);
+}
+
+}  // namespace
+}  // namespace tensorwire::os
