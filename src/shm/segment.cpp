@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 
 #include "tensorwire/core/error.h"
 
@@ -69,7 +70,7 @@ Segment Segment::map(int fd, size_t expected_size) {
   if (p == MAP_FAILED) {
     int err = errno;
     ::close(own);
-    throw SystemError("mmap of a received segment", err);
+    throw SystemError("mmap of a received segment of " + std::to_string(size) + " bytes", err);
   }
   Segment s;
   s.impl_ = std::make_shared<Impl>();

@@ -41,7 +41,7 @@ bool guard_enabled() noexcept;
 
 // Attaches the filter to the socket `fd` (a listening one: inherited by the connections
 // accepted on it from then on; an accepted one: from its next segment). False when the
-// kernel refused it.
+// kernel refused it (errno says why).
 bool guard_sockcm_socket(int fd, uint32_t max_private_data) noexcept;
 
 }  // namespace tensorwire::ucx

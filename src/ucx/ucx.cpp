@@ -485,16 +485,19 @@ Listener::Listener(uint16_t port, const std::string& host, std::chrono::millisec
 void Listener::guard() {
   if (!guard_enabled()) return;
   const uint32_t max = sockcm_max_private_data();
-  bool guarded = true;
-  for (int fd : os::listening_sockets(ip_, port_))
-    guarded = guard_sockcm_socket(fd, max) && guarded;
-  os::for_each_accepted(ip_, port_,
-                        [&](int fd) { guarded = guard_sockcm_socket(fd, max) && guarded; });
-  if (!guarded)
+  int failed = 0;  // the errno of a socket left unguarded
+  auto guard_one = [&](int fd) {
+    if (!guard_sockcm_socket(fd, max)) failed = errno;
+  };
+  for (int fd : os::listening_sockets(ip_, port_)) guard_one(fd);
+  os::for_each_accepted(ip_, port_, guard_one);
+  if (failed != 0)
     log_message(LogLevel::Warning,
                 "could not guard the UCX listener on " + ip_ + ":" + std::to_string(port_) +
-                    " against malformed connections: a peer that sends bytes which are not a "
-                    "UCX connection request may abort this process (docs/reliability.md)");
+                    " against malformed connections (SO_ATTACH_FILTER: " + std::strerror(failed) +
+                    "): a peer that sends bytes which are not a UCX connection request may "
+                    "abort this process (docs/reliability.md; TENSORWIRE_UCX_LISTENER_GUARD=0 "
+                    "leaves the guard, and this warning, out)");
 }
 
 Listener::~Listener() {
