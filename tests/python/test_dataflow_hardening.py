@@ -287,23 +287,27 @@ time.sleep(0.5)
         assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
 
 
-def test_close_of_a_remote_from_another_thread_ends_its_recv_with_closed_error():
-    # The same for RemoteDataZMQ (before: OSError 'zmq poll: Socket operation on
-    # non-socket', 9 runs of 9).
+def _recv_in_a_thread(r, timeout=None):
+    """A started thread waiting in r.recv(timeout), and the list that gets what ended it."""
     import threading
-
-    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
-    r.reset_state()
     ended = []
 
     def wait():
         try:
-            r.recv()
+            r.recv(timeout=timeout)
         except BaseException as e:  # noqa: B036 - what ended it is the point
             ended.append(e)
-
     t = threading.Thread(target=wait)
     t.start()
+    return t, ended
+
+
+def test_close_of_a_remote_from_another_thread_ends_its_recv_with_closed_error():
+    # The same for RemoteDataZMQ (before: OSError 'zmq poll: Socket operation on
+    # non-socket', 9 runs of 9).
+    r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
+    r.reset_state()
+    t, ended = _recv_in_a_thread(r)
     time.sleep(0.3)
     r.close()
     t.join(10)
@@ -571,18 +575,9 @@ def test_a_forked_child_closing_its_copy_of_a_busy_remote_returns_at_once():
     # Forked while another thread of the parent waited in recv(): the child's copy holds that
     # call's turn, which no thread of the child will give back. Its close() waited 5 s for
     # it (at every exit of such a child), then warned.
-    import threading
     r = twdf.RemoteDataZMQ("tcp://127.0.0.1:*")
     r.reset_state()
-    ended = []
-
-    def wait():
-        try:
-            r.recv(timeout=30)
-        except tensorwire.ClosedError as e:
-            ended.append(e)
-    waiting = threading.Thread(target=wait)
-    waiting.start()
+    waiting, ended = _recv_in_a_thread(r, timeout=30)
     time.sleep(0.5)  # the thread is in recv()
     pid = os.fork()
     if pid == 0:
@@ -596,7 +591,7 @@ def test_a_forked_child_closing_its_copy_of_a_busy_remote_returns_at_once():
     assert os.waitpid(pid, 0)[1] == 0
     r.close()  # the parent's recv() was in progress all along: close() ends it
     waiting.join(10)
-    assert len(ended) == 1
+    assert len(ended) == 1 and isinstance(ended[0], tensorwire.ClosedError), ended
 
 
 @pytest.mark.parametrize("kind", ["runner", "map"])
