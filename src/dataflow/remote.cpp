@@ -292,13 +292,8 @@ void RemoteDataZMQ::Impl::open() {
     else
       socks[i]->connect(addr[i]);
     bound[i] = socks[i]->last_endpoint();
-    if (opt.bind && bound[i].rfind("tcp://", 0) == 0) {  // tcp://ip:port, tcp://[ip6]:port
-      const auto colon = bound[i].rfind(':');
-      std::string ip = bound[i].substr(6, colon - 6);
-      if (ip.size() > 1 && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
-      marks[i] =
-          os::ListenerMark::tcp(ip, static_cast<uint16_t>(std::stoul(bound[i].substr(colon + 1))));
-    }
+    if (const auto tcp = zmqio::split_tcp(bound[i]); opt.bind && tcp)  // tcp://ip:port
+      marks[i] = os::ListenerMark::tcp(tcp->host, static_cast<uint16_t>(std::stoul(tcp->port)));
   }
 }
 

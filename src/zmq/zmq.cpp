@@ -31,24 +31,6 @@ std::string endpoint_hint(const std::string& endpoint) {
   return ": an endpoint names its transport, as in 'tcp://host:port' or 'ipc://name'";
 }
 
-// A tcp:// endpoint's host (the destination's: after a "source;", without IPv6 brackets)
-// and port text; none for another transport.
-struct TcpEndpoint {
-  std::string host, port;
-};
-std::optional<TcpEndpoint> split_tcp(const std::string& endpoint) {
-  if (endpoint.rfind("tcp://", 0) != 0) return std::nullopt;
-  const size_t colon = endpoint.rfind(':');
-  TcpEndpoint out;
-  out.host = colon > 5 ? endpoint.substr(6, colon - 6) : endpoint.substr(6);
-  out.port = colon > 5 ? endpoint.substr(colon + 1) : "";
-  if (const size_t semi = out.host.find(';'); semi != std::string::npos)
-    out.host = out.host.substr(semi + 1);
-  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
-    out.host = out.host.substr(1, out.host.size() - 2);
-  return out;
-}
-
 // libzmq takes a TCP port modulo 65536 (99999 binds 34463) and connects to port 0 for
 // ever: a typo in a port must be an error, not another port.
 void check_tcp_port(const std::string& endpoint, bool binding) {
@@ -303,6 +285,19 @@ std::string peer_address(int fd) {
     return "tcp://[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
   }
   return "ipc peer";
+}
+
+std::optional<TcpEndpoint> split_tcp(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return std::nullopt;
+  const size_t colon = endpoint.rfind(':');
+  TcpEndpoint out;
+  out.host = colon > 5 ? endpoint.substr(6, colon - 6) : endpoint.substr(6);
+  out.port = colon > 5 ? endpoint.substr(colon + 1) : "";
+  if (const size_t semi = out.host.find(';'); semi != std::string::npos)
+    out.host = out.host.substr(semi + 1);
+  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
+    out.host = out.host.substr(1, out.host.size() - 2);
+  return out;
 }
 
 }  // namespace tensorwire::zmqio

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,6 +98,13 @@ class Monitor {
   uint64_t generation_;
   std::unique_ptr<Socket> pair_;
 };
+
+// A tcp:// endpoint's host (the destination's: after a "source;", without IPv6 brackets)
+// and port text; none for another transport.
+struct TcpEndpoint {
+  std::string host, port;
+};
+std::optional<TcpEndpoint> split_tcp(const std::string& endpoint);
 
 // The fd of the connection a received frame came in on (ZMQ_SRCFD); -1 when unknown.
 int source_fd(zmq::message_t& frame);
