@@ -240,34 +240,25 @@ Context::Context() : generation_(os::fork_generation()) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw_status("ucp_config_read", st);
+  // tensorwire's defaults, each set only where the user's environment leaves it open.
+  auto modify = [&](const char* name, const std::string& value) {
+    if (const ucs_status_t s = ucp_config_modify(config, name, value.c_str()); s != UCS_OK) {
+      ucp_config_release(config);
+      throw_status("ucp_config_modify(" + std::string(name) + ")", s);
+    }
+  };
   // UCX 1.13 leaves shared memory out of endpoints that detect peer failure (every pipe
   // endpoint does) unless MM_ERROR_HANDLING is on: without it two processes on one host talk
   // over TCP loopback (6x the latency). The user's own UCX_MM_ERROR_HANDLING wins.
-  if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr && shared_memory_enabled()) {
-    st = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
-    if (st != UCS_OK) {
-      ucp_config_release(config);
-      throw_status("ucp_config_modify(MM_ERROR_HANDLING)", st);
-    }
-  }
+  if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr && shared_memory_enabled())
+    modify("MM_ERROR_HANDLING", "y");
   // UCX's posix shared-memory transport makes a 4 MiB file in /dev/shm per worker (each
   // pipe end, each listener), which its sysv sibling, chosen for the data, makes
   // unnecessary: with Docker's default 64 MiB /dev/shm a TensorDictServer refused its fifth
   // local client ("No resources are available"). Left out unless UCX_TLS names transports.
-  if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0') {
-    st = ucp_config_modify(config, "TLS", "^posix");
-    if (st != UCS_OK) {
-      ucp_config_release(config);
-      throw_status("ucp_config_modify(TLS)", st);
-    }
-  }
-  if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
-    st = ucp_config_modify(config, "RNDV_THRESH", std::to_string(kEagerMax).c_str());
-    if (st != UCS_OK) {
-      ucp_config_release(config);
-      throw_status("ucp_config_modify(RNDV_THRESH)", st);
-    }
-  }
+  if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0')
+    modify("TLS", "^posix");
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
