@@ -514,9 +514,7 @@ MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
 
 void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
-  m.check_open();
-  if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
-  m.require_fds(8);  // the runner's, and a task socket with its listener and connection
+  m.begin_reset(8);  // the runner's, and a task socket with its listener and connection
   const int n = m.opt.num_proc;
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";

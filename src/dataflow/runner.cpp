@@ -167,9 +167,7 @@ MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
 
 void MultiProcessRunnerZMQ::reset_state() {
   Impl& m = *impl_;
-  m.check_open();
-  if (m.reset_done) throw StateError(std::string(kName) + ": reset_state() was called twice");
-  m.require_fds(4);  // a socket pair end, its ZeroMQ connection, segments in flight
+  m.begin_reset(4);  // a socket pair end, its ZeroMQ connection, segments in flight
   const int n = m.opt.num_proc;
   m.endpoint = "ipc://@" + os::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));

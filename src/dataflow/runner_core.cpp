@@ -67,15 +67,14 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   size = ds->size();
 }
 
-void RunnerCore::require_fds(size_t per_worker) const {
+void RunnerCore::begin_reset(size_t per_worker) const {
   check_open();
+  if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   os::require_free_fds(16 + per_worker * static_cast<size_t>(num_proc),
                        std::string(name) + " with " + std::to_string(num_proc) + " workers");
 }
 
 void RunnerCore::start_workers(const ForkHooks& hooks, WorkerMain worker_main) {
-  check_open();
-  if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   reset_done = true;
   hooks_ = hooks;
   worker_main_ = std::move(worker_main);

@@ -38,16 +38,17 @@ struct RunnerCore {
              std::optional<uint64_t> seed, Millis liveness_interval, WorkerPolicy policy);
   virtual ~RunnerCore() = default;
 
-  // reset_state(): StateError the second time; then the socket pairs and num_proc workers,
+  // reset_state(), after begin_reset(): the socket pairs and num_proc workers,
   // worker i running worker_main(i, its sender id, its end of its socket pair) with
   // WorkerInfo{i, num_proc, seed + i} (its k-th replacement: seed + i + k x num_proc). With
   // the restart policy, also the fork server that forks the replacements (workers.h).
   using WorkerMain = std::function<void(int index, uint16_t sender, os::UnixSocket socket)>;
   void start_workers(const ForkHooks& hooks, WorkerMain worker_main);
-  // First in reset_state(), before anything is made: SystemError (EMFILE) naming the limit
-  // when the process has too few file descriptors left for its sockets and num_proc
-  // workers, each taking about `per_worker` (libzmq aborted the process on EMFILE).
-  void require_fds(size_t per_worker) const;
+  // First in reset_state(), before anything is made: ClosedError after close(), StateError
+  // the second time, SystemError (EMFILE) naming the limit when the process has too few
+  // file descriptors left for its sockets and num_proc workers, each taking about
+  // `per_worker` (libzmq aborted the process on EMFILE).
+  void begin_reset(size_t per_worker) const;
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
