@@ -67,10 +67,11 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   size = ds->size();
 }
 
-void RunnerCore::begin_reset(size_t per_worker) const {
+void RunnerCore::begin_reset(size_t per_worker) {
   check_open();
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
-  os::require_free_fds(16 + per_worker * static_cast<size_t>(num_proc),
+  fds_per_worker_ = per_worker;
+  os::require_free_fds(kFdsOfTheRunner + per_worker * static_cast<size_t>(num_proc),
                        std::string(name) + " with " + std::to_string(num_proc) + " workers");
 }
 
@@ -211,6 +212,11 @@ void RunnerCore::report_restart(const WorkerProcesses::Death& d, const std::stri
 }
 
 int RunnerCore::replace(int index, uint16_t& sender) {
+  // As at the start: a replacement connects to this process's sockets, and libzmq aborts
+  // the process on EMFILE, where the user's code may have taken the descriptors since
+  // (the run ends with the error instead, nothing made for the replacement).
+  os::require_free_fds(kFdsOfTheRunner + fds_per_worker_,
+                       std::string(name) + " replacing worker " + std::to_string(index));
   sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();
   before_replacing(index);

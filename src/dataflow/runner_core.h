@@ -47,8 +47,9 @@ struct RunnerCore {
   // First in reset_state(), before anything is made: ClosedError after close(), StateError
   // the second time, SystemError (EMFILE) naming the limit when the process has too few
   // file descriptors left for its sockets and num_proc workers, each taking about
-  // `per_worker` (libzmq aborted the process on EMFILE).
-  void begin_reset(size_t per_worker) const;
+  // `per_worker` (libzmq aborted the process on EMFILE). A replacement of a worker (the
+  // restart policy) checks for room for one the same way.
+  void begin_reset(size_t per_worker);
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
@@ -130,6 +131,9 @@ struct RunnerCore {
   int spawn(int index, uint16_t sender);
   uint64_t worker_seed(int index) const;  // seed + index + num_proc x its generation
 
+  // Descriptors the runner's own sockets take, and each worker (begin_reset()).
+  static constexpr size_t kFdsOfTheRunner = 16;
+  size_t fds_per_worker_ = 0;
   ForkHooks hooks_;
   WorkerMain worker_main_;
   shm::Segment progress_;

@@ -534,6 +534,50 @@ def test_too_few_file_descriptors_for_the_workers_is_an_emfile_naming_the_limit(
     assert out.split() == ["ok"], out
 
 
+FEW_FDS_AT_A_RESTART = """
+import errno, os, resource, signal, time, warnings
+from tensorwire import dataflow as twdf
+from dataflow_helpers import Endless, check
+
+warnings.simplefilter("ignore", twdf.WorkerRestartedWarning)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+for r in (twdf.MultiProcessRunnerZMQ(Endless(), num_proc=2, on_worker_death="restart"),
+          twdf.MultiProcessMapDataZMQ(Endless(), 2, lambda dp: dp,
+                                      on_worker_death="restart")):
+    r.reset_state()
+    it = iter(r)
+    for _ in range(10):
+        check(next(it))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, hard))
+    os.kill(r.pids[0], signal.SIGKILL)
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            check(next(it))
+        raise SystemExit(f"{type(r).__name__} went on without room for a replacement")
+    except OSError as e:
+        assert e.errno == errno.EMFILE, e
+        assert "replacing worker 0 needs about" in str(e) and "RLIMIT_NOFILE" in str(e), e
+    assert r.restarts == 0
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:  # the run ended with it: a new iterator says so again
+        next(iter(r))
+        raise SystemExit("the run went on")
+    except OSError as e:
+        assert e.errno == errno.EMFILE, e
+    r.close()
+print("ok")
+"""
+
+
+def test_too_few_file_descriptors_to_replace_a_worker_ends_the_run_with_an_emfile():
+    # The check at reset_state() alone left a replacement (the restart policy) to libzmq's
+    # abort on EMFILE when the process had used its descriptors up since.
+    proc = python(FEW_FDS_AT_A_RESTART)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split() == ["ok"], out
+
 def _child_uses_inherited(r, q, it=None):
     try:
         next(iter(r) if it is None else it)
