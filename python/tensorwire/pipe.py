@@ -625,7 +625,9 @@ class TensorDictServer(_Acceptor):
     ``await server.serve(handler)`` runs ``handler(pipe)`` as a task per client and logs
     (and keeps, in ``handler_errors``) any exception a handler raises; ``async for pipe in
     server`` yields the pipes instead. A client that fails or abandons its handshake is
-    counted in ``refused`` (and logged at debug level); the server goes on. ``close()``
+    counted in ``refused`` (and logged at debug level; a client this process could not
+    make its end for, e.g. for want of file descriptors, at warning level, and refused at
+    once); the server goes on. ``close()``
     stops accepting, cancels the handlers ``serve`` runs and closes every pipe the server
     handed out. ``liveness_timeout`` applies
     to every client's pipe (see ``TensorDictPipe.connect``).

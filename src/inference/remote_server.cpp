@@ -256,7 +256,8 @@ void RemoteConnection::run() noexcept {
     // there is nobody to tell. Neither is a handshake the server's closing ended.
     if (!connected && !stop_.stop_requested()) refusal = peer_ + " refused: " + e.what();
   }
-  if (!io.owns_lock()) io.lock();  // thrown from serve()'s wait, where it lets go of it
+  if (!io.owns_lock()) io.lock();            // thrown from serve()'s wait, where it lets go of it
+  if (request_.handle) s_.reject(request_);  // no endpoint was made from it
   if (!refusal.empty()) {
     s_.refuse(refusal);
     log_message(LogLevel::Warning, "RemoteTransport: " + refusal);

@@ -137,6 +137,9 @@ class RemoteServer {
   // the connection is gone. A slot already answered (or free) is left alone.
   void answer(uint32_t slot, std::optional<Json> failure, Sender sender = Sender::Connection);
   void refuse(const std::string& why);
+  // A connection that could not make its end (a worker: descriptors, memory) refuses its
+  // request, so its client hears at once (ucx::Listener::reject).
+  void reject(ucx::ConnRequest& request) noexcept { listener_->reject(request); }
   // Serving thread, not under mu: takes in the requests that arrived on connections whose
   // thread waits for its client's next request (RemoteConnection::receive_now), with at most
   // kConnectionsTheServerReceivesFrom connections. Returns how many looks took something in

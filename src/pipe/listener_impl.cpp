@@ -9,6 +9,7 @@
 #include "os/fork.h"
 #include "pipe_impl.h"
 #include "runtime/wait.h"
+#include "tensorwire/runtime/log.h"
 
 namespace tensorwire::detail {
 
@@ -114,6 +115,12 @@ void ListenerImpl::start_handshake(ucx::ConnRequest request) {
   try {
     pipe = std::make_shared<PipeImpl>(request, options_, port_);
   } catch (const Error& e) {
+    // This process's want (descriptors, memory), not the client's fault: said at warning
+    // level, and the client told at once rather than left to its connect timeout.
+    listener_->reject(request);
+    log_message(LogLevel::Warning, "the listener on port " + std::to_string(port_) +
+                                       " refused client " + peer +
+                                       ": it could not make its end: " + e.what());
     ready_.push_back(refused(peer, e.what(), std::current_exception()));
     return;
   }

@@ -498,6 +498,11 @@ Listener::~Listener() {
   ucp_listener_destroy(listener_);
 }
 
+void Listener::reject(ConnRequest& request) noexcept {
+  if (request.handle && !inherited(generation_)) ucp_listener_reject(listener_, request.handle);
+  request.handle = nullptr;
+}
+
 void Listener::reject_pending() noexcept {
   for (auto& r : pending_) ucp_listener_reject(listener_, r.handle);
   pending_.clear();
@@ -602,6 +607,10 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 void Endpoint::throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
                                   const std::string& listener) const {
   if (error_ == UCS_OK) return;
+  if (error_ == UCS_ERR_REJECTED)  // the server could not make its end (Listener::reject)
+    throw ClosedError(what + ": " + listener + " at " + host + ":" + std::to_string(port) +
+                      " refused the connection: it could not take another client (its log "
+                      "says why: too few file descriptors, threads or memory)");
   if (error_ == UCS_ERR_NOT_CONNECTED &&
       os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) ==
           os::TcpProbe::Refused)

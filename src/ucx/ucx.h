@@ -174,6 +174,10 @@ class Listener {
   std::optional<ConnRequest> poll();
   // Whether a connection request is already queued (poll() would return it at once).
   bool has_pending() const noexcept { return !pending_.empty(); }
+  // Refuses a request poll() returned that no endpoint was made from (request.handle
+  // still set): its client's connect fails at once (UCS_ERR_REJECTED), rather than at its
+  // timeout. A no-op for one an endpoint consumed.
+  void reject(ConnRequest& request) noexcept;
 
  private:
   static void on_conn(ucp_conn_request_h req, void* arg);

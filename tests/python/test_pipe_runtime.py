@@ -902,6 +902,54 @@ def test_too_few_file_descriptors_for_a_ucx_worker_is_an_emfile_naming_the_limit
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+
+def test_a_listener_without_descriptors_for_a_client_refuses_it_at_once_and_warns(tmp_path):
+    # The listener could not make the client's end (EMFILE for its UCX worker): it said so
+    # at debug level only and left the request unanswered, so the client waited out its
+    # whole connect timeout for an error that did not say why.
+    client = script(tmp_path, "client.py", """
+    import sys, time
+    import tensorwire as tw
+    t0 = time.monotonic()
+    try:
+        tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=60).close()
+        print("connected")
+    except tw.ClosedError as e:
+        print(f"ClosedError after {time.monotonic() - t0:.0f} s: {e}")
+    """)
+    path = script(tmp_path, "server.py", f"""
+    import logging, os, resource, subprocess, sys
+    import tensorwire as tw
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    restore = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with tw.PipeListener(0) as listener:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
+        c = subprocess.Popen([sys.executable, {client!r}, str(listener.port)], text=True,
+                             stdout=subprocess.PIPE, preexec_fn=restore)
+        while listener.refused == 0:
+            try:
+                raise SystemExit("accepted " + str(listener.accept(timeout=0.2)))
+            except TimeoutError:
+                pass
+        restore()
+        print(c.communicate(timeout=60)[0].strip())
+        c = subprocess.Popen([sys.executable, {client!r}, str(listener.port)], text=True,
+                             stdout=subprocess.PIPE)
+        pipe = listener.accept(timeout=60)  # it goes on once the limit allows
+        print(c.communicate(timeout=60)[0].strip())
+        pipe.close()
+    """)
+    r = run(path)
+    assert r.returncode == 0, r.stderr
+    refused, connected = r.stdout.strip().splitlines()
+    assert refused.startswith("ClosedError after ") and "refused the connection" in refused, refused
+    assert int(refused.split()[2]) < 30, refused  # its own answer, not the 60 s timeout
+    assert connected == "connected", r.stdout
+    assert "WARNING the listener on port" in r.stderr and "could not make its end" in r.stderr, \
+        r.stderr
+    assert "RLIMIT_NOFILE" in r.stderr, r.stderr  # why
+
 def test_two_concurrent_arecv_on_one_pipe_the_second_is_refused(pair):
     accepted, connected = pair
 

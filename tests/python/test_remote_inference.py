@@ -219,6 +219,52 @@ def test_deleting_a_transport_while_it_logs_a_refusal_does_not_hang():
     assert "deleted after 1 refusal" in out.stdout, out.stderr
 
 
+# A server whose process has too few descriptors for a connection's UCX worker: the
+# client waited its whole connect timeout, and then heard nothing of why.
+_SERVER_WITHOUT_DESCRIPTORS = """
+import os, resource, subprocess, sys, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+CLIENT = '''
+import sys, time, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+t0 = time.monotonic()
+try:
+    c = inf.connect("127.0.0.1", int(sys.argv[1]), timeout=60)
+    print(c({"observation": np.ones(4, np.float32)})["action"].tolist())
+except tw.ClosedError as e:
+    print(f"ClosedError after {time.monotonic() - t0:.0f} s: {e}")
+'''
+def double(b):
+    return tw.TensorDict({"action": b["observation"] * 2}, batch_size=[len(b["observation"])])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+restore = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+t = inf.RemoteTransport({"observation": np.zeros(4, np.float32)},
+                        {"action": np.zeros(4, np.float32)}, num_slots=4, host="127.0.0.1")
+with inf.InferenceServer(double, t):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
+    c = subprocess.run([sys.executable, "-c", CLIENT, str(t.port)], capture_output=True,
+                       text=True, timeout=90, preexec_fn=restore)
+    restore()
+    print(c.stdout.strip() or c.stderr)
+    print("refused", t.refused, t.last_refusal)
+    c = subprocess.run([sys.executable, "-c", CLIENT, str(t.port)], capture_output=True,
+                       text=True, timeout=90)
+    print(c.stdout.strip() or c.stderr)
+"""
+
+
+def test_a_server_without_descriptors_for_a_client_refuses_it_at_once():
+    r = subprocess.run([sys.executable, "-c", _SERVER_WITHOUT_DESCRIPTORS], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    refused, why, served = r.stdout.strip().splitlines()
+    assert refused.startswith("ClosedError after ") and "refused the connection" in refused, refused
+    assert int(refused.split()[2]) < 30, refused  # its answer, not the client's timeout
+    assert why.startswith("refused 1 ") and "RLIMIT_NOFILE" in why, why
+    assert served == "[2.0, 2.0, 2.0, 2.0]", r.stdout  # the next client, once the limit allows
+
 # A server that stops (SIGSTOP) with a request in flight: the client's liveness check fails
 # the request; the server, continued, answers it; the client is closed. The answer (32 KiB)
 # landed in the freed buffer of the failed request (a crash in UCX's copy at the close).
