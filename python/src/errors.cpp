@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <system_error>
 #include <thread>
 
 #include "bindings.h"
@@ -292,6 +293,15 @@ void bind_errors(nb::module_& m) {
       PyErr_SetObject(PyExc_OSError, nb::make_tuple(e.code(), e.what()).ptr());
     } catch (const Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const std::system_error& e) {
+      // A thread that could not start (std::thread's EAGAIN), for one: its errno's OSError,
+      // naming the limit (a RuntimeError "Resource temporarily unavailable" said nothing).
+      std::string msg = e.what();
+      if (e.code().value() == EAGAIN)
+        msg +=
+            " (a thread could not start: a thread or process limit is reached, RLIMIT_NPROC "
+            "(ulimit -u) or a cgroup's pids.max)";
+      PyErr_SetObject(PyExc_OSError, nb::make_tuple(e.code().value(), msg).ptr());
     }
   });
 }

@@ -514,7 +514,9 @@ MultiProcessMapDataZMQ::~MultiProcessMapDataZMQ() {
 
 void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
-  m.begin_reset(8);  // the runner's, and a task socket with its listener and connection
+  // Descriptors: the runner's, and a task socket with its listener and connection; tasks:
+  // the process and its ZeroMQ context's two threads.
+  m.begin_reset(8, 4);
   const int n = m.opt.num_proc;
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";

@@ -8,6 +8,7 @@
 
 #include "os/fd_budget.h"
 #include "os/fork.h"
+#include "os/task_budget.h"
 #include "tensorwire/core/error.h"
 #include "tensorwire/runtime/log.h"
 
@@ -67,12 +68,17 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   size = ds->size();
 }
 
-void RunnerCore::begin_reset(size_t per_worker) {
+void RunnerCore::begin_reset(size_t per_worker, size_t tasks_per_worker) {
   check_open();
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   fds_per_worker_ = per_worker;
-  os::require_free_fds(kFdsOfTheRunner + per_worker * static_cast<size_t>(num_proc),
-                       std::string(name) + " with " + std::to_string(num_proc) + " workers");
+  tasks_per_worker_ = tasks_per_worker;
+  const std::string what = std::string(name) + " with " + std::to_string(num_proc) + " workers";
+  os::require_free_fds(kFdsOfTheRunner + per_worker * static_cast<size_t>(num_proc), what);
+  // A worker is a process with libzmq's threads; a thread libzmq cannot start aborts it,
+  // or this process (the runner's own sockets).
+  os::require_free_tasks(kTasksOfTheRunner + tasks_per_worker * static_cast<size_t>(num_proc),
+                         what);
 }
 
 void RunnerCore::start_workers(const ForkHooks& hooks, WorkerMain worker_main) {
@@ -213,10 +219,12 @@ void RunnerCore::report_restart(const WorkerProcesses::Death& d, const std::stri
 
 int RunnerCore::replace(int index, uint16_t& sender) {
   // As at the start: a replacement connects to this process's sockets, and libzmq aborts
-  // the process on EMFILE, where the user's code may have taken the descriptors since
-  // (the run ends with the error instead, nothing made for the replacement).
-  os::require_free_fds(kFdsOfTheRunner + fds_per_worker_,
-                       std::string(name) + " replacing worker " + std::to_string(index));
+  // the process on EMFILE (and a worker that cannot start its threads), where the user's
+  // code may have taken the descriptors or threads since (the run ends with the error
+  // instead, nothing made for the replacement).
+  const std::string what = std::string(name) + " replacing worker " + std::to_string(index);
+  os::require_free_fds(kFdsOfTheRunner + fds_per_worker_, what);
+  os::require_free_tasks(tasks_per_worker_, what);
   sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();
   before_replacing(index);

@@ -47,9 +47,12 @@ struct RunnerCore {
   // First in reset_state(), before anything is made: ClosedError after close(), StateError
   // the second time, SystemError (EMFILE) naming the limit when the process has too few
   // file descriptors left for its sockets and num_proc workers, each taking about
-  // `per_worker` (libzmq aborted the process on EMFILE). A replacement of a worker (the
-  // restart policy) checks for room for one the same way.
-  void begin_reset(size_t per_worker);
+  // `per_worker` (libzmq aborted the process on EMFILE); SystemError (EAGAIN) naming the
+  // limit when a thread or process limit leaves too little room for the workers, each
+  // taking about `tasks_per_worker` (its process and libzmq's threads, whose failure to
+  // start aborts it). A replacement of a worker (the restart policy) checks for room for
+  // one the same way.
+  void begin_reset(size_t per_worker, size_t tasks_per_worker);
   // StateError before reset_state() or while another epoch runs.
   void begin_epoch();
   void end_epoch() noexcept { in_epoch = false; }
@@ -133,6 +136,10 @@ struct RunnerCore {
 
   // Descriptors the runner's own sockets take, and each worker (begin_reset()).
   static constexpr size_t kFdsOfTheRunner = 16;
+  // Threads and processes the runner's own take (libzmq's, the fork server), and each
+  // worker (begin_reset()).
+  static constexpr size_t kTasksOfTheRunner = 8;
+  size_t tasks_per_worker_ = 0;
   size_t fds_per_worker_ = 0;
   ForkHooks hooks_;
   WorkerMain worker_main_;

@@ -29,6 +29,7 @@
 #include "os/fd_budget.h"
 #include "os/fork.h"
 #include "os/own_sockets.h"
+#include "os/task_budget.h"
 #include "os/tcp_probe.h"
 #include "tensorwire/runtime/log.h"
 #include "tensorwire/runtime/timeout.h"
@@ -285,11 +286,13 @@ Context::~Context() {
 
 // UCX aborts the process when it runs out of descriptors while it makes its context or a
 // worker (an assertion in its async thread, or "failed to set active message handler"): a
-// worker and its first connection take about 45. Checked before the context is made.
+// worker and its first connection take about 45. Checked before the context is made. So
+// too when the first worker cannot start UCX's progress thread (a thread or process limit:
+// "Assertion `ucs_async_thread_global_context.thread != NULL' failed").
 Worker::Worker()
     : context_((os::require_free_fds(
                     48, "a UCX worker (one per pipe end, listener and remote connection)"),
-                Context::get())),
+                os::require_free_tasks(2, "a UCX worker (its progress thread)"), Context::get())),
       generation_(os::fork_generation()) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

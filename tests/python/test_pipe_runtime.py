@@ -2,9 +2,11 @@
 hardening items of issue 13 (no aborts, one client never stops a server, clear errors,
 reprs, a quiet stderr)."""
 import asyncio
+import errno
 import logging
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -902,6 +904,39 @@ def test_too_few_file_descriptors_for_a_ucx_worker_is_an_emfile_naming_the_limit
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+
+def test_a_thread_limit_too_low_for_ucx_is_an_eagain_naming_it():
+    # UCX aborted the process ("Assertion `ucs_async_thread_global_context.thread != NULL'
+    # failed") when RLIMIT_NPROC (which counts threads) or a pids cgroup left it no thread.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another user (root is exempt from RLIMIT_NPROC), with room for no thread
+        try:
+            os.close(r)
+            resource.setrlimit(resource.RLIMIT_NPROC, (1, 100))
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                tw.PipeListener(0)
+                out = "a listener without room for a thread"
+            except BlockingIOError as e:
+                out = f"{e.errno} {e}"
+            resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
+            with tw.PipeListener(0) as listener:  # nothing was half-made
+                out += f"\nthen port {listener.port > 0}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    refusal, then = out.split("\n")
+    assert refusal.startswith(f"{errno.EAGAIN} [Errno {errno.EAGAIN}] a UCX worker (its progress "
+                              "thread) needs about 2 "
+                              "more threads or processes"), out
+    assert "RLIMIT_NPROC" in refusal, out
+    assert then == "then port True", out
 
 def test_a_listener_without_descriptors_for_a_client_refuses_it_at_once_and_warns(tmp_path):
     # The listener could not make the client's end (EMFILE for its UCX worker): it said so
