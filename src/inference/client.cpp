@@ -82,9 +82,7 @@ TensorDict Future::result(Timeout timeout) {
     // Held at the fork by a thread of the parent, which the child does not have: it is
     // never let go of here (the wait hung, or timed out saying another thread waits).
     if (!lock.try_lock())
-      throw ClosedError(
-          "this inference Future was made before a fork, and a thread of the parent process "
-          "was waiting for it (submit again from a client in the child)");
+      throw detail::made_before_fork("a thread of the parent process was waiting for it");
   } else if (!runtime::wait_until(deadline,
                                   [&](Deadline s) { return lock.try_lock_until(s.when()); })) {
     throw TimeoutError("no response within " + timeout.str() + " (another thread waits for it)");

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorwire/core/error.h"
 #include "tensorwire/inference/client.h"
 
 namespace tensorwire::inference::detail {
@@ -24,6 +25,12 @@ class Pending {
   // The outcome, once ready (called at most once): the response, or throws.
   virtual TensorDict take() = 0;
 };
+
+// What a request a forked child inherited raises: `why` nothing in the child can answer it.
+inline ClosedError made_before_fork(const std::string& why) {
+  return ClosedError("this inference Future was made before a fork: " + why +
+                     " (submit again from a client in the child)");
+}
 
 // A client's connection, made on first use and shared by the threads that use the client.
 // `current()` (called under `mu`) is the connection to use now, or null (it throws once

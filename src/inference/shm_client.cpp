@@ -30,10 +30,7 @@ class ShmPending final : public Pending {
 
   bool wait(Deadline slice) override {
     if (!closed_.empty() || released_) return true;
-    if (conn_->stale())
-      throw ClosedError(
-          "this inference Future was made before a fork: its slot belongs to the parent "
-          "process (submit again from a client in the child)");
+    if (conn_->stale()) throw made_before_fork("its slot belongs to the parent process");
     ShmRegion& r = *conn_->region;
     SlotControl& sc = r.slot(slot_);
     const os::WaitBits::Bit answer = r.answer_of(slot_);

@@ -432,10 +432,7 @@ class SocketPending final : public detail::Pending {
     return ready();
   }
   TensorDict take() override {
-    if (stale())
-      throw ClosedError(
-          "this inference Future was made before a fork: it belongs to the parent process "
-          "(submit again from a client in the child)");
+    if (stale()) throw detail::made_before_fork("it belongs to the parent process");
     std::unique_lock<std::mutex> lock(c_->mu);
     taken_ = true;
     auto it = c_->arrived.find(id_);

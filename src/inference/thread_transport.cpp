@@ -62,9 +62,8 @@ class ThreadPending final : public detail::Pending {
   bool wait(Deadline slice) override { return stale() || r_->wait(slice); }
   TensorDict take() override {
     if (stale())
-      throw ClosedError(
-          "this inference Future was made before a fork: the ThreadTransport's server thread "
-          "is in the parent process (submit again from a client in the child)");
+      throw detail::made_before_fork(
+          "the ThreadTransport's server thread is in the parent process");
     return r_->take();
   }
 
