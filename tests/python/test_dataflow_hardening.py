@@ -1033,6 +1033,44 @@ def test_threads_sharing_one_iterator_take_turns_and_the_epoch_stays_whole(stric
         assert sorted(got) == list(range(300)) if strict_map else len(got) == 300
 
 
+class _InterruptedAtThirdPass(Counting):
+    """Ctrl-C lands in the dataflow's generator as its third pass begins (in the main
+    process, where the map pulls datapoints); the second pass is empty, so the third is
+    pulled exactly as the first epoch ends."""
+
+    passes = 0
+
+    def __iter__(self):
+        type(self).passes += 1
+        if type(self).passes == 2:
+            return
+        if type(self).passes == 3:
+            raise KeyboardInterrupt
+        yield from super().__iter__()
+
+
+def test_a_ctrl_c_in_the_dataflow_as_an_epoch_ends_keeps_the_epoch_and_the_passes_after():
+    # Ctrl-C in the dataflow's generator (the map pulls in the main process) exactly as the
+    # first epoch ends: the iteration has the whole epoch, then KeyboardInterrupt; nothing of
+    # a later pass comes into it; the pass that raised is empty, and the passes after it are
+    # whole.
+    _InterruptedAtThirdPass.passes = 0
+    with twdf.MultiProcessMapDataZMQ(_InterruptedAtThirdPass(4), 2, lambda dp: dp,
+                                     strict=True) as m:
+        m.reset_state()
+        it = iter(m)
+        got = []
+        with pytest.raises(KeyboardInterrupt):
+            for dp in it:
+                got.append(check(dp))
+        assert sorted(got) == [0, 1, 2, 3]
+        assert next(it, "ended") == "ended"  # the end stays
+        assert _InterruptedAtThirdPass.passes == 3
+        assert list(m) == []  # the second pass
+        assert list(m) == []  # the third, which raised (logged: "ended after 0 datapoints")
+        assert sorted(check(dp) for dp in m) == [0, 1, 2, 3]  # and on
+
+
 class _FirstWorkerDies:
     """The first worker to start exits (code 3) after 0.3 s without sending; the others
     send from 1.5 s on."""
