@@ -1,4 +1,6 @@
+import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -34,6 +36,38 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=100, **kw)
 
 
+
+NOBODY = 65534
+
+
+def as_user(uid, fn, nproc=None):
+    """Runs fn() in a forked child under `uid`, with RLIMIT_NPROC (soft, hard) = `nproc`
+    set first when given (root is exempt from that limit, another user is not); returns
+    ("ok", repr(result)) or (exception type name, message)."""
+    assert os.geteuid() == 0, "these tests change user: they run as root (like the suite)"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        try:
+            os.close(r)
+            if nproc is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, nproc)
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                out = ("ok", repr(fn()))
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                out = (type(e).__name__, str(e))
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return tuple(json.loads(data))
 
 def stop_process(pid):
     """SIGSTOPs `pid` and returns once it is stopped: kill() returns before the stop takes

@@ -1,12 +1,12 @@
 """What a new user gets wrong with the dataflow runners: never a hang, never a silent loss,
 an error that says what to do; Ctrl-C, fork and spawn."""
+import ast
 import collections
 import enum
 import errno
 import multiprocessing
 import os
 import pickle
-import resource
 import signal
 import sys
 import time
@@ -17,6 +17,7 @@ import pytest
 
 import tensorwire
 from tensorwire import dataflow as twdf
+from conftest import NOBODY, as_user
 from dataflow_helpers import Counting, check, in_child, no_leftovers, python  # noqa: F401
 
 
@@ -580,12 +581,7 @@ def test_too_few_file_descriptors_to_replace_a_worker_ends_the_run_with_an_emfil
     assert proc.returncode == 0, err
     assert out.split() == ["ok"], out
 
-def _too_few_tasks(kind, q):
-    # Another user (root is exempt from RLIMIT_NPROC), with room for about 20 threads.
-    resource.setrlimit(resource.RLIMIT_NPROC, (20, 20))
-    os.setgid(65534)
-    os.setuid(65534)
-
+def _too_few_tasks(kind):
     def make(n):
         if kind == "runner":
             return twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=n)
@@ -594,26 +590,25 @@ def _too_few_tasks(kind, q):
     r = make(12)
     try:
         r.reset_state()
-        q.put("12 workers started")
-        return
+        return "12 workers started"
     except BlockingIOError as e:
         refusal = (e.errno, str(e))
     finally:
         r.close()
     with make(2) as r:  # room for 2: nothing was left behind by the refusal
         r.reset_state()
-        q.put((refusal, sorted(check(dp) for dp in r)))
+        return refusal, sorted(check(dp) for dp in r)
 
 
 @pytest.mark.parametrize("kind", ["runner", "map"])
 def test_a_thread_or_process_limit_too_low_for_the_workers_is_an_eagain_naming_it(kind):
     # A worker, or the runner's own process, died of SIGABRT: libzmq asserts that its I/O
     # thread started, and a thread limit (RLIMIT_NPROC counts threads; a container's
-    # pids.max) stopped it.
-    got, exitcode = in_child("fork", _too_few_tasks, kind)
-    assert exitcode == 0 and got != "12 workers started", got
-    (errno_, msg), data = got
-    assert errno_ == errno.EAGAIN, got
+    # pids.max) stopped it. Another user (root is exempt), with room for about 20 threads.
+    status, out = as_user(NOBODY, lambda: _too_few_tasks(kind), nproc=(20, 20))
+    assert status == "ok", out
+    (errno_, msg), data = ast.literal_eval(out)
+    assert errno_ == errno.EAGAIN, out
     needed = 8 + 12 * (2 if kind == "runner" else 4)
     assert f"with 12 workers needs about {needed} more threads or processes" in msg, msg
     assert "RLIMIT_NPROC" in msg and "ulimit -u" in msg, msg

@@ -1,6 +1,7 @@
 """Inference under the runtime's rules: Ctrl-C interrupts a blocked client and leaves it usable,
 one rule for requests and timeouts on every transport, ClosedError from closed objects, reprs
 with state, fork and spawn, and processes that end cleanly (exit code, nothing on stderr)."""
+import ast
 import multiprocessing as mp
 import os
 import resource
@@ -15,7 +16,7 @@ import pytest
 
 import tensorwire as tw
 from _inference_common import PYTHON_DIR, double_policy, make_shm, observation
-from conftest import stop_process
+from conftest import NOBODY, as_user, stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -738,33 +739,23 @@ def test_a_started_server_its_maker_dropped_goes_on_serving_until_shutdown(kind)
     transport.close()
 
 
+def _server_without_room_for_a_thread_then_with():
+    try:
+        tw.InferenceServer(double_policy, make_shm()).start()
+        return "a server without room for a thread"
+    except BlockingIOError as e:
+        refusal = str(e)
+    resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
+    t = make_shm()
+    with tw.InferenceServer(double_policy, t):  # nothing was left half-made
+        return refusal, t.client()(observation(1), timeout=30)["action"].tolist()
+
+
 def test_a_thread_limit_that_stops_the_server_is_an_oserror_naming_it():
     # A thread that could not start was a RuntimeError "Resource temporarily unavailable",
     # which named neither the thread nor the limit.
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # another user (root is exempt from RLIMIT_NPROC), with room for no thread
-        try:
-            os.close(r)
-            resource.setrlimit(resource.RLIMIT_NPROC, (1, 100))
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                tw.InferenceServer(double_policy, make_shm()).start()
-                out = "a server without room for a thread"
-            except BlockingIOError as e:
-                out = str(e)
-            resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
-            t = make_shm()
-            with tw.InferenceServer(double_policy, t):  # nothing was left half-made
-                out += "\nthen " + str(t.client()(observation(1), timeout=30)["action"].tolist())
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        out = f.read()
-    assert os.waitpid(pid, 0)[1] == 0
-    refusal, then = out.split("\n")
-    assert "a thread could not start" in refusal and "RLIMIT_NPROC" in refusal, out
-    assert then == "then [2.0, 4.0]", out
+    kind, out = as_user(NOBODY, _server_without_room_for_a_thread_then_with, nproc=(1, 100))
+    assert kind == "ok", out
+    refusal, then = ast.literal_eval(out)
+    assert "a thread could not start" in refusal and "RLIMIT_NPROC" in refusal, refusal
+    assert then == [2.0, 4.0], out

@@ -3,7 +3,6 @@ shared-memory transports) and ZeroMQ ipc endpoints (the runners) carry no file p
 so each checks its peer's uid: a process of another user is refused with a PermissionError
 naming its uid before any byte or fd is handed over, the endpoint counts the refusal, and
 allowed_uids admits more. The other user is a forked child that setuid()s to nobody."""
-import json
 import os
 import time
 
@@ -12,37 +11,9 @@ import pytest
 
 import tensorwire as tw
 from _inference_common import double_policy, make_shm, observation
+from conftest import NOBODY, as_user
 
 pytestmark = pytest.mark.timeout(120)
-
-NOBODY = 65534
-
-
-def as_user(uid, fn):
-    """Runs fn() in a forked child under `uid`; returns ("ok", repr(result)) or (exception
-    type name, message)."""
-    assert os.geteuid() == 0, "these tests change user: they run as root (like the suite)"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, and never return into pytest
-        try:
-            os.close(r)
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                out = ("ok", repr(fn()))
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
-                out = (type(e).__name__, str(e))
-            os.write(w, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 1 << 16):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return tuple(json.loads(data))
 
 
 def call(make_client):

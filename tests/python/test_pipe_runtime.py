@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import PYTHONPATH, connected_pipes
+from conftest import NOBODY, PYTHONPATH, connected_pipes
 
 ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
 
@@ -908,35 +908,30 @@ def test_too_few_file_descriptors_for_a_ucx_worker_is_an_emfile_naming_the_limit
 def test_a_thread_limit_too_low_for_ucx_is_an_eagain_naming_it():
     # UCX aborted the process ("Assertion `ucs_async_thread_global_context.thread != NULL'
     # failed") when RLIMIT_NPROC (which counts threads) or a pids cgroup left it no thread.
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # another user (root is exempt from RLIMIT_NPROC), with room for no thread
+    # A new process (this one may hold pipes, which a forked child could not use) that
+    # becomes another user (root is exempt from the limit), with room for no thread.
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, resource
+        import tensorwire as tw
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, 100))
+        os.setgid({NOBODY})
+        os.setuid({NOBODY})
         try:
-            os.close(r)
-            resource.setrlimit(resource.RLIMIT_NPROC, (1, 100))
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                tw.PipeListener(0)
-                out = "a listener without room for a thread"
-            except BlockingIOError as e:
-                out = f"{e.errno} {e}"
-            resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
-            with tw.PipeListener(0) as listener:  # nothing was half-made
-                out += f"\nthen port {listener.port > 0}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        out = f.read()
-    assert os.waitpid(pid, 0)[1] == 0
-    refusal, then = out.split("\n")
+            tw.PipeListener(0)
+            print("a listener without room for a thread")
+        except BlockingIOError as e:
+            print(e.errno, e)
+        resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
+        with tw.PipeListener(0) as listener:  # nothing was half-made
+            print("then", listener.port > 0)
+        """)], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    refusal, then = r.stdout.strip().split("\n")
     assert refusal.startswith(f"{errno.EAGAIN} [Errno {errno.EAGAIN}] a UCX worker (its progress "
-                              "thread) needs about 2 "
-                              "more threads or processes"), out
-    assert "RLIMIT_NPROC" in refusal, out
-    assert then == "then port True", out
+                              "thread) needs about 2 more threads or processes"), refusal
+    assert "RLIMIT_NPROC" in refusal, refusal
+    assert then == "then True", r.stdout
+
 
 def test_a_listener_without_descriptors_for_a_client_refuses_it_at_once_and_warns(tmp_path):
     # The listener could not make the client's end (EMFILE for its UCX worker): it said so
