@@ -296,6 +296,12 @@ void bind_errors(nb::module_& m) {
     } catch (const std::system_error& e) {
       // A thread that could not start (std::thread's EAGAIN), for one: its errno's OSError,
       // naming the limit (a RuntimeError "Resource temporarily unavailable" said nothing).
+      // Only an errno: another category's codes (std::future_error's) are not errnos.
+      if (e.code().category() != std::generic_category() &&
+          e.code().category() != std::system_category()) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return;
+      }
       std::string msg = e.what();
       if (e.code().value() == EAGAIN)
         msg +=

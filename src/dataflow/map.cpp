@@ -516,7 +516,7 @@ void MultiProcessMapDataZMQ::reset_state() {
   Impl& m = *impl_;
   // Descriptors: the runner's, and a task socket with its listener and connection; tasks:
   // the process and its ZeroMQ context's two threads.
-  m.begin_reset(8, 4);
+  m.begin_reset(8, 3);
   const int n = m.opt.num_proc;
   const std::string base = "ipc://@" + os::unique_name("dataflow-map");
   m.result_endpoint = base + "-results";

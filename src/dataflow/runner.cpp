@@ -168,8 +168,8 @@ MultiProcessRunnerZMQ::~MultiProcessRunnerZMQ() {
 void MultiProcessRunnerZMQ::reset_state() {
   Impl& m = *impl_;
   // Descriptors: a socket pair end, its ZeroMQ connection, segments in flight; tasks: the
-  // process and a thread or so (most workers run on one).
-  m.begin_reset(4, 2);
+  // process, its flusher and its ZeroMQ context's two threads.
+  m.begin_reset(4, 4);
   const int n = m.opt.num_proc;
   m.endpoint = "ipc://@" + os::unique_name("dataflow");
   m.credits = shm::Segment::create("dataflow-credits", sizeof(Credit) * static_cast<size_t>(n));

@@ -223,7 +223,7 @@ int RunnerCore::replace(int index, uint16_t& sender) {
   // code may have taken the descriptors or threads since (the run ends with the error
   // instead, nothing made for the replacement).
   const std::string what = std::string(name) + " replacing worker " + std::to_string(index);
-  os::require_free_fds(kFdsOfTheRunner + fds_per_worker_, what);
+  os::require_free_fds(fds_per_worker_ + kFdsOfAReplacement, what);
   os::require_free_tasks(tasks_per_worker_, what);
   sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();

@@ -136,6 +136,9 @@ struct RunnerCore {
 
   // Descriptors the runner's own sockets take, and each worker (begin_reset()).
   static constexpr size_t kFdsOfTheRunner = 16;
+  // A replacement's own, beyond a worker's: the runner's sockets exist already (about 2 more
+  // at the peak of a restart, measured; room for a few).
+  static constexpr size_t kFdsOfAReplacement = 4;
   // Threads and processes the runner's own take (libzmq's, the fork server), and each
   // worker (begin_reset()).
   static constexpr size_t kTasksOfTheRunner = 8;

@@ -96,10 +96,22 @@ void RemoteServer::listen() noexcept {
   while (!stop_.load()) {
     try {
       if (auto r = listener_->poll()) {
-        std::lock_guard<std::mutex> lock(mu);
+        std::unique_lock<std::mutex> lock(mu);
         auto c = std::make_shared<RemoteConnection>(*this, next_conn_++, *r);
+        try {
+          c->start();
+        } catch (const std::system_error& e) {
+          // No thread to be had (a thread or process limit): this client is refused at once,
+          // and the server goes on (an exception out of here ended the process).
+          lock.unlock();
+          listener_->reject(*r);
+          const std::string why =
+              "client " + r->address.str() + " refused: no thread for its connection: " + e.what();
+          refuse(why);
+          log_message(LogLevel::Warning, "RemoteTransport: " + why);
+          continue;
+        }
         threads_.push_back(c);
-        c->start();
         continue;
       }
       reap(false);

@@ -90,13 +90,31 @@ std::vector<std::string> pids_cgroups() {
   return dirs;
 }
 
+// Whether the kernel lets this process pass RLIMIT_NPROC: root of the machine's own user
+// namespace, or a process with CAP_SYS_ADMIN or CAP_SYS_RESOURCE there. Root of a user
+// namespace (a rootless container) is not.
+bool exempt_from_nproc() {
+  std::ifstream map("/proc/self/uid_map");
+  uint64_t inside = 1, outside = 1, count = 0;
+  if (!(map >> inside >> outside >> count) || inside != 0 || outside != 0 || count != 4294967295u)
+    return false;
+  if (::getuid() == 0) return true;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("CapEff:", 0) == 0) {
+      const uint64_t caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+      return (caps & ((1ull << 21) | (1ull << 24))) != 0;  // CAP_SYS_ADMIN, CAP_SYS_RESOURCE
+    }
+  return false;
+}
+
 }  // namespace
 
 void require_free_tasks(size_t needed, const std::string& what) {
   const std::string head =
       what + " needs about " + std::to_string(needed) + " more threads or processes, and ";
   rlimit l{};
-  if (::getuid() != 0 && ::getrlimit(RLIMIT_NPROC, &l) == 0 && l.rlim_cur != RLIM_INFINITY) {
+  if (::getrlimit(RLIMIT_NPROC, &l) == 0 && l.rlim_cur != RLIM_INFINITY && !exempt_from_nproc()) {
     const auto limit = static_cast<size_t>(l.rlim_cur);
     const size_t machine = machine_tasks();
     if (machine == 0 || machine + needed > limit) {
@@ -116,7 +134,7 @@ void require_free_tasks(size_t needed, const std::string& what) {
     if (max && current && *current + needed > *max)
       throw SystemError(head + "the cgroup " + dir + " has " + std::to_string(*current) +
                             " of its limit (pids.max) of " + std::to_string(*max) +
-                            ": raise it (docker run --pids-limit, a pod's pids limit)",
+                            ": raise it (docker run --pids-limit; the container's pids.max)",
                         EAGAIN);
   }
 }

@@ -114,7 +114,7 @@ void ListenerImpl::start_handshake(ucx::ConnRequest request) {
   std::shared_ptr<PipeImpl> pipe;
   try {
     pipe = std::make_shared<PipeImpl>(request, options_, port_);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a tensorwire::Error, or std::bad_alloc
     // This process's want (descriptors, memory), not the client's fault: said at warning
     // level, and the client told at once rather than left to its connect timeout.
     listener_->reject(request);

@@ -104,8 +104,8 @@ void keep_alive(std::weak_ptr<Beating> who, std::chrono::milliseconds period) {
   if (!at_exit.exchange(true)) std::atexit(stop_at_exit);
   if (r.exiting) return;
   if (!r.running) {
+    std::thread(run, &r).detach();  // throws (std::system_error) with running still false
     r.running = true;
-    std::thread(run, &r).detach();
   } else {
     r.cv.notify_one();
   }

@@ -284,15 +284,42 @@ Context::~Context() {
 
 // ---- Worker ----------------------------------------------------------------
 
+namespace {
+
+// Workers alive in this process, and the fork generation they were counted in (a forked
+// child starts with none of its own). Atomics, not a mutex: one held at a fork would stay
+// locked in the child.
+std::atomic<size_t> g_live_workers{0};
+std::atomic<uint64_t> g_live_generation{0};
+
+size_t live_workers() noexcept {
+  return g_live_generation.load() == os::fork_generation() ? g_live_workers.load() : 0;
+}
+
+void count_worker(int change) noexcept {
+  const uint64_t now = os::fork_generation();
+  if (g_live_generation.exchange(now) != now) g_live_workers.store(0);
+  g_live_workers.fetch_add(static_cast<size_t>(change));
+}
+
+// UCX's progress thread runs while a worker is alive, one per process: the first worker
+// starts it, and UCX aborts the process when it cannot ("Assertion
+// `ucs_async_thread_global_context.thread != NULL' failed": a thread or process limit). A
+// check for room then, not for every worker (counting a user's threads can take tens of
+// milliseconds on a busy machine).
+void require_room_for_the_progress_thread() {
+  if (live_workers() == 0) os::require_free_tasks(2, "the first UCX worker (its progress thread)");
+}
+
+}  // namespace
+
 // UCX aborts the process when it runs out of descriptors while it makes its context or a
 // worker (an assertion in its async thread, or "failed to set active message handler"): a
-// worker and its first connection take about 45. Checked before the context is made. So
-// too when the first worker cannot start UCX's progress thread (a thread or process limit:
-// "Assertion `ucs_async_thread_global_context.thread != NULL' failed").
+// worker and its first connection take about 45. Checked before the context is made.
 Worker::Worker()
     : context_((os::require_free_fds(
                     48, "a UCX worker (one per pipe end, listener and remote connection)"),
-                os::require_free_tasks(2, "a UCX worker (its progress thread)"), Context::get())),
+                require_room_for_the_progress_thread(), Context::get())),
       generation_(os::fork_generation()) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -308,6 +335,7 @@ Worker::Worker()
     ucp_worker_destroy(worker_);
     throw_status("ucp_worker_get_efd", st);
   }
+  count_worker(+1);
 }
 
 Worker::~Worker() {
@@ -315,7 +343,10 @@ Worker::~Worker() {
     new std::shared_ptr<Context>(std::move(context_));  // the parent's: never cleaned up here
     return;
   }
-  if (worker_) ucp_worker_destroy(worker_);
+  if (worker_) {
+    ucp_worker_destroy(worker_);
+    count_worker(-1);
+  }
 }
 
 bool Worker::arm() {

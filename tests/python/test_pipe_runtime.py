@@ -927,8 +927,8 @@ def test_a_thread_limit_too_low_for_ucx_is_an_eagain_naming_it():
         """)], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0, r.stderr
     refusal, then = r.stdout.strip().split("\n")
-    assert refusal.startswith(f"{errno.EAGAIN} [Errno {errno.EAGAIN}] a UCX worker (its progress "
-                              "thread) needs about 2 more threads or processes"), refusal
+    assert refusal.startswith(f"{errno.EAGAIN} [Errno {errno.EAGAIN}] the first UCX worker (its "
+                              "progress thread) needs about 2 more threads or processes"), refusal
     assert "RLIMIT_NPROC" in refusal, refusal
     assert then == "then True", r.stdout
 

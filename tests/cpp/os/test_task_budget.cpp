@@ -162,7 +162,7 @@ TEST(TaskBudget, ForkedIntoAPidsCgroupOverItsMaxIsAnEagainNamingIt) {
                            ": the thing needs about 60 more threads or processes, and the cgroup " +
                            cg.dir +
                            " has 1 of its limit (pids.max) of 50: raise it (docker run "
-                           "--pids-limit, a pod's pids limit)",
+                           "--pids-limit; the container's pids.max)",
                        0),
             0)
       << over;
