@@ -650,10 +650,17 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
   // Connections by address start over TCP: a UCX_TLS without it cannot make one.
-  const std::string setting = tls_enables({}, {"tcp"})
-                                  ? ""
-                                  : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
-                                        " has no tcp, which connecting by address needs)";
+  std::string setting = tls_enables({}, {"tcp"})
+                            ? ""
+                            : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
+                                  " has no tcp, which connecting by address needs)";
+  // Two processes of different users on one host: UCX picks its shared-memory transports,
+  // which the kernel refuses between users (segments, cross-memory attach), and the wire-up
+  // fails with this, whatever the server is.
+  if (error_ == UCS_ERR_SHMEM_SEGMENT)
+    setting +=
+        " (if the server runs as another user on this host: UCX's shared memory does not "
+        "work between users; run both as one user, or set UCX_TLS=tcp on both sides)";
   throw ClosedError(what + ": the connection to " + host + ":" + std::to_string(port) +
                     " ended before the server took it up (" + ucs_status_string(error_) +
                     "): the server ended its handshake (its timeout, a close), what listens "

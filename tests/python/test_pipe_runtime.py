@@ -980,6 +980,59 @@ def test_a_listener_without_descriptors_for_a_client_refuses_it_at_once_and_warn
         r.stderr
     assert "RLIMIT_NOFILE" in r.stderr, r.stderr  # why
 
+# A listener of root and a client of another user on one host: UCX chose its shared-memory
+# transports, which the kernel refuses between users, and the client's error blamed the
+# server ("ended its handshake ... not a PipeListener").
+_ACROSS_USERS = """
+import subprocess, sys
+import numpy as np
+import tensorwire as tw
+CLIENT = '''
+import os, sys
+import numpy as np
+import tensorwire as tw
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+try:
+    p = tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=30)
+    p.send(tw.TensorDict({"x": np.arange(4, dtype=np.float32)}, batch_size=[]), timeout=30)
+    print("sent", p.recv(timeout=30)["x"].tolist())
+    p.close()
+except tw.ClosedError as e:
+    print("ClosedError", e)
+'''
+with tw.PipeListener(0) as listener:
+    c = subprocess.Popen([sys.executable, "-c", CLIENT, str(listener.port)], text=True,
+                         stdout=subprocess.PIPE)
+    pipe = None
+    while pipe is None and c.poll() is None:  # the refused client ends without a pipe
+        try:
+            pipe = listener.accept(timeout=0.5)
+        except TimeoutError:
+            pass
+    if pipe is not None:
+        pipe.send(pipe.recv(timeout=30), timeout=30)
+        pipe.close()
+    print(c.communicate(timeout=60)[0].strip())
+"""
+
+
+@pytest.mark.parametrize("tls", [None, "tcp"])
+def test_a_client_of_another_user_on_this_host_is_told_about_shared_memory(tls):
+    env = dict(ENV)
+    env.pop("UCX_TLS", None)
+    if tls:
+        env["UCX_TLS"] = tls
+    r = subprocess.run([sys.executable, "-c", _ACROSS_USERS], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    if tls is None:
+        assert r.stdout.startswith("ClosedError "), r.stdout
+        assert "shared memory does not work between users" in r.stdout, r.stdout
+        assert "UCX_TLS=tcp on both sides" in r.stdout, r.stdout
+    else:  # the way out the error names
+        assert r.stdout.strip() == "sent [0.0, 1.0, 2.0, 3.0]", r.stdout
+
 def test_two_concurrent_arecv_on_one_pipe_the_second_is_refused(pair):
     accepted, connected = pair
 
