@@ -205,12 +205,14 @@ void bind_acceptor(nb::module_& m, const char* name) {
       .def("accept", accept, nb::arg("timeout").none() = nb::none(),
            nb::arg("throw_on_refusal") = false)
       .def_prop_ro("port", &T::port)
-      .def_prop_ro("fd", &T::fd)
-      .def("arm", &T::arm)
+      // Without the GIL: these take the listener's lock, which accept() on another thread
+      // holds while it may log (a record takes the GIL).
+      .def_prop_ro("fd", &T::fd, nb::call_guard<NoGil>())
+      .def("arm", &T::arm, nb::call_guard<NoGil>())
       .def("close", &T::close, nb::call_guard<NoGil>())
-      .def_prop_ro("closed", &T::closed)
+      .def_prop_ro("closed", &T::closed, nb::call_guard<NoGil>())
       .def_prop_ro("refused", &T::refused)
-      .def_prop_ro("last_refusal", &T::last_refusal);
+      .def_prop_ro("last_refusal", &T::last_refusal, nb::call_guard<NoGil>());
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
   check_not_inherited();
   std::shared_ptr<PipeImpl> accepted;
   runtime::wait_until(Deadline::after(timeout), [&](Deadline slice) {
+    std::vector<std::string> warnings;
     std::list<Handshake> over;
     std::exception_ptr refusal;
     std::shared_ptr<ucx::Listener> keep;  // its worker's fd stays open while we sleep on it
@@ -66,9 +67,9 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
       // A few at a time: each makes a UCX worker (milliseconds), and accept(0) runs on an
       // event loop that has other work; the rest are started by the next call, at once.
       for (size_t n = 0; n < kStartsPerCall && running_.size() < kMaxHandshakes; ++n) {
-        std::optional<ucx::ConnRequest> req = listener_->poll();
+        std::optional<ucx::ConnRequest> req = listener_->poll(&warnings);
         if (!req) break;
-        start_handshake(std::move(*req));
+        start_handshake(std::move(*req), warnings);
       }
       // A client that failed or abandoned its handshake is that client's failure, not the
       // listener's: it is counted and accept() goes on (unless told to throw).
@@ -88,6 +89,7 @@ std::optional<TensorDictPipe> ListenerImpl::accept(
         keep = listener_;
     }
     over.clear();  // joins their threads (Handshake's destructor), without mu_
+    for (const std::string& w : warnings) log_message(LogLevel::Warning, w);
     if (refusal) std::rethrow_exception(refusal);
     if (accepted) return true;
     if (keep) {
@@ -109,18 +111,19 @@ ListenerImpl::Outcome ListenerImpl::refused(const std::string& peer, const std::
 
 // The pipe is made here, under mu_: its endpoint comes from the listener's connection
 // request, which belongs to the listener's worker (no other thread progresses it meanwhile).
-void ListenerImpl::start_handshake(ucx::ConnRequest request) {
+void ListenerImpl::start_handshake(ucx::ConnRequest request, std::vector<std::string>& warnings) {
   const std::string peer = request.address.str();
   std::shared_ptr<PipeImpl> pipe;
   try {
     pipe = std::make_shared<PipeImpl>(request, options_, port_);
   } catch (const std::exception& e) {  // a tensorwire::Error, or std::bad_alloc
-    // This process's want (descriptors, memory), not the client's fault: said at warning
-    // level, and the client told at once rather than left to its connect timeout.
+    // The client told at once rather than left to its connect timeout (a no-op when the
+    // endpoint took the request). A client that went away (ClosedError) is its own doing;
+    // anything else is this process's want (descriptors, threads, memory): a warning.
     listener_->reject(request);
-    log_message(LogLevel::Warning, "the listener on port " + std::to_string(port_) +
-                                       " refused client " + peer +
-                                       ": it could not make its end: " + e.what());
+    if (!dynamic_cast<const ClosedError*>(&e))
+      warnings.push_back("the listener on port " + std::to_string(port_) + " refused client " +
+                         peer + ": it could not make its end: " + e.what());
     ready_.push_back(refused(peer, e.what(), std::current_exception()));
     return;
   }
@@ -221,6 +224,11 @@ void ListenerImpl::close() {
   running.clear();  // joins
   for (Outcome& o : unclaimed)
     if (o.pipe) o.pipe->close();
+}
+
+std::string ListenerImpl::last_refusal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_refusal_;
 }
 
 bool ListenerImpl::closed() {

@@ -57,7 +57,7 @@ class ListenerImpl {
   void close();
   bool closed();
   size_t refused() const { return refused_; }
-  const std::string& last_refusal() const { return last_refusal_; }
+  std::string last_refusal();  // a copy, under mu_: accept() on another thread writes it
 
  private:
   struct Handshake {
@@ -85,7 +85,9 @@ class ListenerImpl {
   void check_not_inherited() const;
   void check_usable() const;  // under mu_
   [[noreturn]] void throw_closed() const;
-  void start_handshake(ucx::ConnRequest request);  // under mu_
+  // Under mu_; what it has to report goes to `warnings`, logged once mu_ is let go of (a
+  // log record takes the GIL, which a Python thread waiting for mu_ may hold).
+  void start_handshake(ucx::ConnRequest request, std::vector<std::string>& warnings);
   // Under mu_: a connection request waits and a handshake may start now.
   bool can_start() const;
   void run_handshake(Handshake& h, std::shared_ptr<ucx::Listener> keep, const std::string& peer);

@@ -195,7 +195,7 @@ bool PipeListener::closed() const {
 size_t PipeListener::refused() const {
   return impl().refused();
 }
-const std::string& PipeListener::last_refusal() const {
+std::string PipeListener::last_refusal() const {
   return impl().last_refusal();
 }
 

@@ -51,7 +51,7 @@ bool TensorDictServer::arm() {
 size_t TensorDictServer::refused() const {
   return state().listener.refused();
 }
-const std::string& TensorDictServer::last_refusal() const {
+std::string TensorDictServer::last_refusal() const {
   return state().listener.last_refusal();
 }
 

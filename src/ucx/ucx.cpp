@@ -602,19 +602,23 @@ void Listener::on_conn(ucp_conn_request_h req, void* arg) {
   self->pending_.push_back(r);
 }
 
-std::optional<ConnRequest> Listener::poll() {
+std::optional<ConnRequest> Listener::poll(std::vector<std::string>* warnings) {
   // A look at every fd of the process: seldom (a fraction of a millisecond per hundred fds).
   if (next_look_.passed()) {
     if (const std::vector<std::string> peers = os::shut_down_silent(ip_, port_, silent_for_);
-        !peers.empty())
+        !peers.empty()) {
       // Junk the guard dropped (a scanner, a client of another protocol), or a UCX peer
       // whose request never arrived whole: said, so that the second can be told.
-      log_message(LogLevel::Warning,
-                  "the listener on port " + std::to_string(port_) + " shut down " +
+      std::string w = "the listener on port " + std::to_string(port_) + " shut down " +
                       std::to_string(peers.size()) + " connection(s) that sent nothing it " +
                       "could read for " + std::to_string(silent_for_.count()) + " ms (from " +
                       peers.front() + (peers.size() > 1 ? " and others" : "") +
-                      "): not UCX connection requests (docs/reliability.md)");
+                      "): not UCX connection requests (docs/reliability.md)";
+      if (warnings)
+        warnings->push_back(std::move(w));
+      else
+        log_message(LogLevel::Warning, w);
+    }
     next_look_ = Deadline::after(
         std::min<std::chrono::milliseconds>(silent_for_ / 2, std::chrono::seconds(5)));
   }

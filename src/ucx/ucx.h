@@ -170,8 +170,10 @@ class Listener {
   uint16_t port() const noexcept { return port_; }
   Worker& worker() noexcept { return worker_; }
   // Pops a pending connection request, progressing the worker; std::nullopt when none.
-  // Now and then (every few seconds at most), shuts silent connections down first.
-  std::optional<ConnRequest> poll();
+  // Now and then (every few seconds at most), shuts silent connections down first, and
+  // says so: into `warnings` when given (a caller under a lock logs them once it let go of
+  // it: a log record may wait for Python's GIL), else in the log.
+  std::optional<ConnRequest> poll(std::vector<std::string>* warnings = nullptr);
   // Whether a connection request is already queued (poll() would return it at once).
   bool has_pending() const noexcept { return !pending_.empty(); }
   // Refuses a request poll() returned that no endpoint was made from (request.handle

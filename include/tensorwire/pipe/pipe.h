@@ -193,7 +193,7 @@ class PipeListener {
   void close();
   bool closed() const;     // also true when moved from
   size_t refused() const;  // clients refused at handshake so far
-  const std::string& last_refusal() const;
+  std::string last_refusal() const;
 
  private:
   detail::ListenerImpl& impl() const;  // ClosedError when moved from

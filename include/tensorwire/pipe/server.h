@@ -29,7 +29,7 @@ class TensorDictServer {
   void close();
   bool closed() const;  // also true when moved from
   size_t refused() const;
-  const std::string& last_refusal() const;
+  std::string last_refusal() const;
 
  private:
   detail::ServerState& state() const;  // ClosedError when moved from

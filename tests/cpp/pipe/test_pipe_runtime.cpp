@@ -12,8 +12,11 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/dlpack_dtype.h"
+#include "os/fd_budget.h"
+#include "peer_process.h"
 #include "pipe/pipe_impl.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/pipe/server.h"
@@ -955,4 +958,46 @@ TEST(PipeRuntime, LimitsOfZeroAreRefusedBeforeAnythingListensOrConnects) {
   o.limits.max_message_bytes = 1;
   o.limits.max_metadata_bytes = 0;
   EXPECT_THROW(PipeListener(0, o), ValueError);
+}
+
+// A listener's reports are logged once it let go of its lock: Python's logging takes the
+// GIL, and a Python thread that holds the GIL may be waiting for that lock (reading
+// `listener.closed`): the process froze. Here the log handler itself looks at the listener,
+// which would hang on a lock held by its own thread. The report comes from a client the
+// listener has no descriptors for, and that client is refused at once (not at its timeout).
+namespace {
+PipeListener* g_looked_at = nullptr;
+std::mutex g_reports_mu;
+std::vector<std::string> g_reports;
+
+void report_and_look(LogLevel, const std::string& message) {
+  (void)g_looked_at->closed();  // takes the listener's lock
+  std::lock_guard<std::mutex> lock(g_reports_mu);
+  g_reports.push_back(message);
+}
+}  // namespace
+
+TEST(PipeRuntime, AListenersReportIsLoggedOutsideItsLockAndTheClientRefusedAtOnce) {
+  PipeListener listener(0);
+  g_looked_at = &listener;
+  test_support::PeerProcess client(
+      {PIPE_PEER, "send", "127.0.0.1", std::to_string(listener.port()), "1"});
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = saved.rlim_cur - os::free_fds().value() + 20;  // too few for a UCX worker
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  set_log_handler(&report_and_look);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (listener.refused() == 0 && std::chrono::steady_clock::now() - t0 < 30s)
+    EXPECT_FALSE(listener.accept(200ms).has_value());
+  set_log_handler(nullptr);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_EQ(client.exit_code(), 3);  // pipe_peer's exit for an error: the refusal
+  EXPECT_NE(client.stderr_text().find("refused the connection"), std::string::npos)
+      << client.stderr_text();
+  std::lock_guard<std::mutex> lock(g_reports_mu);
+  ASSERT_EQ(g_reports.size(), 1u);
+  EXPECT_NE(g_reports[0].find("could not make its end"), std::string::npos) << g_reports[0];
+  EXPECT_NE(g_reports[0].find("RLIMIT_NOFILE"), std::string::npos) << g_reports[0];
 }
