@@ -152,7 +152,10 @@ class _FdWaiter:
         self._fds = []
         self.wake()
 
-    async def wait(self) -> None:
+    async def wait(self, timeout: Optional[float] = None) -> None:
+        """Until an fd is readable (or wake()), or ``timeout`` seconds. A timer of the
+        loop's, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that
+        comes as the inner wait ends, and the task (a server's serve()) never ends."""
         loop = asyncio.get_running_loop()
         if self._waiters and self._own_loop() not in (None, loop):
             # The fds are watched by that loop's selector and its waiters woken from its
@@ -167,9 +170,13 @@ class _FdWaiter:
             for fd in self._fds:
                 loop.add_reader(fd, self.wake)
         self._waiters.add(fut)
+        timer = None if timeout is None else loop.call_later(
+            timeout, lambda: fut.done() or fut.set_result(None))
         try:
             await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             self._waiters.discard(fut)
             if not self._waiters and self._loop is not None:
                 for fd in self._fds:
@@ -517,14 +524,10 @@ class _Acceptor:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"{what} timed out after {timeout} s")
-                try:
-                    # At most _LOOK_S: accept_now() also shuts down connections that never
-                    # sent the listener a byte it could read (docs/reliability.md), which
-                    # wake nothing.
-                    await asyncio.wait_for(self._waiter.wait(),
-                                           _LOOK_S if left is None else min(left, _LOOK_S))
-                except asyncio.TimeoutError:
-                    pass  # the deadline (said above unless a client came) or a look
+                # At most _LOOK_S: accept_now() also shuts down connections that never sent
+                # the listener a byte it could read (docs/reliability.md), which wake
+                # nothing. At the deadline, the next arm() says so unless a client came.
+                await self._waiter.wait(_LOOK_S if left is None else min(left, _LOOK_S))
             else:  # something to do: after the loop's other ready tasks had their turn
                 await asyncio.sleep(0)
             pipe = accept_now()

@@ -6,6 +6,7 @@ import errno
 import logging
 import math
 import os
+import random
 import resource
 import signal
 import subprocess
@@ -448,6 +449,41 @@ def test_close_with_an_arecv_pending_on_a_loop_that_is_not_running_is_prompt(pai
     finally:
         loop.close()
 
+
+def test_a_cancelled_serve_ends_also_when_a_client_wakes_it_at_that_moment():
+    # serve() slept in asyncio.wait_for on the listener's fd: on Python 3.11 a cancellation
+    # that came as a client woke the fd was swallowed, and the task ran on for ever (10 of
+    # 100 trials), and asyncio.run() hung at Ctrl-C waiting for it.
+    async def handler(pipe):
+        try:
+            async for _ in pipe:
+                pass
+        except tw.ClosedError:
+            pass
+
+    async def churn(port):
+        while True:
+            try:
+                await (await tw.TensorDictPipe.aconnect("127.0.0.1", port, timeout=5)).aclose()
+            except (tw.ClosedError, TimeoutError):
+                pass
+
+    async def main():
+        rng = random.Random(0)
+        with tw.TensorDictServer(0) as server:
+            clients = asyncio.create_task(churn(server.port))
+            try:
+                for trial in range(40):
+                    serving = asyncio.create_task(server.serve(handler))
+                    await asyncio.sleep(rng.uniform(0.0, 0.05))
+                    serving.cancel()
+                    done, _ = await asyncio.wait({serving}, timeout=10)
+                    assert done, f"trial {trial}: serve() ran on after cancel()"
+            finally:
+                clients.cancel()
+                await asyncio.gather(clients, return_exceptions=True)
+
+    asyncio.run(main())
 
 def test_a_cancelled_aconnect_returns_at_once_and_asyncio_run_does_not_wait_for_it():
     import socket
