@@ -48,18 +48,18 @@ class PyDataFlow : public df::DataFlow {
     ds_.reset();
   }
   void reset_state() override {
-    nb::gil_scoped_acquire gil;
+    GilForLibrary gil;
     check();
     ds_.attr("reset_state")();
   }
   void start() override {
-    nb::gil_scoped_acquire gil;
+    GilForLibrary gil;
     check();
     it_ = nb::steal(PyObject_GetIter(ds_.ptr()));
     if (!it_.is_valid()) throw nb::python_error();
   }
   std::optional<TensorDict> next() override {
-    nb::gil_scoped_acquire gil;
+    GilForLibrary gil;
     if (!it_.is_valid()) start();
     nb::object item = nb::steal(PyIter_Next(it_.ptr()));
     if (!item.is_valid()) {
@@ -386,7 +386,7 @@ void bind_dataflow(nb::module_& m) {
           o.max_datapoints = int_arg_as<uint64_t>(max_datapoints, "max_datapoints");
         if (!progress.is_none())
           o.progress = [&](uint64_t sent) {
-            nb::gil_scoped_acquire gil;
+            GilForLibrary gil;
             progress(sent);
             return true;
           };

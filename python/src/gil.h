@@ -67,6 +67,28 @@ class NoGil {
   PyThreadState* state_;
 };
 
+// The GIL, taken by a thread that gave it up to run the library's loop, for the Python code
+// that loop calls (a dataflow's iterator and progress callback in send_dataflow_zmq): as
+// NoGil's destructor does, a thread other than the main one parks once the process is
+// exiting, rather than be ended by CPython mid-unwind through the loop's C++ frames
+// (std::terminate: an abort at the exit of a program whose daemon thread produced).
+class GilForLibrary {
+ public:
+  GilForLibrary() {
+    NoGil::restoring().fetch_add(1);
+    if (!PyGILState_Check() && (NoGil::exiting().load() || NoGil::finalizing()) &&
+        std::this_thread::get_id() != NoGil::main_thread()) {
+      NoGil::restoring().fetch_sub(1);
+      NoGil::park();
+    }
+    gil_.emplace();
+    NoGil::restoring().fetch_sub(1);
+  }
+
+ private:
+  std::optional<nb::gil_scoped_acquire> gil_;
+};
+
 // Releases Python objects (`f`, run with the GIL) from any thread, unless the process is
 // exiting: a library thread (a lingering pipe close on the liveness thread) that took the
 // GIL once finalization began would be ended mid-unwind in a noexcept frame. It counts as

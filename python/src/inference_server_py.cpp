@@ -104,6 +104,13 @@ struct PyServer {
   // destroys it (a shutdown and a join) without the GIL.
   std::shared_ptr<inf::InferenceServer> server;
   void close() {
+    // First the interruptible wait for a policy call in progress (Ctrl-C raises
+    // KeyboardInterrupt and leaves the server stopping; close() again finishes), then the
+    // release, whose join is then at once.
+    if (std::shared_ptr<inf::InferenceServer> s = server) {
+      NoGil nogil;
+      s->shutdown(Timeout::forever());
+    }
     std::shared_ptr<inf::InferenceServer> doomed = std::move(server);  // under the GIL
     NoGil nogil;
     doomed.reset();

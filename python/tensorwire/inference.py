@@ -541,10 +541,12 @@ class InferenceServer:
         return self.transport.clients(num_clients)
 
     def close(self) -> None:
-        """Shuts down (if running) and releases the server: every later use raises ClosedError."""
+        """Shuts down (if running) and releases the server: every later use raises ClosedError.
+        Waits for a policy call in progress; Ctrl-C interrupts the wait (KeyboardInterrupt),
+        leaving the server stopping: call close() again to finish."""
+        self._server.close()
         _live_servers.discard(self)  # nothing left for the exit hook to shut down
         _serving.discard(self)
-        self._server.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._server.is_closed else "running" if self.is_alive else "stopped"

@@ -158,3 +158,25 @@ send_dataflow_zmq(Counting(1, n=16), {r.endpoint()!r}, max_datapoints=1)
     assert r.rejected == 1
     p.communicate(timeout=60)
     r.close()
+
+
+def test_a_program_ends_cleanly_while_a_daemon_thread_produces():
+    # The producer thread, in send_dataflow_zmq, took the GIL for the dataflow's next
+    # datapoint as the interpreter finalized: CPython ended it mid-unwind through the C++
+    # loop, and the process aborted at exit ("terminate called without an active exception")
+    # every time.
+    p = python("""
+import threading
+import tensorwire as tw
+from dataflow_helpers import Endless, check
+r = tw.RemoteDataZMQ("tcp://127.0.0.1:*")
+r.reset_state()
+threading.Thread(target=tw.send_dataflow_zmq, args=(Endless(), r.endpoint(0)), kwargs={"hwm": 8},
+                 daemon=True).start()
+for _ in range(10):
+    check(r.recv(timeout=30))
+print("done")
+""")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.strip() == "done" and "terminate" not in err, err

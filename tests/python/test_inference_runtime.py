@@ -759,3 +759,42 @@ def test_a_thread_limit_that_stops_the_server_is_an_oserror_naming_it():
     refusal, then = ast.literal_eval(out)
     assert "a thread could not start" in refusal and "RLIMIT_NPROC" in refusal, refusal
     assert then == [2.0, 4.0], out
+
+
+_CLOSE_INTERRUPTED = """
+import os, signal, threading, time
+import numpy as np
+import tensorwire as tw
+in_policy = threading.Event()
+
+def policy(batch):
+    in_policy.set()
+    time.sleep(2)
+    return tw.TensorDict({"action": batch["observation"][:, :2] * 2}, batch_size=batch.batch_size)
+
+t = tw.SharedMemoryTransport(tw.TensorDict({"observation": np.zeros(4, np.float32)}),
+                             tw.TensorDict({"action": np.zeros(2, np.float32)}), num_slots=4)
+server = tw.InferenceServer(policy, t).start()
+client = t.client()
+threading.Thread(target=lambda: client({"observation": np.ones(4, np.float32)}, timeout=30),
+                 daemon=True).start()
+in_policy.wait(30)
+threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    server.close()
+    print("closed without an interrupt")
+except KeyboardInterrupt:
+    print(f"interrupted {time.monotonic() - t0 < 1.0}")
+server.close()  # again: waits for the policy call, then releases the server
+print("closed", repr(server).startswith("<InferenceServer closed"))
+t.close()
+"""
+
+
+def test_ctrl_c_interrupts_a_close_waiting_for_the_policy_and_close_again_finishes():
+    # close() waited for a policy call in progress without limit, deaf to Ctrl-C.
+    r = subprocess.run([sys.executable, "-c", _CLOSE_INTERRUPTED], capture_output=True,
+                       text=True, timeout=90, env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["interrupted True", "closed True"], r.stdout + r.stderr
