@@ -23,9 +23,11 @@ from __future__ import annotations
 import atexit
 import builtins
 import collections
+import contextlib
 import logging
 import pickle
 import random
+import signal
 import sys
 import threading
 import warnings
@@ -117,15 +119,43 @@ def _remade(cls, base, args, kwargs, state):
     return runner
 
 
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Ctrl-C held back until the block ends, then raised (a second one at once). Around
+    the forks of the workers: Python's at-fork hooks (logging's lock) run Python code, and a
+    KeyboardInterrupt raised there is printed as ignored and lost; the program never saw
+    its Ctrl-C."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield  # Python runs handlers on the main thread only; a handler of the user's stays
+        return
+    caught = []
+
+    def held_back(signum, frame):
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, held_back)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
 class _Forking(DataFlow):
     _core = None
     _made_with: tuple | None = None  # (tensorwire class, its constructor's args, kwargs)
     _started = False
 
     def reset_state(self):
-        """Forks the workers (once: a second call raises RuntimeError)."""
+        """Forks the workers (once: a second call raises RuntimeError). A Ctrl-C meanwhile
+        is raised once they are all started."""
         self._started = True  # from here on it is not its arguments any more (__reduce__)
-        self._core.reset_state()
+        with _sigint_deferred():
+            self._core.reset_state()
         with _live_lock:
             _live.add(self)
 

@@ -58,12 +58,14 @@ int fork_process(const ForkHooks& hooks, const WorkerInfo* info, const std::stri
   // Its copies of the parent's listening sockets would keep their ports taken after their
   // owners closed them, for as long as this worker lives.
   os::release_inherited_listeners();
+  // Ctrl-C is the parent's to handle (it closes its workers): ignored from the start, so
+  // that one sent to the process group cannot land in the child's hook (a seeding).
+  ::signal(SIGINT, SIG_IGN);
   int code = 1;
   try {
     // Inside the try: nothing may unwind into the forking code's copy (a fork server's loop,
     // the caller's program).
     if (hooks.child) hooks.child();
-    ::signal(SIGINT, SIG_IGN);
     code = body();
   } catch (...) {
     code = 1;

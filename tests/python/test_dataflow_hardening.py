@@ -621,6 +621,41 @@ def test_a_thread_or_process_limit_too_low_for_the_workers_is_an_eagain_naming_i
     assert "RLIMIT_NPROC" in msg and "ulimit -u" in msg, msg
     assert data == [0, 1, 2, 3]
 
+CTRL_C_IN_A_FORK_HOOK = """
+import os, signal
+from tensorwire import dataflow as twdf
+from dataflow_helpers import Counting, check
+sent = []
+
+def ctrl_c_once():  # as a Ctrl-C landing while Python's at-fork hooks run
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+os.register_at_fork(before=ctrl_c_once)
+for make in (lambda: twdf.MultiProcessRunnerZMQ(Counting(4), num_proc=2),
+             lambda: twdf.MultiProcessMapDataZMQ(Counting(4), 2, lambda dp: dp, strict=True)):
+    sent.clear()
+    with make() as r:
+        try:
+            r.reset_state()
+            print("no KeyboardInterrupt")
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt", len(r.pids))
+print("handler restored", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_a_ctrl_c_while_the_workers_are_forked_is_raised_not_lost():
+    # Python's at-fork hooks (logging's lock) met the KeyboardInterrupt, printed it as
+    # ignored, and the program ran on as if Ctrl-C had never been pressed.
+    proc = python(CTRL_C_IN_A_FORK_HOOK)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:3] == ["KeyboardInterrupt 2", "KeyboardInterrupt 2",
+                                   "handler restored True"], out + err
+    assert "Exception ignored" not in err, err
+
 def _child_uses_inherited(r, q, it=None):
     try:
         next(iter(r) if it is None else it)
