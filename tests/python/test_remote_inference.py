@@ -7,6 +7,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -219,107 +220,98 @@ def test_deleting_a_transport_while_it_logs_a_refusal_does_not_hang():
     assert "deleted after 1 refusal" in out.stdout, out.stderr
 
 
-# A server whose process has too few descriptors for a connection's UCX worker: the
-# client waited its whole connect timeout, and then heard nothing of why.
-_SERVER_WITHOUT_DESCRIPTORS = """
-import os, resource, subprocess, sys, numpy as np
-import tensorwire as tw
-from tensorwire import inference as inf
-CLIENT = '''
+# A client of the RemoteTransport at argv[1] (after a line on stdin when argv[2] is "wait"):
+# prints its first answer, or its ClosedError and how long it took.
+_TIMED_CLIENT = """
 import sys, time, numpy as np
 import tensorwire as tw
 from tensorwire import inference as inf
+if sys.argv[2:] == ["wait"]:
+    sys.stdin.readline()
 t0 = time.monotonic()
 try:
     c = inf.connect("127.0.0.1", int(sys.argv[1]), timeout=60)
     print(c({"observation": np.ones(4, np.float32)})["action"].tolist())
 except tw.ClosedError as e:
     print(f"ClosedError after {time.monotonic() - t0:.0f} s: {e}")
-'''
+"""
+
+# What the servers below share: `transport()` (a doubling policy's), `client(port, ...)`
+# (a _TIMED_CLIENT process) and `said(c)` (its output).
+_SERVER = """
+import os, resource, subprocess, sys, numpy as np
+import tensorwire as tw
+from tensorwire import inference as inf
+
 def double(b):
     return tw.TensorDict({"action": b["observation"] * 2}, batch_size=[len(b["observation"])])
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-restore = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-t = inf.RemoteTransport({"observation": np.zeros(4, np.float32)},
-                        {"action": np.zeros(4, np.float32)}, num_slots=4, host="127.0.0.1")
-with inf.InferenceServer(double, t):
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
-    c = subprocess.run([sys.executable, "-c", CLIENT, str(t.port)], capture_output=True,
-                       text=True, timeout=90, preexec_fn=restore)
-    restore()
-    print(c.stdout.strip() or c.stderr)
-    print("refused", t.refused, t.last_refusal)
-    c = subprocess.run([sys.executable, "-c", CLIENT, str(t.port)], capture_output=True,
-                       text=True, timeout=90)
-    print(c.stdout.strip() or c.stderr)
+
+def transport():
+    return inf.RemoteTransport({"observation": np.zeros(4, np.float32)},
+                               {"action": np.zeros(4, np.float32)}, num_slots=4, host="127.0.0.1")
+
+def client(port, *args, **kw):
+    return subprocess.Popen([sys.executable, "-c", sys.argv[1], str(port), *args], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+
+def said(c, go=False):
+    if go:
+        c.stdin.write("go\\n")
+    return c.communicate(timeout=90)[0].strip()
 """
+
+
+def serve(body, **env):
+    r = subprocess.run([sys.executable, "-c", _SERVER + textwrap.dedent(body), _TIMED_CLIENT],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, **env))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()
 
 
 def test_a_server_without_descriptors_for_a_client_refuses_it_at_once():
-    r = subprocess.run([sys.executable, "-c", _SERVER_WITHOUT_DESCRIPTORS], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    refused, why, served = r.stdout.strip().splitlines()
+    # The client waited its whole connect timeout, and then heard nothing of why.
+    refused, why, served = serve("""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        restore = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        t = transport()
+        with inf.InferenceServer(double, t):
+            resource.setrlimit(resource.RLIMIT_NOFILE,
+                               (len(os.listdir("/proc/self/fd")) + 20, hard))
+            print(said(client(t.port, preexec_fn=restore)))
+            restore()
+            print("refused", t.refused, t.last_refusal)
+            print(said(client(t.port)))
+        """)
     assert refused.startswith("ClosedError after ") and "refused the connection" in refused, refused
     assert int(refused.split()[2]) < 30, refused  # its answer, not the client's timeout
     assert why.startswith("refused 1 ") and "RLIMIT_NOFILE" in why, why
-    assert served == "[2.0, 2.0, 2.0, 2.0]", r.stdout  # the next client, once the limit allows
-
-# A server that has no thread left for a new client's connection (RLIMIT_NPROC, which
-# counts threads, at its count): the connection's std::thread threw out of the listener's
-# thread, and the process ended (std::terminate).
-_SERVER_WITHOUT_THREADS = """
-import os, resource, subprocess, sys, numpy as np
-# TCP only: a server of another user than its clients cannot share memory with them.
-os.environ["UCX_TLS"] = "tcp"
-import tensorwire as tw
-from tensorwire import inference as inf
-CLIENT = '''
-import sys, time, numpy as np
-import tensorwire as tw
-from tensorwire import inference as inf
-sys.stdin.readline()
-t0 = time.monotonic()
-try:
-    c = inf.connect("127.0.0.1", int(sys.argv[1]), timeout=60)
-    print(c({"observation": np.ones(4, np.float32)})["action"].tolist())
-except tw.ClosedError as e:
-    print(f"ClosedError after {time.monotonic() - t0:.0f} s: {e}")
-'''
-def double(b):
-    return tw.TensorDict({"action": b["observation"] * 2}, batch_size=[len(b["observation"])])
-# Another user (root is exempt from RLIMIT_NPROC), root kept as the saved uid so that the
-# clients can be root again (and not count against the limit).
-resource.setrlimit(resource.RLIMIT_NPROC, (1000, 1000))
-os.setresgid(65534, 65534, 0)
-os.setresuid(65534, 65534, 0)
-root_again = lambda: (os.setresuid(0, 0, 0), os.setresgid(0, 0, 0))
-t = inf.RemoteTransport({"observation": np.zeros(4, np.float32)},
-                        {"action": np.zeros(4, np.float32)}, num_slots=4, host="127.0.0.1")
-with inf.InferenceServer(double, t):
-    clients = [subprocess.Popen([sys.executable, "-c", CLIENT, str(t.port)], text=True,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                preexec_fn=root_again) for _ in range(2)]
-    threads = len(os.listdir("/proc/self/task"))
-    resource.setrlimit(resource.RLIMIT_NPROC, (threads, 1000))  # no thread more
-    clients[0].stdin.write("go\\n"); clients[0].stdin.flush()
-    print(clients[0].communicate(timeout=90)[0].strip())
-    print("refused", t.refused, t.last_refusal)
-    resource.setrlimit(resource.RLIMIT_NPROC, (1000, 1000))
-    clients[1].stdin.write("go\\n"); clients[1].stdin.flush()
-    print(clients[1].communicate(timeout=90)[0].strip())  # the server went on
-"""
+    assert served == "[2.0, 2.0, 2.0, 2.0]", served  # the next client, once the limit allows
 
 
 def test_a_server_without_a_thread_for_a_client_refuses_it_and_goes_on():
-    r = subprocess.run([sys.executable, "-c", _SERVER_WITHOUT_THREADS], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    refused, why, served = r.stdout.strip().splitlines()
+    # The connection's std::thread threw out of the listener's thread (RLIMIT_NPROC, which
+    # counts threads, at its count), and the process ended (std::terminate). Another user
+    # (root is exempt), root kept as the saved uid so that the clients are root again (and
+    # do not count); TCP only (processes of two users cannot share memory).
+    refused, why, served = serve("""
+        resource.setrlimit(resource.RLIMIT_NPROC, (1000, 1000))
+        os.setresgid(65534, 65534, 0)
+        os.setresuid(65534, 65534, 0)
+        root_again = lambda: (os.setresuid(0, 0, 0), os.setresgid(0, 0, 0))
+        t = transport()
+        with inf.InferenceServer(double, t):
+            clients = [client(t.port, "wait", preexec_fn=root_again) for _ in range(2)]
+            threads = len(os.listdir("/proc/self/task"))
+            resource.setrlimit(resource.RLIMIT_NPROC, (threads, 1000))  # no thread more
+            print(said(clients[0], go=True))
+            print("refused", t.refused, t.last_refusal)
+            resource.setrlimit(resource.RLIMIT_NPROC, (1000, 1000))
+            print(said(clients[1], go=True))  # the server went on
+        """, UCX_TLS="tcp")
     assert refused.startswith("ClosedError after ") and "refused the connection" in refused, refused
-    assert int(refused.split()[2]) < 30, refused  # its answer, not the client's timeout
+    assert int(refused.split()[2]) < 30, refused
     assert why.startswith("refused 1 ") and "no thread for its connection" in why, why
-    assert served == "[2.0, 2.0, 2.0, 2.0]", r.stdout
+    assert served == "[2.0, 2.0, 2.0, 2.0]", served
 
 # A server that stops (SIGSTOP) with a request in flight: the client's liveness check fails
 # the request; the server, continued, answers it; the client is closed. The answer (32 KiB)
