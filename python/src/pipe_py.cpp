@@ -176,6 +176,13 @@ struct PyPipe {
   }
 };
 
+// A blocking send or receive that completed puts what it did in `done` (a list, or None),
+// here in C++: Python raises a Ctrl-C that came meanwhile as the call returns, which would
+// lose the message received, or leave a sent one looking unsent (tensorwire/pipe.py).
+void said_done(nb::handle done, nb::handle what) {
+  if (!done.is_none() && PyList_Append(done.ptr(), what.ptr()) != 0) throw nb::python_error();
+}
+
 // PipeListener and TensorDictServer alike; accept() gives None on timeout.
 template <class T>
 void bind_acceptor(nb::module_& m, const char* name) {
@@ -223,7 +230,7 @@ void bind_pipe(nb::module_& m) {
   nb::class_<PyPipe>(m, "_Pipe")
       .def(
           "send",
-          [](PyPipe& self, nb::handle td, nb::handle timeout) {
+          [](PyPipe& self, nb::handle td, nb::handle timeout, nb::handle done) {
             Timeout t = timeout_arg(timeout);
             const std::shared_ptr<const TensorDict> copy = self.to_send(td);
             try {
@@ -238,15 +245,21 @@ void bind_pipe(nb::module_& m) {
               self.sent = {};
             else
               self.forget_finished();
+            said_done(done, Py_True);
           },
-          nb::arg("td"), nb::arg("timeout").none() = nb::none())
+          nb::arg("td"), nb::arg("timeout").none() = nb::none(),
+          nb::arg("done").none() = nb::none())
       .def(
           "recv",
-          [](PyPipe& self, nb::handle into, nb::handle timeout) {
+          [](PyPipe& self, nb::handle into, nb::handle timeout, nb::handle done) {
             Timeout t = timeout_arg(timeout);
-            return self.receive(into, [&](TensorDict* td) { return self.pipe.receive(td, t); });
+            nb::object got =
+                self.receive(into, [&](TensorDict* td) { return self.pipe.receive(td, t); });
+            said_done(done, got);
+            return got;
           },
-          nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none())
+          nb::arg("td").none() = nb::none(), nb::arg("timeout").none() = nb::none(),
+          nb::arg("done").none() = nb::none())
       .def("start_send",
            [](PyPipe& self, nb::handle td) {
              const std::shared_ptr<const TensorDict> copy = self.to_send(td);

@@ -207,6 +207,7 @@ class TensorDictPipe:
         # out, was interrupted or cancelled. It is read until it completes, and a retry with
         # the same object finishes it instead of sending it again.
         self._unfinished: Optional[tuple] = None
+        self._held: list = []  # a received message a Ctrl-C came after (recv)
         self._receiving = False  # an arecv is running
         self._recv_owes_yield = False  # an arecv returned since the last yield
         self._stalls = 0  # waits in a row UCX would not arm for
@@ -308,9 +309,17 @@ class TensorDictPipe:
         _check_sync("send")
         self._check_open("send")
         mine = self._unfinished = (td, self._to_send(td))
-        self._impl.send(mine[1], timeout)  # resumes it if it is the one in flight
-        if self._unfinished is mine:  # else an asend of the event loop started since
-            self._unfinished = None  # it, and any send in flight before it, completed
+        done: list = []
+        try:
+            self._impl.send(mine[1], timeout, done)  # resumes it if it is the one in flight
+        except KeyboardInterrupt as e:
+            if done:  # Python raises a Ctrl-C that came as the call returned: it was sent
+                e.add_note("the send had completed: the message was sent (sending it again "
+                           "sends it twice)")
+            raise
+        finally:
+            if done and self._unfinished is mine:  # else an asend of the event loop started
+                self._unfinished = None  # since it, and any send in flight before it, completed
 
     def recv(self, td: Optional[TensorDict] = None, *, device=None, timeout: Optional[float] = None) -> TensorDict:
         """The next TensorDict from the peer.
@@ -323,7 +332,14 @@ class TensorDictPipe:
         _check_sync("recv")
         self._check_open("recv")
         _check_device(device)
-        return self._impl.recv(td, timeout)
+        if self._held:  # received, then Python raised a Ctrl-C as the call returned
+            return self._held.pop()
+        done: list = []
+        try:
+            return self._impl.recv(td, timeout, done)
+        except KeyboardInterrupt:
+            self._held = done  # the message, if the receive had completed: the next recv's
+            raise
 
     async def asend(self, td: TensorDict) -> None:
         self._check_open("send")
