@@ -139,7 +139,7 @@ class RemoteServer {
   void refuse(const std::string& why);
   // A connection that could not make its end (a worker: descriptors, memory) refuses its
   // request, so its client hears at once (ucx::Listener::reject).
-  void reject(ucx::ConnRequest& request) noexcept { listener_->reject(request); }
+  void reject(ucx::ConnRequest& req) noexcept { listener_->reject(req); }
   // Serving thread, not under mu: takes in the requests that arrived on connections whose
   // thread waits for its client's next request (RemoteConnection::receive_now), with at most
   // kConnectionsTheServerReceivesFrom connections. Returns how many looks took something in
