@@ -619,7 +619,10 @@ def test_a_thread_or_process_limit_too_low_for_the_workers_is_an_eagain_naming_i
     needed = 8 + 12 * (4 if kind == "runner" else 3)
     assert f"with 12 workers needs about {needed} more threads or processes" in msg, msg
     assert "RLIMIT_NPROC" in msg and "ulimit -u" in msg, msg
-    assert data == [0, 1, 2, 3]
+    if kind == "runner":  # each worker iterates the whole dataflow (tensorpack's): any 4
+        assert len(data) == 4 and set(data) <= {0, 1, 2, 3}, data
+    else:  # the strict map: each datapoint once
+        assert data == [0, 1, 2, 3], data
 
 CTRL_C_IN_A_FORK_HOOK = """
 import os, signal
