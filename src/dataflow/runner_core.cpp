@@ -73,12 +73,16 @@ void RunnerCore::begin_reset(size_t per_worker, size_t tasks_per_worker) {
   if (reset_done) throw StateError(std::string(name) + ": reset_state() was called twice");
   fds_per_worker_ = per_worker;
   tasks_per_worker_ = tasks_per_worker;
-  const std::string what = std::string(name) + " with " + std::to_string(num_proc) + " workers";
-  os::require_free_fds(kFdsOfTheRunner + per_worker * static_cast<size_t>(num_proc), what);
-  // A worker is a process with libzmq's threads; a thread libzmq cannot start aborts it,
-  // or this process (the runner's own sockets).
-  os::require_free_tasks(kTasksOfTheRunner + tasks_per_worker * static_cast<size_t>(num_proc),
-                         what);
+  const auto n = static_cast<size_t>(num_proc);
+  require_room(kFdsOfTheRunner + per_worker * n, kTasksOfTheRunner + tasks_per_worker * n,
+               std::string(name) + " with " + std::to_string(num_proc) + " workers");
+}
+
+// libzmq aborts the process on EMFILE, and a process (this one, or a worker) whose threads
+// it cannot start: checked before anything is made, the error names the limit.
+void RunnerCore::require_room(size_t fds, size_t tasks, const std::string& what) const {
+  os::require_free_fds(fds, what);
+  os::require_free_tasks(tasks, what);
 }
 
 void RunnerCore::start_workers(const ForkHooks& hooks, WorkerMain worker_main) {
@@ -222,9 +226,8 @@ int RunnerCore::replace(int index, uint16_t& sender) {
   // the process on EMFILE (and a worker that cannot start its threads), where the user's
   // code may have taken the descriptors or threads since (the run ends with the error
   // instead, nothing made for the replacement).
-  const std::string what = std::string(name) + " replacing worker " + std::to_string(index);
-  os::require_free_fds(fds_per_worker_ + kFdsOfAReplacement, what);
-  os::require_free_tasks(tasks_per_worker_, what);
+  require_room(fds_per_worker_ + kFdsOfAReplacement, tasks_per_worker_,
+               std::string(name) + " replacing worker " + std::to_string(index));
   sender = link.next_generation(index);
   if (WorkerProgress* p = progress(index)) p->end();
   before_replacing(index);

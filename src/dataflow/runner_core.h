@@ -123,6 +123,9 @@ struct RunnerCore {
   virtual bool items_are_shared() const { return false; }
 
  private:
+  // SystemError (EMFILE, EAGAIN) naming `what` and the limit, unless `fds` descriptors and
+  // `tasks` threads or processes are to be had.
+  void require_room(size_t fds, size_t tasks, const std::string& what) const;
   void on_death(const WorkerProcesses::Death& d);
   // The warning (log and on_restart) that worker d.index was replaced by `new_pid`.
   void report_restart(const WorkerProcesses::Death& d, const std::string& why, int new_pid);

@@ -105,10 +105,8 @@ void RemoteServer::listen() noexcept {
           // and the server goes on (an exception out of here ended the process).
           lock.unlock();
           listener_->reject(*r);
-          const std::string why =
-              "client " + r->address.str() + " refused: no thread for its connection: " + e.what();
-          refuse(why);
-          log_message(LogLevel::Warning, "RemoteTransport: " + why);
+          refuse("client " + r->address.str() +
+                 " refused: no thread for its connection: " + e.what());
           continue;
         }
         threads_.push_back(c);
@@ -182,9 +180,12 @@ uint64_t RemoteServer::take_arrivals() {
 }
 
 void RemoteServer::refuse(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu);
-  ++refused;
-  last_refusal = why;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++refused;
+    last_refusal = why;
+  }
+  log_message(LogLevel::Warning, "RemoteTransport: " + why);  // not under mu (it takes the GIL)
 }
 
 // ---- RemoteConnection --------------------------------------------------------
@@ -272,7 +273,6 @@ void RemoteConnection::run() noexcept {
   if (request_.handle) s_.reject(request_);  // no endpoint was made from it
   if (!refusal.empty()) {
     s_.refuse(refusal);
-    log_message(LogLevel::Warning, "RemoteTransport: " + refusal);
   }
   try {
     if (tell && ep_ && ep_->error() == UCS_OK) {

@@ -136,6 +136,7 @@ class RemoteServer {
   // Under mu: sends or queues an answer for the slot's connection, or frees the slot when
   // the connection is gone. A slot already answered (or free) is left alone.
   void answer(uint32_t slot, std::optional<Json> failure, Sender sender = Sender::Connection);
+  // Counts a refused client and logs `why` as a warning (after letting go of mu).
   void refuse(const std::string& why);
   // A connection that could not make its end (a worker: descriptors, memory) refuses its
   // request, so its client hears at once (ucx::Listener::reject).
