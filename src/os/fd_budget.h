@@ -17,8 +17,8 @@ std::optional<size_t> free_fds();
 
 // SystemError (EMFILE) when fewer than `needed` are free: "<what> needs about N free file
 // descriptors; this process has M of its limit (RLIMIT_NOFILE) L free: raise it ...".
-// Cheap where many are free (a probe for a free number near the limit, two system calls);
-// it counts the open ones only near the limit.
+// Cheap where many are free (one fcntl per number of the `needed` just below the limit);
+// it counts the open ones only where one of those is open.
 void require_free_fds(size_t needed, const std::string& what);
 
 }  // namespace tensorwire::os

@@ -81,5 +81,25 @@ TEST(FdBudget, FreeNumbersBelowTakenOnesAreCountedExactly) {
   EXPECT_THROW(require_free_fds(4, "four"), SystemError);
 }
 
+TEST(FdBudget, OneFreeNumberNearTheLimitWithOpenOnesAboveIsNotRoom) {
+  // A hole just below the limit (a dead worker's descriptors closed) with open ones above
+  // it: the numbers near the limit are not all free, so the open ones are counted. (A
+  // probe of one number took the hole for room, and a runner's replacement went ahead
+  // with 4 free of the 8 it needs.)
+  LowLimit limit(10);
+  rlimit l{};
+  ::getrlimit(RLIMIT_NOFILE, &l);
+  std::vector<Fd> held;
+  while (free_fds().value() > 0) held.emplace_back(::dup(0));
+  const auto hole_at = static_cast<int>(l.rlim_cur) - 8;
+  int low = 2;  // and two low ones, for UBSan's pipe (above)
+  for (Fd& fd : held)
+    if (fd.get() == hole_at || (fd.get() < hole_at && low-- > 0)) fd.reset();
+  ASSERT_EQ(::fcntl(hole_at, F_GETFD), -1);
+  ASSERT_EQ(free_fds().value(), 3u);
+  EXPECT_THROW(require_free_fds(8, "eight"), SystemError);
+  EXPECT_NO_THROW(require_free_fds(3, "three"));
+}
+
 }  // namespace
 }  // namespace tensorwire::os
