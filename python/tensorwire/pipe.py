@@ -102,6 +102,7 @@ class _FdWaiter:
         self._waiters: set = set()
         self._loop = None
         self._pid = os.getpid()  # the process whose loop the readers are registered with
+        self._closing: Optional[asyncio.Future] = None  # close_aside()'s close, while it runs
 
     def _own_loop(self):
         """The loop the fds are registered with, or None. In a forked child, that loop (and
@@ -152,11 +153,41 @@ class _FdWaiter:
         self._fds = []
         self.wake()
 
+    async def close_aside(self, close_sync: Callable[[], None],
+                          close_native: Callable[[], None]) -> None:
+        """An ``aclose()``: the fds unregistered here, then ``close_native`` (the C++ close,
+        which releases the GIL) on a thread of the loop's default executor, not on the loop.
+        A graceful close waits for its peer to take what is in flight (up to half a second),
+        and a peer served by this same loop (a TensorDictServer's handler) could not take
+        anything while the loop waited. A waiter woken by the detach waits for the close to
+        end (its next call then raises ClosedError). Where the fds are another thread's
+        loop's, ``close_sync`` (close()) runs on a thread instead, as it would be called."""
+        loop = asyncio.get_running_loop()
+        if self._own_loop() not in (None, loop):
+            await loop.run_in_executor(None, close_sync)
+            return
+        if self._closing is not None:  # another task's aclose() runs: its end is this one's
+            await asyncio.shield(self._closing)
+            return
+        closing = loop.run_in_executor(None, close_native)
+        self._closing = closing
+        self.detach()
+        try:
+            await asyncio.shield(closing)
+        finally:
+            if closing.done():
+                self._closing = None
+            else:  # cancelled meanwhile: the close goes on, and is forgotten once over
+                closing.add_done_callback(lambda _: setattr(self, "_closing", None))
+
     async def wait(self, timeout: Optional[float] = None) -> None:
         """Until an fd is readable (or wake()), or ``timeout`` seconds. A timer of the
         loop's, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that
         comes as the inner wait ends, and the task (a server's serve()) never ends."""
         loop = asyncio.get_running_loop()
+        if self._closing is not None and self._closing.get_loop() is loop:
+            await asyncio.shield(self._closing)  # detached for an aclose(): until it is over
+            return
         if self._waiters and self._own_loop() not in (None, loop):
             # The fds are watched by that loop's selector and its waiters woken from its
             # thread: a waiter of this loop would never wake (both loops hung).
@@ -449,7 +480,12 @@ class TensorDictPipe:
         self._impl.close()
 
     async def aclose(self) -> None:
-        self.close()
+        """close() without holding up the event loop: the close (which lets what was sent
+        reach the peer, up to half a second) runs on a thread while the loop goes on."""
+        if self._impl.closed:
+            self.close()
+            return
+        await self._waiter.close_aside(self.close, self._impl.close)
 
     @property
     def closed(self) -> bool:

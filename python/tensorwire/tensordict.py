@@ -136,7 +136,7 @@ class TensorDictPipe(_ReferencePipe):
 
     # -- lifetime ---------------------------------------------------------------
     async def aclose(self) -> None:
-        self._tw.close()
+        await self._tw.aclose()
 
     def close(self) -> None:
         self._tw.close()

@@ -635,6 +635,69 @@ def test_an_abandoned_arecv_keeps_its_target_alive_until_a_receive_completes(tls
     asyncio.run(run())
 
 
+def test_aclose_with_a_send_in_flight_lets_a_peer_on_the_same_loop_take_it():
+    # A cancelled 1 MiB asend leaves its message in flight; the close flushes it to the
+    # peer (up to 0.5 s). aclose() ran that close on the loop, so a peer served by the same
+    # loop (a TensorDictServer's handler) could not take it: the loop stood still 0.5 s.
+    async def run():
+        got = []
+
+        async def handler(pipe):
+            try:
+                async for td in pipe:
+                    got.append(int(td["i"][0]))
+            except tw.ClosedError:
+                pass
+
+        server = tw.TensorDictServer(0)
+        serving = asyncio.create_task(server.serve(handler))
+        big = lambda i: tw.TensorDict({"i": np.array([i]), "x": np.zeros(1 << 17)})  # 1 MiB
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0)
+
+        for round_ in range(3):
+            pipe = await tw.TensorDictPipe.aconnect("127.0.0.1", server.port, timeout=10)
+            await pipe.asend(big(0))
+            sending = asyncio.create_task(pipe.asend(big(1)))
+            await asyncio.sleep(0)  # posted, then abandoned
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+            tick = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            ticks.clear()
+            start = time.monotonic()
+            await pipe.aclose()
+            took = time.monotonic() - start
+            tick.cancel()
+            assert pipe.closed
+            assert len(ticks) >= 1, "the loop ran nothing while aclose() ran"
+            assert took < 0.45, f"aclose() took {took:.3f} s (the close's whole flush budget)"
+        server.close()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert got.count(0) == 3, got
+    asyncio.run(run())
+
+
+def test_a_task_waiting_on_a_pipe_ends_with_closed_error_when_another_task_acloses_it(tls):
+    async def run():
+        listener = tw.PipeListener(0)
+        peer = py_peer("echo", "127.0.0.1", listener.port, 1)
+        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        reader = asyncio.create_task(pipe.arecv())
+        await asyncio.sleep(0.05)
+        await asyncio.gather(pipe.aclose(), pipe.aclose())  # twice at once: one close
+        with pytest.raises(tw.ClosedError):
+            await asyncio.wait_for(reader, 10)
+        await pipe.aclose()
+        finish(peer)
+        listener.close()
+    asyncio.run(run())
+
+
 def _in_loop_thread(coro_fn):
     """Runs ``coro_fn()`` in an event loop of its own thread; returns (thread, outcome)."""
     import threading
