@@ -1,9 +1,9 @@
 // Bindings of the dataflow runners (tensorwire/dataflow/*.h) for Python dataflows.
 //
 // Conversion and the GIL only: datapoints through convert.h (the round-trip rule, the wire
-// layer's format); PyDataFlow, the C++ DataFlow interface over a Python dataflow object;
-// fork hooks (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the worker's
-// Python exception report.
+// layer's format); PyDataFlow (py_dataflow.h) for the Python dataflow object; fork hooks
+// (PyOS_BeforeFork / AfterFork, the worker's seeding callable) and the worker's Python exception
+// report.
 //
 // The GIL: blocking calls and close() (which waits for another thread's iteration) run without
 // it. A worker releases it after the fork, takes it to run Python (dataflow, map, conversions).
@@ -14,6 +14,8 @@
 #include "bindings.h"  // and convert.h, nanobind
 #include "gc_slots.h"
 #include "gil.h"
+#include "held_value.h"
+#include "py_dataflow.h"
 #include "tensorwire/dataflow/map.h"
 #include "tensorwire/dataflow/remote.h"
 #include "tensorwire/dataflow/runner.h"
@@ -24,72 +26,6 @@ namespace tensorwire::py {
 namespace {
 
 namespace df = tensorwire::dataflow;
-// ---- Python dataflows in C++ ------------------------------------------------------------------
-
-class PyDataFlow : public df::DataFlow {
- public:
-  explicit PyDataFlow(nb::object ds) : ds_(dataflow_arg(std::move(ds))) {
-    // The length as tensorpack reads it: ds.__len__(), unknown when there is none or it
-    // raises NotImplementedError (any other exception is the dataflow's and goes out), or
-    // when it is not above 0 (tensorpack then streams for ever).
-    if (nb::hasattr(ds_, "__len__")) {
-      try {
-        const int64_t n = nb::cast<int64_t>(ds_.attr("__len__")());
-        if (n > 0) size_ = static_cast<size_t>(n);
-      } catch (const nb::python_error& e) {
-        if (!e.matches(PyExc_NotImplementedError)) throw;
-      } catch (const nb::cast_error&) {  // not an int: tensorpack keeps it and never stops
-      }
-    }
-  }
-  ~PyDataFlow() override {
-    nb::gil_scoped_acquire gil;
-    it_.reset();
-    ds_.reset();
-  }
-  void reset_state() override {
-    GilForLibrary gil;
-    check();
-    ds_.attr("reset_state")();
-  }
-  void start() override {
-    GilForLibrary gil;
-    check();
-    it_ = nb::steal(PyObject_GetIter(ds_.ptr()));
-    if (!it_.is_valid()) throw nb::python_error();
-  }
-  std::optional<TensorDict> next() override {
-    GilForLibrary gil;
-    if (!it_.is_valid()) start();
-    nb::object item = nb::steal(PyIter_Next(it_.ptr()));
-    if (!item.is_valid()) {
-      if (PyErr_Occurred()) throw nb::python_error();
-      return std::nullopt;
-    }
-    return datapoint_from_py(item);
-  }
-  std::optional<size_t> size() const override { return size_; }
-
-  // For the garbage collector (see gc_slots): a runner that holds a dataflow whose class
-  // lives in a module that holds the runner is a reference cycle only it can break.
-  int traverse(visitproc visit, void* arg) {
-    Py_VISIT(ds_.ptr());
-    Py_VISIT(it_.ptr());
-    return 0;
-  }
-  void clear() {
-    it_.reset();
-    ds_.reset();
-  }
-
- private:
-  void check() const {
-    if (!ds_.is_valid()) throw ClosedError("the dataflow was released by the garbage collector");
-  }
-  nb::object ds_, it_;
-  std::optional<size_t> size_;
-};
-
 // `seed_worker(seed)` runs in each worker right after the fork (Python's generators). A
 // restart forks during iteration, where the GIL is released: the hooks take it then.
 df::ForkHooks python_fork_hooks(nb::object seed_worker) {
@@ -156,12 +92,15 @@ struct PyRunner {
   std::shared_ptr<PyDataFlow> flow;
   std::unique_ptr<T> runner;
   std::shared_ptr<nb::object> map_func;  // the map's; runs in the workers, held here
+  std::shared_ptr<HeldValue> held = std::make_shared<HeldValue>();  // by the epochs, in turn
 
   int traverse(visitproc visit, void* arg) {
     if (map_func) Py_VISIT(map_func->ptr());
+    if (int r = held->traverse(visit, arg)) return r;
     return flow ? flow->traverse(visit, arg) : 0;
   }
   void clear() {
+    held->clear();
     if (map_func) map_func->reset();
     if (flow) flow->clear();
   }
@@ -174,6 +113,7 @@ struct PyEpoch {
   nb::object owner;  // the Python object of the runner (tensorwire.dataflow's)
   nb::object core;   // the binding's: a collected cycle clears owner's attributes first
   std::shared_ptr<df::Epoch> epoch;
+  std::shared_ptr<HeldValue> held;  // the runner's: a datapoint a Ctrl-C came after
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(owner.ptr());
@@ -187,16 +127,17 @@ struct PyEpoch {
   }
 
   nb::object next() {
-    const std::shared_ptr<df::Epoch> held = epoch;
-    if (!held) throw nb::stop_iteration();
+    const std::shared_ptr<df::Epoch> current = epoch;
+    if (!current) throw nb::stop_iteration();
+    if (nb::object kept = held->take()) return kept;
     std::optional<df::RawDatapoint> dp;
     try {
       // A look without waiting first, GIL held: in a busy pipeline the datapoint is
       // there, and releasing and re-taking the GIL for each one would cost more.
-      dp = df::detail::RawAccess::next(*held, Timeout::poll());
-      if (!dp && !held->done()) {
+      dp = df::detail::RawAccess::next(*current, Timeout::poll());
+      if (!dp && !current->done()) {
         NoGil nogil;
-        dp = df::detail::RawAccess::next(*held, Timeout::forever());
+        dp = df::detail::RawAccess::next(*current, Timeout::forever());
       }
     } catch (...) {
       epoch.reset();  // as a generator that raised: this iteration is over
@@ -206,27 +147,30 @@ struct PyEpoch {
       epoch.reset();  // the guard goes with the epoch: a new one may start
       throw nb::stop_iteration();
     }
-    return raw_to_py(*dp, true);
+    return held->deliver(raw_to_py(*dp, true));
   }
 };
 
 // `owner`: what the iterator keeps alive (the Python runner object holding this one).
 template <class T>
 PyEpoch epoch_of(nb::handle self, nb::handle owner) {
-  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), nullptr};
-  e.epoch = std::make_shared<df::Epoch>(nb::cast<PyRunner<T>&>(self).runner->epoch());
+  PyRunner<T>& r = nb::cast<PyRunner<T>&>(self);
+  PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), nullptr, r.held};
+  e.epoch = std::make_shared<df::Epoch>(r.runner->epoch());
   return e;
 }
 
 struct PyRemote {
   std::unique_ptr<df::RemoteDataZMQ> remote;
   bool allow_pickle;
+  HeldValue held;  // a datapoint a Ctrl-C came after
 
   nb::object next(nb::handle timeout) {
     const Timeout t = timeout_arg(timeout);
+    if (nb::object kept = held.take()) return kept;
     std::optional<df::RawDatapoint> dp = (NoGil(), df::detail::RawAccess::next(*remote, t));
     if (!dp) return nb::none();
-    return raw_to_py(*dp, allow_pickle);
+    return held.deliver(raw_to_py(*dp, allow_pickle));
   }
 };
 

@@ -158,6 +158,56 @@ TEST_F(Map, AKilledWorkerIsReportedInsteadOfAHang) {
   }
 }
 
+// 0..3 per pass; the third pass raises at its first datapoint and then ends, as a Python
+// generator does. A strict map pulls a pass ahead of the one it yields (its buffer, 8,
+// not clamped to a size: none is given), so the third pass is pulled exactly as the first
+// epoch ends.
+class ThirdPassRaises : public DataFlow {
+ public:
+  void start() override {
+    ++passes_;
+    i_ = 0;
+  }
+  std::optional<TensorDict> next() override {
+    if (passes_ == 3 && !raised_) {
+      raised_ = true;
+      throw ValueError("the third pass raised");
+    }
+    if (i_ == 4 || passes_ == 3) return std::nullopt;
+    return testing::make_datapoint(i_++);
+  }
+
+ private:
+  int passes_ = 0;
+  bool raised_ = false;
+  uint64_t i_ = 0;
+};
+
+TEST_F(Map, AnErrorPullingTheNextPassAsAnEpochEndsKeepsThatEnd) {
+  // The end of the epoch was recorded after the pull that raised (b32d4e3): the epoch's
+  // next call then went on into the second pass's datapoints, which belong to the next
+  // epoch (Python's iterator ends at any exception, so only C++ could see it).
+  MultiProcessMapDataZMQ m(std::make_shared<ThirdPassRaises>(), square,
+                           {.num_proc = 2, .buffer_size = 8, .strict = true});
+  m.reset_state();
+  std::set<int64_t> first;
+  {
+    Epoch e = m.epoch();
+    try {
+      while (std::optional<TensorDict> dp = e.next()) first.insert(index_of(*dp));
+      FAIL() << "the pull of the third pass raised nothing";
+    } catch (const ValueError& err) {
+      EXPECT_THAT(err.what(), HasSubstr("the third pass raised"));
+    }
+    EXPECT_EQ(first, (std::set<int64_t>{0, 1, 2, 3}));
+    EXPECT_FALSE(e.next().has_value());  // the end stays
+    EXPECT_TRUE(e.done());
+  }
+  std::set<int64_t> second;
+  for (TensorDict& dp : m.epoch()) second.insert(index_of(dp));
+  EXPECT_EQ(second, (std::set<int64_t>{0, 1, 2, 3}));  // whole: it was pulled before
+}
+
 TEST_F(Map, InputsTravelThroughSharedMemoryBothWays) {
   // Large inputs: the map function checks the bytes it got and sends them back.
   auto check = [](TensorDict td) -> std::optional<TensorDict> {
