@@ -151,10 +151,21 @@ struct PyEpoch {
   }
 };
 
+bool continues_pass(const df::MultiProcessRunnerZMQ&) {
+  return false;
+}
+bool continues_pass(const df::MultiProcessMapDataZMQ& m) {
+  return m.options().strict;
+}
+
 // `owner`: what the iterator keeps alive (the Python runner object holding this one).
 template <class T>
 PyEpoch epoch_of(nb::handle self, nb::handle owner) {
   PyRunner<T>& r = nb::cast<PyRunner<T>&>(self);
+  // A datapoint held by an epoch given up: a strict map's next epoch goes on with that
+  // pass, so it is that epoch's; a stream's epoch (runner, non-strict map) is any len(ds)
+  // datapoints, and the old one counted it: dropped, as tensorpack drops what it had.
+  if (!continues_pass(*r.runner)) r.held->clear();
   PyEpoch e{nb::borrow(owner.is_none() ? self : owner), nb::borrow(self), nullptr, r.held};
   e.epoch = std::make_shared<df::Epoch>(r.runner->epoch());
   return e;
@@ -180,8 +191,12 @@ void bind_runner_common(nb::class_<PyRunner<T>>& c) {
   using R = PyRunner<T>;
   c.def("reset_state", [](R& r) { r.runner->reset_state(); })
       .def("epoch", &epoch_of<T>, nb::arg("owner").none() = nb::none())
-      .def(
-          "close", [](R& r) { r.runner->close(); }, nb::call_guard<NoGil>())
+      .def("close",
+           [](R& r) {
+             r.held->clear();
+             NoGil nogil;
+             r.runner->close();
+           })
       .def_prop_ro("closed", [](R& r) { return r.runner->closed(); })
       .def_prop_ro("size", [](R& r) { return r.runner->size(); })
       .def_prop_ro("pids", [](R& r) { return r.runner->pids(); })
@@ -314,8 +329,11 @@ void bind_dataflow(nb::module_& m) {
                      return std::chrono::duration<double>(r.remote->liveness_timeout()).count();
                    })
       .def_prop_ro("closed", [](PyRemote& r) { return r.remote->closed(); })
-      .def(
-          "close", [](PyRemote& r) { r.remote->close(); }, nb::call_guard<NoGil>());
+      .def("close", [](PyRemote& r) {
+        r.held.clear();
+        NoGil nogil;
+        r.remote->close();
+      });
 
   m.def(
       "_send_dataflow_zmq",

@@ -6,17 +6,23 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <unistd.h>
 
 namespace tensorwire::py {
 
 class HeldValue {
  public:
-  // The kept value (then no longer kept), or a null object.
-  nanobind::object take() { return std::move(value_); }
+  // The kept value (then no longer kept), or a null object. Only in the process that kept
+  // it: a forked child's copy of its owner does not deliver the parent's value again.
+  nanobind::object take() {
+    if (!value_.is_valid() || pid_ != ::getpid()) return {};
+    return std::move(value_);
+  }
   // `v`, unless a signal handler raises first: then `v` is kept and that exception thrown.
   nanobind::object deliver(nanobind::object v) {
     if (PyErr_CheckSignals() != 0) {
       value_ = std::move(v);
+      pid_ = ::getpid();
       throw nanobind::python_error();
     }
     return v;
@@ -25,10 +31,11 @@ class HeldValue {
     Py_VISIT(value_.ptr());
     return 0;
   }
-  void clear() { value_.reset(); }
+  void clear() { value_.reset(); }  // under the GIL (a close, a new epoch)
 
  private:
   nanobind::object value_;
+  pid_t pid_ = 0;
 };
 
 }  // namespace tensorwire::py

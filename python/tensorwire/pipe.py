@@ -160,16 +160,20 @@ class _FdWaiter:
         A graceful close waits for its peer to take what is in flight (up to half a second),
         and a peer served by this same loop (a TensorDictServer's handler) could not take
         anything while the loop waited. A waiter woken by the detach waits for the close to
-        end (its next call then raises ClosedError). Where the fds are another thread's
-        loop's, ``close_sync`` (close()) runs on a thread instead, as it would be called."""
+        end (its next call then raises ClosedError), as does a second aclose(). Where the
+        fds are another thread's loop's, or that loop's aclose() runs, ``close_sync``
+        (close()) runs on a thread instead; with no executor left (shut down), here."""
         loop = asyncio.get_running_loop()
-        if self._own_loop() not in (None, loop):
-            await loop.run_in_executor(None, close_sync)
+        if await self.until_closed():
             return
-        if self._closing is not None:  # another task's aclose() runs: its end is this one's
-            await asyncio.shield(self._closing)
+        aside = self._closing is not None or self._own_loop() not in (None, loop)
+        closing = self._submit(loop, close_sync if aside else close_native)
+        if closing is None:
+            close_sync()
             return
-        closing = loop.run_in_executor(None, close_native)
+        if aside:
+            await closing
+            return
         self._closing = closing
         self.detach()
         try:
@@ -180,13 +184,33 @@ class _FdWaiter:
             else:  # cancelled meanwhile: the close goes on, and is forgotten once over
                 closing.add_done_callback(lambda _: setattr(self, "_closing", None))
 
+    @staticmethod
+    def _submit(loop, fn: Callable[[], None]) -> Optional[asyncio.Future]:
+        """``fn`` on the loop's default executor; None when that was shut down."""
+        try:
+            return loop.run_in_executor(None, fn)
+        except RuntimeError:
+            return None
+
+    @property
+    def closing(self) -> bool:
+        """An aclose() is under way."""
+        return self._closing is not None
+
+    async def until_closed(self) -> bool:
+        """Waits for an aclose() of the running loop that is under way; False when none is."""
+        closing = self._closing
+        if closing is None or closing.get_loop() is not asyncio.get_running_loop():
+            return False
+        await asyncio.shield(closing)
+        return True
+
     async def wait(self, timeout: Optional[float] = None) -> None:
         """Until an fd is readable (or wake()), or ``timeout`` seconds. A timer of the
         loop's, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that
         comes as the inner wait ends, and the task (a server's serve()) never ends."""
         loop = asyncio.get_running_loop()
-        if self._closing is not None and self._closing.get_loop() is loop:
-            await asyncio.shield(self._closing)  # detached for an aclose(): until it is over
+        if await self.until_closed():  # detached for an aclose(): until it is over
             return
         if self._waiters and self._own_loop() not in (None, loop):
             # The fds are watched by that loop's selector and its waiters woken from its
@@ -213,6 +237,9 @@ class _FdWaiter:
                 for fd in self._fds:
                     self._loop.remove_reader(fd)
                 self._loop = None
+        # Woken by an aclose()'s detach: the pipe's next call would wait on its mutex, which
+        # the close holds while it flushes, with the loop held up as long.
+        await self.until_closed()
 
     def wake(self) -> None:
         for fut in list(self._waiters):
@@ -457,6 +484,8 @@ class TensorDictPipe:
         to the loop's other tasks, the next ones sleep ``_STALL_SLEEP_S``. Returning at
         once instead would poll without ever giving the loop up (and hang if the peer is
         served by this loop)."""
+        if await self._waiter.until_closed():  # arm() would wait for the close's mutex
+            return
         armed = self._impl.arm()
         if self._impl.events != seen:
             self._waiter.wake()
@@ -482,8 +511,8 @@ class TensorDictPipe:
     async def aclose(self) -> None:
         """close() without holding up the event loop: the close (which lets what was sent
         reach the peer, up to half a second) runs on a thread while the loop goes on."""
-        if self._impl.closed:
-            self.close()
+        if self._impl.closed and not self._waiter.closing:
+            self.close()  # nothing to wait for: the fds only
             return
         await self._waiter.close_aside(self.close, self._impl.close)
 

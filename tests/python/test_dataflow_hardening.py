@@ -1136,6 +1136,104 @@ def test_a_ctrl_c_as_a_datapoint_arrives_keeps_it_for_the_next_call(kind):
     assert out.startswith("ok"), out
 
 
+HELD_DATAPOINT = """
+import _thread, os
+import tensorwire
+from tensorwire import dataflow as twdf
+N = 5
+fired = []
+
+class Trigger:
+    # Pickled in a worker, the first time there: unpickled in the consumer, it makes a
+    # Ctrl-C pending as the datapoint is converted (interrupt_main only marks SIGINT as
+    # tripped; no Python code runs before the check that comes before it is handed over).
+    def __reduce__(self):
+        if fired:
+            return (int, ())
+        fired.append(1)
+        return (_thread.interrupt_main, ())
+
+class DS:
+    def __len__(self):
+        return N
+    def reset_state(self):
+        pass
+    def __iter__(self):
+        for i in range(N):
+            yield [i, Trigger() if i == N - 1 and self.trigger else 0]
+
+    trigger = True
+
+def interrupted_at_the_last(make):
+    r = make()
+    r.reset_state()
+    it = iter(r)
+    first = []
+    try:
+        for _ in range(N):
+            first.append(next(it)[0])
+    except KeyboardInterrupt:
+        pass
+    assert first == [0, 1, 2, 3], first
+    return r, it
+
+runner = lambda: twdf.MultiProcessRunnerZMQ(DS(), num_proc=1)
+class Plain(DS):
+    trigger = False
+
+strict = lambda: twdf.MultiProcessMapDataZMQ(  # the Trigger comes from the map function
+    Plain(), 1, lambda dp: [dp[0], Trigger() if dp[0] == N - 1 else 0], strict=True)
+
+r, it = interrupted_at_the_last(runner)
+assert next(it)[0] == 4  # the same iterator: kept for it
+del it
+r.close()
+
+r, it = interrupted_at_the_last(runner)
+del it  # given up: the next epoch is len(ds) datapoints, not the kept one and len(ds)
+assert [dp[0] for dp in r] == [0, 1, 2, 3, 4]
+r.close()
+
+r, it = interrupted_at_the_last(strict)
+del it  # given up: a strict map's next epoch goes on with that pass, the kept one first
+assert [dp[0] for dp in r] == [4]
+assert sorted(dp[0] for dp in r) == [0, 1, 2, 3, 4]
+r.close()
+
+r, it = interrupted_at_the_last(runner)
+pid = os.fork()
+if pid == 0:  # the parent's kept datapoint is not the child's to deliver
+    try:
+        next(it)
+        os._exit(1)
+    except tensorwire.ClosedError:
+        os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0, "a forked child delivered the parent's kept datapoint"
+assert next(it)[0] == 4
+r.close()
+
+r, it = interrupted_at_the_last(runner)
+r.close()
+try:
+    next(it)
+    raise SystemExit("a closed runner delivered its kept datapoint")
+except tensorwire.ClosedError:
+    pass
+print("ok")
+"""
+
+
+def test_a_kept_datapoint_belongs_to_its_pass_its_process_and_its_open_runner():
+    # Deterministic: the datapoint's conversion raises the signal, whose handler runs in
+    # the check before the datapoint is handed over. A runner's epoch given up then began
+    # the next with it (len(ds) + 1 datapoints), and a closed runner and a forked child's
+    # copy delivered it.
+    proc = python(HELD_DATAPOINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split() == ["ok"], out
+
+
 class _InterruptedAtThirdPass(Counting):
     """Ctrl-C lands in the dataflow's generator as its third pass begins (in the main
     process, where the map pulls datapoints); the second pass is empty, so the third is

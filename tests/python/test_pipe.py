@@ -659,26 +659,67 @@ def test_aclose_with_a_send_in_flight_lets_a_peer_on_the_same_loop_take_it():
                 ticks.append(time.monotonic())
                 await asyncio.sleep(0)
 
-        for round_ in range(3):
+        # Alone; with a task waiting in arecv() (woken by the close, its next poll waited
+        # for the close's mutex on the loop); with a second aclose() at once (it waited
+        # for the same mutex on the loop).
+        for case in ("alone", "a reader waits", "twice", "alone"):
             pipe = await tw.TensorDictPipe.aconnect("127.0.0.1", server.port, timeout=10)
             await pipe.asend(big(0))
             sending = asyncio.create_task(pipe.asend(big(1)))
             await asyncio.sleep(0)  # posted, then abandoned
             sending.cancel()
             await asyncio.gather(sending, return_exceptions=True)
+            reader = asyncio.create_task(pipe.arecv()) if case == "a reader waits" else None
             tick = asyncio.create_task(ticker())
             await asyncio.sleep(0)
             ticks.clear()
             start = time.monotonic()
-            await pipe.aclose()
+            if case == "twice":
+                await asyncio.gather(pipe.aclose(), pipe.aclose())
+            else:
+                await pipe.aclose()
             took = time.monotonic() - start
             tick.cancel()
             assert pipe.closed
-            assert len(ticks) >= 1, "the loop ran nothing while aclose() ran"
-            assert took < 0.45, f"aclose() took {took:.3f} s (the close's whole flush budget)"
+            assert len(ticks) >= 1, f"{case}: the loop ran nothing while aclose() ran"
+            assert took < 0.45, f"{case}: aclose() took {took:.3f} s (the flush's whole budget)"
+            if reader is not None:
+                with pytest.raises(tw.ClosedError):
+                    await asyncio.wait_for(reader, 10)
         server.close()
         await asyncio.gather(serving, return_exceptions=True)
-        assert got.count(0) == 3, got
+        assert got.count(0) == 4, got
+    asyncio.run(run())
+
+
+def test_aclose_closes_from_another_threads_loop_and_after_the_executor_is_shut_down():
+    # Another thread's loop while this loop's aclose() waits for its executor (busy): that
+    # aclose() awaited a future of this loop (RuntimeError). With the loop's executor shut
+    # down (asyncio.run's last step), aclose() raised and left the pipe open.
+    async def run():
+        import concurrent.futures
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        server = tw.TensorDictServer(0)
+        serving = asyncio.create_task(server.serve(lambda p: asyncio.sleep(3)))
+        pipe = await tw.TensorDictPipe.aconnect("127.0.0.1", server.port, timeout=10)
+        busy = loop.run_in_executor(None, time.sleep, 0.5)
+        first = asyncio.create_task(pipe.aclose())
+        await asyncio.sleep(0.05)
+        out = []
+        other = threading.Thread(target=lambda: out.append(asyncio.run(pipe.aclose())))
+        other.start()
+        while other.is_alive():
+            await asyncio.sleep(0.01)
+        assert out == [None] and pipe.closed
+        await first
+        await busy
+        second = await tw.TensorDictPipe.aconnect("127.0.0.1", server.port, timeout=10)
+        await loop.shutdown_default_executor()
+        await second.aclose()
+        assert second.closed
+        server.close()
+        await asyncio.gather(serving, return_exceptions=True)
     asyncio.run(run())
 
 
