@@ -57,6 +57,15 @@ def py_peer(*args):
     return spawn([sys.executable, PY_PEER, *map(str, args)])
 
 
+async def accepted_from_py_peer(mode, *args):
+    """A listener, a Python peer connected to it (`py_peer(mode, host, port, *args)`) and
+    the accepted pipe; accepted on an executor thread, so the running loop goes on."""
+    listener = tw.PipeListener(0)
+    peer = py_peer(mode, "127.0.0.1", listener.port, *args)
+    pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+    return listener, peer, pipe
+
+
 def finish(proc, timeout=30):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
@@ -169,9 +178,7 @@ def test_asyncio_send_and_receive_and_async_for_ends_when_the_peer_closes(tls, s
     monkeypatch.setattr(tensorwire.pipe, "ASYNC_SPIN_US", spin_us)
 
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("echo", "127.0.0.1", listener.port, 3)
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("echo", 3)
         async with pipe:
             for i in range(3):
                 await pipe.asend(tw.TensorDict({"v": np.full(2, i)}, batch_size=[2]))
@@ -186,9 +193,7 @@ def test_asyncio_send_and_receive_and_async_for_ends_when_the_peer_closes(tls, s
 
 def test_sync_calls_inside_a_running_event_loop_raise_instead_of_deadlocking(tls):
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("send", "127.0.0.1", listener.port, 1)
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("send", 1)
         with pytest.raises(RuntimeError, match="event loop"):
             pipe.recv()
         with pytest.raises(RuntimeError, match="event loop"):
@@ -228,9 +233,7 @@ def test_peer_killed_with_sigkill_makes_recv_raise_within_5s(tls):
 
 def test_peer_killed_ends_an_awaited_arecv_promptly(tls):
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("send", "127.0.0.1", listener.port, 1, "--hang")
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("send", 1, "--hang")
         await pipe.arecv()
         peer.send_signal(signal.SIGKILL)
         t0 = time.monotonic()
@@ -590,9 +593,7 @@ def test_concurrent_asend_and_arecv_on_one_pipe_do_not_lose_each_others_wake_ups
     n = 300
 
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("echo", "127.0.0.1", listener.port, n)
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("echo", n)
 
         async def sender():
             for i in range(n):
@@ -612,9 +613,7 @@ def test_concurrent_asend_and_arecv_on_one_pipe_do_not_lose_each_others_wake_ups
 
 def test_an_abandoned_arecv_keeps_its_target_alive_until_a_receive_completes(tls):
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("echo", "127.0.0.1", listener.port, 2)
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("echo", 2)
         await pipe.asend(tw.TensorDict({"v": np.full(2, 0)}, batch_size=[2]))
         first = await asyncio.wait_for(pipe.arecv(), 30)        # the schema message
         assert first["v"].tolist() == [0, 0]
@@ -725,9 +724,7 @@ def test_aclose_closes_from_another_threads_loop_and_after_the_executor_is_shut_
 
 def test_a_task_waiting_on_a_pipe_ends_with_closed_error_when_another_task_acloses_it(tls):
     async def run():
-        listener = tw.PipeListener(0)
-        peer = py_peer("echo", "127.0.0.1", listener.port, 1)
-        pipe = await asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept(timeout=30))
+        listener, peer, pipe = await accepted_from_py_peer("echo", 1)
         reader = asyncio.create_task(pipe.arecv())
         await asyncio.sleep(0.05)
         await asyncio.gather(pipe.aclose(), pipe.aclose())  # twice at once: one close
