@@ -153,6 +153,15 @@ def python(script, **kw):
                             text=True, env=env, **kw)
 
 
+def run_script(script, timeout=120):
+    """Runs `script` (python()) to its end; asserts it exited 0 (its stderr otherwise) and
+    returns its stdout."""
+    proc = python(script)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out
+
+
 def in_child(method, target, *args):
     """Runs target(*args, q) in a multiprocessing child started by `method` ("fork" or
     "spawn"); returns what it put in q (waited for 60 s) and its exit code (joined, 30 s)."""

@@ -18,7 +18,7 @@ import pytest
 import tensorwire
 from tensorwire import dataflow as twdf
 from conftest import NOBODY, as_user
-from dataflow_helpers import Counting, check, in_child, no_leftovers, python  # noqa: F401
+from dataflow_helpers import Counting, check, in_child, no_leftovers, python, run_script  # noqa: F401
 
 
 class Empty:
@@ -531,9 +531,7 @@ print("ok")
 def test_too_few_file_descriptors_for_the_workers_is_an_emfile_naming_the_limit():
     # libzmq aborted the process (an assertion on EMFILE in its I/O thread) when the limit
     # ran out while the workers connected: a container's `ulimit -n` with many workers.
-    proc = python(FEW_FDS)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    out = run_script(FEW_FDS)
     assert out.split() == ["ok"], out
 
 
@@ -583,9 +581,7 @@ print("ok")
 def test_too_few_file_descriptors_to_replace_a_worker_ends_the_run_with_an_emfile():
     # The check at reset_state() alone left a replacement (the restart policy) to libzmq's
     # abort on EMFILE when the process had used its descriptors up since.
-    proc = python(FEW_FDS_AT_A_RESTART)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    out = run_script(FEW_FDS_AT_A_RESTART)
     assert out.split() == ["ok"], out
 
 def _too_few_tasks(kind):
@@ -1130,9 +1126,7 @@ def test_a_ctrl_c_as_a_datapoint_arrives_keeps_it_for_the_next_call(kind):
     # A call made as an expression (`dp = next(it)`, `remote.recv()`) has Python's pending
     # signal handlers run as it returns: a Ctrl-C that came while it waited raised there,
     # and the datapoint it had got was dropped (48 of 3,000 with about 50 Ctrl-C).
-    proc = python(f"KIND = {kind!r}" + CTRL_C_AS_A_DATAPOINT_ARRIVES)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    out = run_script(f"KIND = {kind!r}" + CTRL_C_AS_A_DATAPOINT_ARRIVES)
     assert out.startswith("ok"), out
 
 
@@ -1228,9 +1222,7 @@ def test_a_kept_datapoint_belongs_to_its_pass_its_process_and_its_open_runner():
     # the check before the datapoint is handed over. A runner's epoch given up then began
     # the next with it (len(ds) + 1 datapoints), and a closed runner and a forked child's
     # copy delivered it.
-    proc = python(HELD_DATAPOINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    out = run_script(HELD_DATAPOINT)
     assert out.split() == ["ok"], out
 
 
