@@ -249,9 +249,10 @@ _POLICY_DOC = """
     how it died, counts it in ``restarts``, and goes on. A worker that dies more than
     ``max_restarts`` times within ``restart_window`` seconds ends the run with
     ``WorkerDiedError``. ``datapoint_timeout`` (seconds, ``None``: no limit): a worker busy
-    on one datapoint for longer is killed and then treated as dead, the datapoint named; a
-    datapoint that more than ``max_restarts`` workers died on ends the run, however far
-    apart the deaths.
+    on one datapoint (or, in a runner, in the dataflow's ``reset_state()``) for longer is
+    killed and then treated as dead, the datapoint named; a datapoint that more than
+    ``max_restarts`` workers died on ends the run, however far apart the deaths.
+    ``float("inf")`` is for ever for both.
 """
 
 

@@ -367,11 +367,21 @@ TensorDict RemoteDataZMQ::next() {
   return *next(Timeout::forever());
 }
 
+namespace {
+// addr1 (0) or addr2 (1): IndexError naming the call otherwise.
+size_t address_index(int which, const char* call) {
+  if (which != 0 && which != 1)
+    throw IndexError(std::string("RemoteDataZMQ.") + call +
+                     ": which must be 0 (addr1) or 1 (addr2), got " + std::to_string(which));
+  return static_cast<size_t>(which);
+}
+}  // namespace
+
 std::string RemoteDataZMQ::endpoint(int which) const {
-  return impl_->bound[which];
+  return impl_->bound[address_index(which, "endpoint")];
 }
 uint64_t RemoteDataZMQ::count(int which) const {
-  return impl_->counts[which];
+  return impl_->counts[address_index(which, "count")];
 }
 uint64_t RemoteDataZMQ::rejected() const {
   return impl_->rejected;

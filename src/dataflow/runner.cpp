@@ -103,7 +103,9 @@ void MultiProcessRunnerZMQ::Impl::worker_main(int index, uint16_t sender, os::Un
   uint64_t seq = 0;
   using clock = std::chrono::steady_clock;
   try {
+    if (progress_slot) progress_slot->begin(detail::WorkerProgress::kResetState);
     ds->reset_state();
+    if (progress_slot) progress_slot->end();
     auto last = clock::now(), batch_start = last;
     while (true) {
       ds->start();

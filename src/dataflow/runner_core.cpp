@@ -27,6 +27,10 @@ int64_t now_ns() {
       .count();
 }
 
+// Longer than any run: a window or a time limit beyond it is for ever (100 years fits the
+// steady clock's nanoseconds with room to add to a time point).
+constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
+
 std::string seconds(std::chrono::milliseconds ms) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(ms.count()) / 1000.0);
@@ -65,6 +69,12 @@ RunnerCore::RunnerCore(const char* runner_name, std::shared_ptr<DataFlow> datafl
   if (policy.datapoint_timeout && policy.datapoint_timeout->count() <= 0)
     throw ValueError(who + ": datapoint_timeout must be positive (or none), got " +
                      seconds(*policy.datapoint_timeout));
+  // For ever (an infinite timeout from Python, a huge one): both are compared with the
+  // steady clock in nanoseconds, where such a value would overflow to a negative one (every
+  // worker "stuck" at once; the restart window emptied past its end, a crash).
+  if (policy.restart_window > kForever) policy.restart_window = kForever;
+  if (policy.datapoint_timeout && *policy.datapoint_timeout > kForever)
+    policy.datapoint_timeout.reset();
   size = ds->size();
 }
 
@@ -142,6 +152,10 @@ std::string RunnerCore::describe_item(uint64_t item) const {
   return "datapoint " + std::to_string(item) + " of its pass";
 }
 
+std::string RunnerCore::describe_progress(uint64_t item) const {
+  return item == WorkerProgress::kResetState ? "its dataflow's reset_state()" : describe_item(item);
+}
+
 void RunnerCore::watch_stuck() {
   const int64_t limit_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(*policy.datapoint_timeout).count();
@@ -151,7 +165,7 @@ void RunnerCore::watch_stuck() {
     const int64_t since = p.since_ns.load(std::memory_order_acquire);
     auto& why = stuck_[static_cast<size_t>(i)];
     if (since == 0 || now - since <= limit_ns || !why.empty()) continue;
-    why = ": it was stuck on " + describe_item(p.item.load(std::memory_order_relaxed)) +
+    why = ": it was stuck on " + describe_progress(p.item.load(std::memory_order_relaxed)) +
           " for longer than datapoint_timeout (" + seconds(*policy.datapoint_timeout) +
           ") and was killed";
     link.workers.kill(i);
@@ -179,7 +193,7 @@ void RunnerCore::on_death(const WorkerProcesses::Death& d) {
     const int n = ++deaths_on_[{items_are_shared() ? -1 : d.index, item}];
     if (n > policy.max_restarts)
       throw link.workers.died(d, why + "; " + std::to_string(n) + " workers died on " +
-                                     describe_item(item) + ", more than max_restarts (" +
+                                     describe_progress(item) + ", more than max_restarts (" +
                                      std::to_string(policy.max_restarts) + "), so the run ends");
   }
   auto& times = deaths_[index];

@@ -26,6 +26,9 @@ namespace tensorwire::dataflow::detail {
 struct alignas(64) WorkerProgress {
   std::atomic<int64_t> since_ns{0};  // steady clock; 0: not inside a datapoint
   std::atomic<uint64_t> item{0};     // which datapoint (the runner says how to name it)
+  // The item of a worker in its dataflow's reset_state(), which the time limit bounds too:
+  // a worker that hangs there (a network open) would otherwise hang the run for ever.
+  static constexpr uint64_t kResetState = ~uint64_t{0};
 
   void begin(uint64_t what) noexcept;
   void end() noexcept { since_ns.store(0, std::memory_order_relaxed); }
@@ -117,6 +120,8 @@ struct RunnerCore {
   virtual void after_replacing(int /*index*/, uint16_t /*sender*/) {}
   // How to name the datapoint `item` of a worker's progress in a message.
   virtual std::string describe_item(uint64_t item) const;
+  // describe_item(), or what WorkerProgress::kResetState stands for.
+  std::string describe_progress(uint64_t item) const;
   // Whether an item names one datapoint whichever worker has it (the map's task ids, kept
   // when a task is sent again). Else it is a position in a worker's own pass: the same
   // datapoint at each restart only for a dataflow whose order does not depend on the seed.

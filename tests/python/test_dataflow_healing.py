@@ -419,6 +419,55 @@ def test_a_stuck_runner_worker_is_replaced():
         assert r.restarts == 1
 
 
+class StuckInResetState(StuckAt):
+    """A worker whose reset_state() hangs (a network open that never returns), the first
+    generation only."""
+
+    def __init__(self):
+        super().__init__(bad=-1, size=5)
+
+    def reset_state(self):
+        if twdf.get_worker_info() is not None and first_generation(1):
+            time.sleep(3600)
+
+
+def test_a_runner_worker_stuck_in_reset_state_is_killed_and_named():
+    with twdf.MultiProcessRunnerZMQ(StuckInResetState(), num_proc=1, seed=SEED,
+                                    datapoint_timeout=0.3) as r:
+        r.reset_state()
+        with pytest.raises(twdf.WorkerDiedError, match=r"stuck on its dataflow's reset_state\(\) for "
+                           r"longer than datapoint_timeout \(0\.3 s\)"):
+            next(iter(r))
+
+
+def test_a_runner_worker_stuck_in_reset_state_is_replaced():
+    with twdf.MultiProcessRunnerZMQ(StuckInResetState(), num_proc=1, seed=SEED, datapoint_timeout=0.3,
+                                    on_worker_death="restart") as r:
+        r.reset_state()
+        with pytest.warns(twdf.WorkerRestartedWarning, match=r"reset_state\(\)"):
+            assert [check(dp) for dp in r] == list(range(5))
+        assert r.restarts == 1
+
+
+@pytest.mark.parametrize("forever", [math.inf, 1e10])
+@pytest.mark.parametrize("kind", ["runner", "map"])
+def test_an_infinite_restart_window_or_time_limit_is_for_ever(kind, forever):
+    """Both are compared in nanoseconds, where a value past 292 years overflowed: every
+    worker was "stuck" at once, and the restart window's bookkeeping crashed the process."""
+    kw = dict(seed=SEED, datapoint_timeout=forever, restart_window=forever, on_worker_death="restart")
+    if kind == "runner":
+        flow = twdf.MultiProcessRunnerZMQ(Endless(), 1, **kw)
+    else:
+        flow = twdf.MultiProcessMapDataZMQ(Endless(), 1, slow_identity, **kw)
+    with flow as r:
+        r.reset_state()
+        it = iter(r)
+        kill_and_await_restart(r, it)
+        for _ in range(5):
+            next(it)
+        assert r.restarts == 1
+
+
 class MapSleepsAt:
     """Datapoint `bad` sleeps, once: in the first worker that claims the marker file (a
     strict epoch sends the next pass early, so two workers may see a `bad`)."""

@@ -302,6 +302,23 @@ TEST_F(Healing, AStuckRunnerWorkerIsKilledAndNamed) {
   }
 }
 
+// std::chrono's largest milliseconds: compared with the steady clock in nanoseconds, such a
+// window or limit overflowed (every worker "stuck" at once; a crash at the first death).
+TEST_F(Healing, AWindowAndATimeLimitBeyondAnyRunAreForEver) {
+  RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart(1)};
+  o.policy.restart_window = std::chrono::milliseconds::max();
+  o.policy.datapoint_timeout = std::chrono::milliseconds::max();
+  MultiProcessRunnerZMQ r(counting(std::nullopt), o);
+  r.reset_state();
+  for (int i = 0; i < 5; ++i) r.next(10s);
+  ::kill(r.pids()[0], SIGKILL);
+  for (auto end = std::chrono::steady_clock::now() + 20s;
+       r.restarts() == 0 && std::chrono::steady_clock::now() < end;)
+    r.next(10s);
+  EXPECT_EQ(r.restarts(), 1u);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(r.next(10s));
+}
+
 TEST_F(Healing, AStuckRunnerWorkerIsReplaced) {
   RunnerOptions o{.num_proc = 1, .seed = kSeed, .policy = restart()};
   o.policy.datapoint_timeout = 300ms;

@@ -76,6 +76,10 @@ TEST(Remote, AProducerProcessFeedsAReceiverOverTcp) {
   RemoteDataZMQ recv(addr);
   recv.reset_state();
   EXPECT_EQ(recv.endpoint(0), addr);
+  for (int which : {-1, 2, 1000000}) {  // read past the two addresses before
+    EXPECT_THROW(recv.endpoint(which), IndexError) << which;
+    EXPECT_THROW(recv.count(which), IndexError) << which;
+  }
   for (int64_t i = 0; i < 25; ++i) {
     auto dp = recv.next(10s);
     ASSERT_TRUE(dp) << "datapoint " << i;
