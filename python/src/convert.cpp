@@ -93,6 +93,18 @@ std::string str_of_obj(nb::handle value) {
   return nb::cast<std::string>(nb::str(value));
 }
 
+std::string utf8_of(nb::handle str, const std::string& what) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(str.ptr(), &n);
+  if (p == nullptr) {
+    PyErr_Clear();
+    throw ValueError(what + " is not valid UTF-8 text: " + nb::cast<std::string>(nb::repr(str)) +
+                     " holds a lone surrogate (what os.fsdecode makes of bytes that are not "
+                     "UTF-8)");
+  }
+  return std::string(p, static_cast<size_t>(n));
+}
+
 int64_t int_arg(nb::handle value, const char* name) {
   if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
     throw TypeError(std::string(name) + " must be an integer, got " + py_type(value));
@@ -114,7 +126,12 @@ std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_
     throw TypeError(std::string(name) + (none_ok ? " must be None or" : " must be") +
                     " a number of seconds, got " + py_type(value));
   const double s = PyFloat_AsDouble(value.ptr());
-  if (s == -1.0 && PyErr_Occurred()) throw nb::python_error();  // an int too big for a double
+  if (s == -1.0 && PyErr_Occurred()) {  // an int too big for a double
+    PyErr_Clear();
+    throw ValueError(std::string(name) +
+                     " must be a number of seconds within a float's range, "
+                     "got an int beyond it");
+  }
   return s;
 }
 
@@ -132,7 +149,7 @@ std::string auth_key_arg(nb::handle value) {
     nb::bytes b = nb::borrow<nb::bytes>(value);
     key.assign(b.c_str(), b.size());
   } else if (nb::isinstance<nb::str>(value)) {
-    key = nb::cast<std::string>(value);
+    key = utf8_of(value, "auth_key");
   } else if (!value.is_none()) {
     throw TypeError("auth_key must be str, bytes or None, got " + py_type(value));
   }
@@ -174,7 +191,7 @@ std::optional<std::string> str_arg(nb::handle value, const char* name, bool none
   if (!nb::isinstance<nb::str>(value))
     throw TypeError(std::string(name) + " must be a str" + (none_ok ? " or None" : "") + ", got " +
                     py_type(value));
-  return nb::cast<std::string>(value);
+  return utf8_of(value, name);
 }
 
 std::vector<int64_t> int_list_arg(nb::handle value, const char* name) {
@@ -187,14 +204,14 @@ std::vector<int64_t> int_list_arg(nb::handle value, const char* name) {
 }
 
 Key to_key(nb::handle key) {
-  if (nb::isinstance<nb::str>(key)) return Key(nb::cast<std::string>(key));
+  if (nb::isinstance<nb::str>(key)) return Key(utf8_of(key, "key"));
   if (nb::isinstance<nb::tuple>(key)) {
     std::vector<std::string> parts;
     for (nb::handle h : key) {
       if (!nb::isinstance<nb::str>(h))
         throw TypeError("keys must be str or tuples of str, got a tuple holding " +
                         nb::cast<std::string>(nb::str(h.type())));
-      parts.push_back(nb::cast<std::string>(h));
+      parts.push_back(utf8_of(h, "key"));
     }
     if (parts.empty()) throw KeyError("empty key tuple");
     return Key(std::move(parts));
@@ -227,7 +244,7 @@ Json to_json(nb::handle v, const std::string& where) {
     }
   }
   if (nb::isinstance<nb::float_>(v)) return nb::cast<double>(v);
-  if (nb::isinstance<nb::str>(v)) return nb::cast<std::string>(v);
+  if (nb::isinstance<nb::str>(v)) return utf8_of(v, where);
   if (nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v)) {
     Json a = Json::array();
     for (nb::handle x : v) a.push_back(to_json(x, where));
@@ -238,7 +255,7 @@ Json to_json(nb::handle v, const std::string& where) {
     for (auto [k, x] : nb::borrow<nb::dict>(v)) {
       if (!nb::isinstance<nb::str>(k))
         throw ValueError(where + ": dict keys of a non-tensor value must be str");
-      o[nb::cast<std::string>(k)] = to_json(x, where);
+      o[utf8_of(k, where + ": a dict key")] = to_json(x, where);
     }
     return o;
   }

@@ -57,6 +57,10 @@ struct PyNonTensorStack {
 
 // The name of the value's type, for messages.
 std::string py_type(nb::handle value);
+// The UTF-8 bytes of a str. ValueError naming `what` for one that has none: a lone
+// surrogate, which os.fsdecode (os.listdir, sys.argv, os.environ) makes of bytes that are
+// not UTF-8 (nanobind's own cast says only "std::bad_cast").
+std::string utf8_of(nb::handle str, const std::string& what);
 // str(value). Takes a handle on purpose: nb::str(obj.attr("x")) wraps the attribute as a
 // str without converting it (a torch.device stays one, and casting it fails).
 std::string str_of_obj(nb::handle value);

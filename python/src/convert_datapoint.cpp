@@ -62,6 +62,11 @@ TensorDict encode_container(nb::handle obj, int depth);
 bool dict_encodable(nb::handle d) {
   for (auto [k, v] : nb::borrow<nb::dict>(d)) {
     if (!PyUnicode_CheckExact(k.ptr())) return false;
+    Py_ssize_t n = 0;
+    if (PyUnicode_AsUTF8AndSize(k.ptr(), &n) == nullptr) {  // a lone surrogate: pickled
+      PyErr_Clear();
+      return false;
+    }
     const bool container =
         PyList_CheckExact(v.ptr()) || PyTuple_CheckExact(v.ptr()) || PyDict_CheckExact(v.ptr());
     if (!DatapointEncoder::valid_key(nb::cast<std::string>(k), container)) return false;

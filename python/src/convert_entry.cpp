@@ -64,7 +64,7 @@ TensorDict dict_to_td(nb::handle d, const Shape& batch, const std::optional<Devi
   TensorDict td(batch, device);
   for (auto [k, v] : nb::borrow<nb::dict>(d)) {
     if (!nb::isinstance<nb::str>(k)) throw TypeError("dict keys must be str");
-    std::string name = nb::cast<std::string>(k);
+    std::string name = utf8_of(k, "key");
     td.set(name, to_entry(v, batch, device, prefix.size() ? prefix.child(name) : Key(name)));
   }
   return td;

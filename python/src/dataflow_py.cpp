@@ -308,8 +308,14 @@ void bind_dataflow(nb::module_& m) {
       .def(  // without the GIL: a connect looks its host up (a DNS server may be slow)
           "reset_state", [](PyRemote& r) { r.remote->reset_state(); }, nb::call_guard<NoGil>())
       .def("next", &PyRemote::next, nb::arg("timeout").none() = nb::none())
-      .def("endpoint", [](PyRemote& r, int which) { return r.remote->endpoint(which); })
-      .def("count", [](PyRemote& r, int which) { return r.remote->count(which); })
+      .def("endpoint",
+           [](PyRemote& r, nb::handle which) {
+             return r.remote->endpoint(int_arg_as<int>(which, "which"));
+           })
+      .def("count",
+           [](PyRemote& r, nb::handle which) {
+             return r.remote->count(int_arg_as<int>(which, "which"));
+           })
       .def_prop_ro("rejected", [](PyRemote& r) { return r.remote->rejected(); })
       // (address, socket, connected, datapoints, last datapoint in time.monotonic() seconds
       // or None): steady_clock is CLOCK_MONOTONIC, as Python's monotonic clock.

@@ -293,6 +293,11 @@ void bind_errors(nb::module_& m) {
       PyErr_SetObject(PyExc_OSError, nb::make_tuple(e.code(), e.what()).ptr());
     } catch (const Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const nb::cast_error&) {
+      // A conversion the binding left to nanobind (whose message is "std::bad_cast").
+      PyErr_SetString(PyExc_TypeError,
+                      "a value could not be converted to the type this call takes (a str must "
+                      "be valid UTF-8 text)");
     } catch (const std::system_error& e) {
       // A thread that could not start (std::thread's EAGAIN), for one: its errno's OSError,
       // naming the limit (a RuntimeError "Resource temporarily unavailable" said nothing).

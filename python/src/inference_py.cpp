@@ -214,13 +214,17 @@ void bind_inference(nb::module_& m) {
   shm.def_static(
          "create",
          [](nb::handle request_spec, nb::handle response_spec, nb::handle num_slots,
-            bool copy_result, nb::handle name, std::optional<uint32_t> spin,
-            nb::handle allowed_uids) {
+            bool copy_result, nb::handle name, nb::handle spin, nb::handle allowed_uids) {
            inf::SharedMemoryOptions o{.num_slots = int_arg(num_slots, "num_slots"),
                                       .copy_result = copy_result,
                                       .name = str_arg(name, "name", true).value_or(""),
                                       .allowed_uids = int_list_arg(allowed_uids, "allowed_uids")};
-           if (spin) o.spin = *spin;
+           if (!spin.is_none()) {
+             const int64_t s = int_arg(spin, "spin");
+             if (s < 0 || s > std::numeric_limits<uint32_t>::max())
+               throw ValueError("spin must be in [0, 4294967295], got " + std::to_string(s));
+             o.spin = static_cast<uint32_t>(s);
+           }
            TensorDict request = tensordict_from(request_spec, {}, {}, "request_spec");
            TensorDict response = tensordict_from(response_spec, {}, {}, "response_spec");
            NoGil nogil;

@@ -174,7 +174,8 @@ void bind_inference_server(nb::module_& m) {
       .def_prop_ro("policy_version", [](PyServer& s) { return s.get()->policy_version(); })
       .def(
           "update_model",
-          [](PyServer& s, nb::callable fn, bool mark, nb::handle timeout) {
+          [](PyServer& s, nb::callable fn, nb::handle mark_weight_update, nb::handle timeout) {
+            const bool mark = bool_arg(mark_weight_update, "mark_weight_update");
             const Timeout t = timeout_arg(timeout);
             std::shared_ptr<inf::InferenceServer> server = s.get();
             nb::object result;
@@ -189,18 +190,18 @@ void bind_inference_server(nb::module_& m) {
             }
             return result;
           },
-          nb::arg("fn"), nb::arg("mark_weight_update") = true,
+          nb::arg("fn"), nb::arg("mark_weight_update").none() = true,
           nb::arg("timeout").none() = nb::none())
       .def(
           "stats",
-          [](PyServer& s, bool reset) {  // in the order of inference.py's _STATS
-            inf::ServerStats st = s.get()->stats(reset);
+          [](PyServer& s, nb::handle reset) {  // in the order of inference.py's _STATS
+            inf::ServerStats st = s.get()->stats(bool_arg(reset, "reset"));
             return nb::make_tuple(st.requests, st.batches, st.requests_per_s, st.batches_per_s,
                                   st.avg_batch_size, st.p50_queue_ms, st.p95_queue_ms,
                                   st.p50_forward_ms, st.p95_forward_ms, st.policy_version,
                                   st.weight_updates);
           },
-          nb::arg("reset") = false)
+          nb::arg("reset").none() = false)
       .def("close", &PyServer::close);
 }
 

@@ -305,16 +305,17 @@ void bind_pipe(nb::module_& m) {
 
   m.def(
       "_connect",
-      [](const std::string& host, nb::handle port, nb::handle consolidated, nb::handle auth_key,
+      [](nb::handle host_arg, nb::handle port, nb::handle consolidated, nb::handle auth_key,
          nb::handle timeout, nb::handle max_message_bytes, nb::handle liveness_timeout) {
+        const std::string host = *str_arg(host_arg, "host", false);
         PipeOptions o =
             make_options(consolidated, auth_key, timeout, max_message_bytes, liveness_timeout);
         uint16_t p = port_of(port);
         NoGil nogil;
         return PyPipe{{}, TensorDictPipe::connect(host, p, o), {}};
       },
-      nb::arg("host"), nb::arg("port"), nb::arg("consolidated").none(), nb::arg("auth_key").none(),
-      nb::arg("timeout").none(), nb::arg("max_message_bytes"),
+      nb::arg("host").none(), nb::arg("port"), nb::arg("consolidated").none(),
+      nb::arg("auth_key").none(), nb::arg("timeout").none(), nb::arg("max_message_bytes"),
       nb::arg("liveness_timeout").none() = nb::none());
 
   // The timeout rule (Timeout::seconds) for the asyncio forms, which wait in the event loop:

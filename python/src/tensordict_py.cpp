@@ -61,10 +61,13 @@ size_t alignment_arg(nb::handle v) {
   return static_cast<size_t>(a);
 }
 
+// The file system's bytes of a path, as os.fsencode gives them: a name that is not UTF-8
+// (os.listdir's surrogate-escaped str, or bytes) names the same file.
 std::string path_arg(nb::handle v) {
-  if (!nb::isinstance<nb::str>(v) && !nb::hasattr(v, "__fspath__"))
-    throw TypeError("path must be a str or an os.PathLike, got " + py_type(v));
-  return nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(v));
+  if (!nb::isinstance<nb::str>(v) && !nb::isinstance<nb::bytes>(v) && !nb::hasattr(v, "__fspath__"))
+    throw TypeError("path must be a str, bytes or an os.PathLike, got " + py_type(v));
+  nb::bytes b = nb::borrow<nb::bytes>(nb::module_::import_("os").attr("fsencode")(v));
+  return std::string(b.c_str(), b.size());
 }
 
 // `value` set at `key` of `self`, converted as an entry of the dict it goes into (the

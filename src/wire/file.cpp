@@ -42,9 +42,17 @@ int create_temporary(const std::string& path, std::string& tmp) {
   }
 }
 
+// The system takes a path up to its first NUL: one inside would name another file.
+void check_path(const std::string& path, const char* call) {
+  if (path.empty()) throw ValueError(std::string(call) + ": the path is empty");
+  if (path.find('\0') != std::string::npos)
+    throw ValueError(std::string(call) + ": the path holds a NUL byte");
+}
+
 }  // namespace
 
 void save(const TensorDict& td, const std::string& path, const ConsolidateOptions& options) {
+  check_path(path, "save");
   TensorDict c = consolidate(td, options);
   const std::string json = c.consolidated()->metadata->dump();
   const Storage& storage = c.consolidated()->storage;
@@ -53,7 +61,6 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
 
   // Every error names the path the caller gave (the temporary file is ours, not theirs).
   const std::string where = "cannot save to '" + path + "'";
-  if (path.empty()) throw ValueError("save: the path is empty");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw SystemError(where, EISDIR);
   // Write beside the target and rename: readers never see a half-written file.
@@ -79,6 +86,7 @@ void save(const TensorDict& td, const std::string& path, const ConsolidateOption
 }
 
 TensorDict load(const std::string& path, const wire::Limits& limits) {
+  check_path(path, "load");
   Storage file = Storage::map_file(path);
   const uint64_t size = file.nbytes();
   auto bad = [&](const std::string& rule) {

@@ -163,6 +163,24 @@ TEST_F(File, SaveOverADirectoryIsAnEisdirNamingItAndLeavesNothing) {
   EXPECT_THROW(save(example(), ""), ValueError);
 }
 
+// A NUL ends the path the system sees: "d\0x" would name the directory's sibling "d".
+TEST_F(File, APathHoldingANulIsRefusedByName) {
+  save(example(), path("td.bin"));
+  const std::string with_nul = path("td.bin") + std::string(1, '\0') + "other";
+  for (const char* call : {"save", "load"}) {
+    try {
+      if (std::string(call) == "save")
+        save(example(), with_nul);
+      else
+        load(with_nul);
+      FAIL() << call << " took a path holding a NUL";
+    } catch (const ValueError& e) {
+      EXPECT_THAT(e.what(), AllOf(HasSubstr(call), HasSubstr("NUL")));
+    }
+  }
+  EXPECT_THROW(load(""), ValueError);
+}
+
 TEST_F(File, LoadOfADirectoryOrAFifoIsRefusedAndNeverBlocks) {
   try {
     load(dir_.string());

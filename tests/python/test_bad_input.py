@@ -102,6 +102,9 @@ def name_in_use(make):
         t.close()
 
 
+SURROGATE = os.fsdecode(b"caf\xe9")  # 'caf\udce9': a Latin-1 name read from a UTF-8 system
+
+
 def closed_listener():
     listener = tw.PipeListener(0)
     listener.close()
@@ -263,6 +266,38 @@ CASES = [
     ("a remote receiver's message limit that is not an int",
      lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input", max_message_bytes="1M"), TypeError,
      ["max_message_bytes"]),
+    ("a remote receiver's endpoint past addr2",
+     lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input").endpoint(2), IndexError,
+     ["which", "0 (addr1) or 1 (addr2)", "2"]),
+    ("a remote receiver's count of a far address",
+     lambda: tw.RemoteDataZMQ("ipc://@tensorwire-bad-input")._core.count(10**6), IndexError,
+     ["which", "1000000"]),
+    # a str that os.fsdecode made of bytes that are not UTF-8: named, never "std::bad_cast"
+    *[(f"a lone surrogate in {what}", call, ValueError, [what, "UTF-8", "surrogate"]) for what, call in [
+        ("key", lambda: tw.TensorDict({SURROGATE: np.zeros(2)})),
+        ("name", lambda: tw.SocketTransport(name=SURROGATE)),
+        ("auth_key", lambda: tw.PipeListener(0, auth_key=SURROGATE)),
+        ("host", lambda: tw.TensorDictPipe.connect(SURROGATE, 1)),
+        ("address", lambda: tw.inference.connect(SURROGATE, 1)),
+        ("addr1", lambda: tw.RemoteDataZMQ(SURROGATE)),
+    ]],
+    ("a lone surrogate in a non-tensor value",
+     lambda: tw.TensorDict({"note": tw.NonTensorStack([SURROGATE])}), ValueError,
+     ["NonTensorStack value", "UTF-8"]),
+    ("a path holding a NUL", lambda: tw.load("/tmp/a\0b"), ValueError, ["load", "NUL"]),
+    ("a None host", lambda: tw.TensorDictPipe.connect(None, 1), TypeError, ["host", "NoneType"]),
+    ("a negative spin", lambda: tw.SharedMemoryTransport(
+        {"obs": np.zeros(4, np.float32)}, {"act": np.zeros(2, np.float32)}, num_slots=2, spin=-1),
+     ValueError, ["spin", "-1"]),
+    ("a spin past 32 bits", lambda: tw.SharedMemoryTransport(
+        {"obs": np.zeros(4, np.float32)}, {"act": np.zeros(2, np.float32)}, num_slots=2, spin=2**40),
+     ValueError, ["spin", "1099511627776"]),
+    ("an int mark_weight_update",
+     lambda: server("thread").update_model(lambda p: None, mark_weight_update=1), TypeError,
+     ["mark_weight_update", "int"]),
+    ("an int stats reset", lambda: server("thread").stats(reset=1), TypeError, ["reset", "int"]),
+    ("a timeout beyond a float", lambda: tw.PipeListener(0).accept(timeout=10**400), ValueError,
+     ["timeout", "float"]),
 ]
 
 
@@ -309,3 +344,14 @@ def test_an_auth_key_may_be_bytes_as_well_as_str():
             p.send(tw.TensorDict({"a": np.arange(3.0)}), timeout=30)
             assert got["pipe"].recv(timeout=30)["a"].tolist() == [0.0, 1.0, 2.0]
             got["pipe"].close()
+
+
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["surrogate-escaped str", "bytes"])
+def test_a_file_name_that_is_not_utf8_saves_and_loads(tmp_path, as_bytes):
+    """os.listdir gives such a name as a str with a lone surrogate: it names the same file
+    (os.fsencode's bytes), as it does for open()."""
+    name = os.fsencode(tmp_path) + b"/caf\xe9.tw"
+    path = name if as_bytes else os.fsdecode(name)
+    tw.TensorDict({"a": np.arange(3)}).save(path)
+    assert os.path.exists(name)
+    np.testing.assert_array_equal(tw.load(path)["a"], np.arange(3))

@@ -35,6 +35,13 @@ def test_python_datapoints_keep_their_structure():
     assert back[13].tolist() == [0, 2, 4]
     assert _C._datapoint_roundtrip({"x": 1}) == {"x": 1}
     assert _C._datapoint_roundtrip(5) == 5  # a bare object
+    # A str that os.fsdecode made of bytes that are not UTF-8 (a file name), as a value and
+    # as a dict key: it comes back as it was (a key with no UTF-8 form makes its dict go
+    # pickled), never "std::bad_cast".
+    name = os.fsdecode(b"caf\xe9")
+    assert _C._datapoint_roundtrip([name, {name: 1, "b": np.zeros(2)}])[:1] == [name]
+    back = _C._datapoint_roundtrip([{name: 1, "b": np.zeros(2)}])[0]
+    assert list(back) == [name, "b"] and back[name] == 1
     with pytest.raises(RuntimeError, match="allow_pickle=False"):
         _C._datapoint_roundtrip([object()], allow_pickle=False)
 
