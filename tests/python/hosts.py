@@ -9,7 +9,9 @@
 
 Each host has its own network, IPC and pid namespaces (see Host: UCX would otherwise carry
 "remote" bytes by shared memory or CMA), its loopback up and one interface, eth0, with its
-own link-local address (169.254.0.1, .2, ...); processes of one host share them. The eth0s
+own address (198.18.0.1, .2, ...: RFC 2544's range for benchmark networks, never routed;
+not link-local 169.254.0.0/16, whose addresses UCX 1.22 leaves out of its TCP transport, so a
+pipe between such hosts finds no route); processes of one host share them. The eth0s
 are the ends of veth pairs whose other ends are ports of a bridge in a further namespace,
 the switch; so any number of hosts see each other, and a link is cut at the switch (its
 port set down: the host's eth0 loses its carrier, packets on either side vanish, neither
@@ -219,13 +221,13 @@ class Hosts:
             for i in range(n):
                 name = f"{self._tag}h{i}"
                 self._make_namespace(name)
-                addr = f"169.254.0.{i + 1}"
+                addr = f"198.18.0.{i + 1}"
                 port = f"p{i}"
                 _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
                     "netns", name)
                 _ip("-n", self.switch, "link", "set", port, "master", "br0")
                 _ip("-n", self.switch, "link", "set", port, "up")
-                _ip("-n", name, "addr", "add", f"{addr}/16", "dev", "eth0")
+                _ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
                 _ip("-n", name, "link", "set", "eth0", "up")
                 self.hosts.append(Host(self, name, addr))
         except BaseException:
