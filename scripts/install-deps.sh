@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libucx-dev ucx-utils            # UCX engine (pipe) and ucx_perftest (benchmark reference)
   libzmq3-dev cppzmq-dev          # ZeroMQ engine (dataflow runners)
   nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
@@ -22,6 +21,10 @@ APT_PACKAGES=(
 # dependencies only (interop and side-by-side figures), never runtime ones.
 PY_PACKAGES=(
   "torch==2.13.0" numpy pytest pytest-timeout
+  # UCX, the pipe's engine: headers, libraries and ucx_perftest (the benchmark reference) of
+  # UCX 1.22, as ucxx takes it (cmake/Dependencies.cmake). Debian 12's UCX 1.13 aborts a
+  # listening process when clients abandon their connects (docs/reliability.md).
+  "libucx-cu12==1.22.0"
   "nanobind==3.1.0" "scikit-build-core==1.1.2"
   "tensordict==0.14.3" "torchrl==0.14.1"
   # tensorpack's dataflow runners, for the side-by-side benchmark and the drop-in tests
@@ -59,7 +62,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "install-deps: pip install into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}" 2>&1 \
     | grep -v -E "^WARNING: Location .* is ignored" || true
-  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, tensordict, torchrl, tensorpack.dataflow, matplotlib" \
+  "$VENV/bin/python" -c "import torch, numpy, pytest, nanobind, libucx, tensordict, torchrl, tensorpack.dataflow, matplotlib" \
     || { echo "install-deps: Python packages failed to import" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

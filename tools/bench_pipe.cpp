@@ -31,6 +31,19 @@ namespace tensorwire::tools {
 
 namespace {
 
+// The reference: the ucx_perftest of the UCX the library links (tools/CMakeLists.txt), with
+// that UCX's libraries (the libucx wheel's binaries look for them beside themselves, then
+// take a system UCX of another version), else the one on PATH.
+std::vector<std::string> ucx_perftest(std::vector<std::string> args) {
+#ifdef TENSORWIRE_UCX_PERFTEST
+  args.insert(args.begin(),
+              {"env", "LD_LIBRARY_PATH=" TENSORWIRE_UCX_LIBDIR, TENSORWIRE_UCX_PERFTEST});
+#else
+  args.insert(args.begin(), "ucx_perftest");
+#endif
+  return args;
+}
+
 using Clock = std::chrono::steady_clock;
 
 TensorDict payload(size_t bytes) {
@@ -62,10 +75,10 @@ std::vector<double> perftest(const std::string& tls, const std::string& test, si
   // left waiting for a client that never came is killed (Child's destructor).
   for (int attempt = 0; attempt < 3 && pos == std::string::npos; ++attempt) {
     ++port;
-    Child server({"ucx_perftest", "-p", std::to_string(port)}, tls, true);
+    Child server(ucx_perftest({"-p", std::to_string(port)}), tls, true);
     std::this_thread::sleep_for(std::chrono::milliseconds(300 * (attempt + 1)));
-    Child client({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
-                  std::to_string(size), "-n", std::to_string(iters)},
+    Child client(ucx_perftest({"127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
+                               std::to_string(size), "-n", std::to_string(iters)}),
                  tls, true);
     out = client.read_all();
     client.wait();

@@ -2,9 +2,10 @@
 
 Run by `make test-wheel` (scripts/test-wheel.sh) with the interpreter of a virtual
 environment that holds the built wheel and its `test` extra and nothing of the source tree.
-The build machine has Debian's UCX and ZeroMQ installed (the -dev packages the wheel is built
-against); the wheel must use its own copies even so, and must work where they cannot be
-reached at all: some tests hide them in a mount namespace (tests run as root).
+The build machine has the UCX and the ZeroMQ the wheel is built against (the libucx-cu12 wheel
+in the source tree's .venv, Debian's ZeroMQ); the wheel must use its own copies even so, and
+must work where they cannot be reached at all: some tests hide them in a mount namespace
+(tests run as root).
 """
 import glob
 import os
@@ -25,8 +26,11 @@ THREE_SYSTEMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "three_
 # extension and the command may take from the system.
 BASE_SYSTEM = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2",
                "libpthread.so.0", "libdl.so.2", "librt.so.1", "libresolv.so.2", "libz.so.1", "linux-vdso.so.1"}
-# The build machine's runtime packages behind the -dev packages the wheel is built against.
+# The build machine's runtime packages behind the -dev packages the wheel is built against
+# (libucx0: Debian's UCX, hidden too where it is installed).
 BUILD_MACHINE_PACKAGES = ["libucx0", "libzmq5", "libsodium23", "libpgm-5.3-0", "libnorm1"]
+# The UCX the wheel is built against: the libucx wheel of the build's .venv (cmake/UcxRoot.cmake).
+BUILD_MACHINE_UCX = glob.glob(os.path.join(ROOT, ".venv", "lib", "python3*", "site-packages", "libucx", "lib"))
 # A library of one of these names must be the wheel's copy, never the system's.
 BUNDLED_STEMS = ("libucp", "libuct", "libucs", "libucm", "libzmq", "libsodium", "libpgm", "libnorm", "libcrypto")
 
@@ -87,13 +91,16 @@ def hidden(cmd):
     for package in BUILD_MACHINE_PACKAGES:
         listed = run(["dpkg", "-L", package]).stdout.split()
         files += [f for f in listed if ".so" in os.path.basename(f) and os.path.isfile(f)]
+    for lib in BUILD_MACHINE_UCX:
+        files += [f for f in glob.glob(os.path.join(lib, "**", "*.so*"), recursive=True) if os.path.isfile(f)]
     assert any("libucp" in f for f in files) and any("libzmq" in f for f in files), files
     binds = "".join(f"mount --bind /dev/null {f} && " for f in files)
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", binds + 'exec "$@"', "hidden", *cmd]
 
 
 def test_the_three_systems_run_where_the_build_machines_libraries_cannot_be_reached():
-    probe = run(hidden(["sh", "-c", "ldconfig -p | grep -c libucp; cat /usr/lib/x86_64-linux-gnu/libucp.so.0 | wc -c"]))
+    [ucx] = BUILD_MACHINE_UCX
+    probe = run(hidden(["sh", "-c", f"cat {ucx}/libucp.so.0 | wc -c"]))
     assert probe.stdout.split()[-1] == "0", probe  # hidden: the file reads as empty
     r = run(hidden([sys.executable, THREE_SYSTEMS]))
     assert r.returncode == 0, r.stderr
