@@ -843,5 +843,6 @@ def _as_tensorwire(td) -> TensorDict:
 
 
 def _check_device(device) -> None:
-    if device is not None and str(device) != "cpu":
+    # "cpu", "cpu:0", torch.device("cpu", 0): the CPU under any of its names.
+    if device is not None and str(device).partition(":")[0] != "cpu":
         raise ValueError(f"device={device!r}: tensorwire receives into CPU memory only")

@@ -10,7 +10,9 @@ storage, and a steady-state consolidated receive returns the same object, as in
 tensordict. The classes subclass tensordict's, so ``td.send(pipe)`` / ``td.recv(pipe)``
 dispatch here. Differences, all on the safe side: headers are validated (a bad message
 raises instead of corrupting), a dead peer raises within seconds, sync calls made from a
-running event loop raise instead of deadlocking, and ``auth_key=`` is available. A
+running event loop raise instead of deadlocking, and ``auth_key=`` is available.
+``TensorDictServer.close()`` also closes the pipes it handed out and cancels their handlers
+(tensordict's only stops accepting): close the server once its clients are done. A
 ``LazyStackedTensorDict`` goes out dense and arrives as a TensorDict; one whose members
 differ in shape is a ValueError saying so (send its members one by one, or pad them).
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensorclass
 from tensordict._reductions import _rebuild_tensordict_files_consolidated
 from tensordict._ucxx import TensorDictPipe as _ReferencePipe
 from tensordict._ucxx import TensorDictServer as _ReferenceServer
@@ -52,6 +54,8 @@ class TensorDictPipe(_ReferencePipe):
 
     # -- conversions ------------------------------------------------------------
     def _to_wire(self, td: TensorDictBase):
+        if is_tensorclass(td):  # its TensorDict goes, as tensordict's pipe sends it
+            td = td._tensordict
         if not isinstance(td, TensorDictBase):
             raise TypeError(f"expected a tensordict.TensorDict, got {type(td).__name__}")
         lazy = isinstance(td, LazyStackedTensorDict)
@@ -151,7 +155,9 @@ class TensorDictPipe(_ReferencePipe):
         try:
             return await self.arecv()
         except _C.ClosedError:
-            if self._tw.closed_by_peer:  # the end of the peer's stream
+            # The end of the peer's stream, or this pipe closed here (by another task):
+            # the loop ends. A peer that died raises.
+            if self._tw.closed_by_peer or self._tw.closed:
                 raise StopAsyncIteration from None
             raise
 

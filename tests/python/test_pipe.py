@@ -542,6 +542,18 @@ def test_recv_onto_a_gpu_device_is_refused(tls):
         finish(peer)
 
 
+@pytest.mark.parametrize("device", ["cpu:0", "torch.device"])
+def test_recv_onto_the_cpu_by_any_of_its_names_is_taken(tls, device):
+    if device == "torch.device":
+        import torch
+        device = torch.device("cpu", 0)
+    with tw.PipeListener(0) as listener:
+        peer = py_peer("send", "127.0.0.1", listener.port, 1)
+        pipe = listener.accept(timeout=30)
+        assert pipe.recv(device=device, timeout=30)["x"][0] == 0
+        finish(peer)
+
+
 def test_connect_to_a_listener_that_never_accepts_times_out_cleanly(tls):
     listener = tw.PipeListener(0)
     t0 = time.monotonic()

@@ -113,6 +113,40 @@ def test_dicts_with_a_device_are_sent_as_tensordicts_pipe_sends_them(tls):
     asyncio.run(run())
 
 
+def test_a_tensorclass_is_sent_as_its_tensordict_as_tensordicts_pipe_sends_it(tls):
+    from tensordict import tensorclass
+
+    @tensorclass
+    class Obs:
+        obs: torch.Tensor
+        rew: torch.Tensor
+
+    async def run():
+        async with _served_client() as (client, pipes):
+            await client.asend(Obs(obs=torch.arange(3.0), rew=torch.ones(3), batch_size=[3]))
+            got = await asyncio.wait_for((await _first_pipe(pipes)).arecv(), 30)
+            assert isinstance(got, TensorDict) and got["obs"].tolist() == [0.0, 1.0, 2.0]
+            assert got.batch_size == torch.Size([3])
+    asyncio.run(run())
+
+
+def test_async_for_ends_when_another_task_closes_the_pipe(tls):
+    """As tensordict's: the loop ends (a dead peer still raises, unlike tensordict's)."""
+    async def run():
+        async with _served_client() as (client, pipes):
+            await client.asend(TensorDict({"a": torch.zeros(2)}, [2]))
+            server_end = await _first_pipe(pipes)
+            got = []
+
+            async def consume():
+                async for td in server_end:
+                    got.append(td["a"].tolist())
+                    server_end.close()  # another task's close, as far as the loop knows
+            await asyncio.wait_for(consume(), 30)
+            assert got == [[0.0, 0.0]]
+    asyncio.run(run())
+
+
 def test_sender_side_consolidated_input_is_sent_from_its_own_storage(tls):
     async def run():
         async with _served_client() as (client, pipes):
