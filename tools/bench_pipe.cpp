@@ -33,14 +33,17 @@ namespace {
 
 // The reference: the ucx_perftest of the UCX the library links (tools/CMakeLists.txt), with
 // that UCX's libraries (the libucx wheel's binaries look for them beside themselves, then
-// take a system UCX of another version), else the one on PATH.
+// take a system UCX of another version), else the one on PATH: the command installed from a
+// wheel runs where that UCX (its build machine's) is not.
 std::vector<std::string> ucx_perftest(std::vector<std::string> args) {
 #ifdef TENSORWIRE_UCX_PERFTEST
-  args.insert(args.begin(),
-              {"env", "LD_LIBRARY_PATH=" TENSORWIRE_UCX_LIBDIR, TENSORWIRE_UCX_PERFTEST});
-#else
-  args.insert(args.begin(), "ucx_perftest");
+  if (::access(TENSORWIRE_UCX_PERFTEST, X_OK) == 0) {
+    args.insert(args.begin(),
+                {"env", "LD_LIBRARY_PATH=" TENSORWIRE_UCX_LIBDIR, TENSORWIRE_UCX_PERFTEST});
+    return args;
+  }
 #endif
+  args.insert(args.begin(), "ucx_perftest");
   return args;
 }
 
