@@ -637,11 +637,12 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 
 // UCX reports a client's refused socket (nothing listens at the address) as "not
-// connected", and so too a connection the server's side took and closed before answering
-// (its handshake timed out, it closed; or what listens is not a tensorwire server): a probe
-// of the address tells the two apart. Any other failure before the wire-up completed means
-// the connection ended early too, or the host could not be reached. A refusal's hint ("is
-// a ... listening there?") would misdescribe all of those.
+// connected" (UCX 1.13), or as "connection reset" or "unreachable" (UCX 1.22, by the state
+// its connection manager had reached), and so too a connection the server's side took and
+// closed before answering (its handshake timed out, it closed; or what listens is not a
+// tensorwire server): a probe of the address tells them apart. Any other failure before the wire-up
+// completed means the connection ended early too, or the host could not be reached. A refusal's
+// hint ("is a ... listening there?") would misdescribe all of those.
 void Endpoint::throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
                                   const std::string& listener) const {
   if (error_ == UCS_OK) return;
@@ -649,7 +650,8 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
     throw ClosedError(what + ": " + listener + " at " + host + ":" + std::to_string(port) +
                       " refused the connection: it could not take another client (its log "
                       "says why: too few file descriptors, threads or memory)");
-  if (error_ == UCS_ERR_NOT_CONNECTED &&
+  if ((error_ == UCS_ERR_NOT_CONNECTED || error_ == UCS_ERR_CONNECTION_RESET ||
+       error_ == UCS_ERR_UNREACHABLE) &&
       os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) ==
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
