@@ -4,7 +4,6 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h REQUIRED)
 find_package(PkgConfig REQUIRED)
 include(${CMAKE_CURRENT_LIST_DIR}/UcxRoot.cmake)
-pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)   # the pipe's engine
-set(PKG_CONFIG_ARGN)
+tensorwire_find_ucx(REQUIRED)                         # the pipe's engine
 find_package(OpenSSL REQUIRED)                        # libssl-dev: HMAC for pipe authentication
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)  # libzmq3-dev + cppzmq-dev: the dataflow runners' engine

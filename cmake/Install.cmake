@@ -18,6 +18,7 @@ if(NOT SKBUILD)
     COMPATIBILITY SameMinorVersion)
   install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tensorwireConfig.cmake
                 ${CMAKE_CURRENT_BINARY_DIR}/tensorwireConfigVersion.cmake
+                cmake/UcxRoot.cmake
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tensorwire)
   if(TENSORWIRE_TOOLS)
     install(TARGETS tensorwire_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -63,13 +63,15 @@ bool dict_encodable(nb::handle d) {
   for (auto [k, v] : nb::borrow<nb::dict>(d)) {
     if (!PyUnicode_CheckExact(k.ptr())) return false;
     Py_ssize_t n = 0;
-    if (PyUnicode_AsUTF8AndSize(k.ptr(), &n) == nullptr) {  // a lone surrogate: pickled
+    const char* utf8 = PyUnicode_AsUTF8AndSize(k.ptr(), &n);  // the str's own cached copy
+    if (utf8 == nullptr) {                                    // a lone surrogate: pickled
       PyErr_Clear();
       return false;
     }
     const bool container =
         PyList_CheckExact(v.ptr()) || PyTuple_CheckExact(v.ptr()) || PyDict_CheckExact(v.ptr());
-    if (!DatapointEncoder::valid_key(nb::cast<std::string>(k), container)) return false;
+    if (!DatapointEncoder::valid_key(std::string_view(utf8, static_cast<size_t>(n)), container))
+      return false;
   }
   return true;
 }

@@ -640,9 +640,9 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 // connected" (UCX 1.13), or as "connection reset" or "unreachable" (UCX 1.22, by the state
 // its connection manager had reached), and so too a connection the server's side took and
 // closed before answering (its handshake timed out, it closed; or what listens is not a
-// tensorwire server): a probe of the address tells them apart. Any other failure before the wire-up
-// completed means the connection ended early too, or the host could not be reached. A refusal's
-// hint ("is a ... listening there?") would misdescribe all of those.
+// tensorwire server): a probe of the address tells them apart. Any other failure before
+// the wire-up completed means the connection ended early too, or the host could not be
+// reached. A refusal's hint ("is a ... listening there?") would misdescribe all of those.
 void Endpoint::throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
                                   const std::string& listener) const {
   if (error_ == UCS_OK) return;
