@@ -260,6 +260,7 @@ Context::Context() : generation_(os::fork_generation()) {
   if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0')
     modify("TLS", "^posix");
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
+  if (std::getenv("UCX_RNDV_SCHEME") == nullptr) modify("RNDV_SCHEME", kRndvScheme);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

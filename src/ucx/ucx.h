@@ -45,6 +45,13 @@ using Clock = std::chrono::steady_clock;
 // copy; the send completes when the peer has received). UCX_RNDV_THRESH overrides it.
 inline constexpr size_t kEagerMax = 80 * 1024;
 
+// How a rendezvous moves the data unless UCX_RNDV_SCHEME says: the sender writes into the
+// receiver's buffer. UCX 1.22 left to itself has the receiver read the sender's memory
+// (get_zcopy, by CMA over shared memory), which moved 1 MiB messages between two processes
+// at 5-11 GB/s where put_zcopy moved them at 13-14 (docs/benchmarks.md, 2026-12-07); over
+// TCP the two are level. Where no transport can put, UCX falls back to another scheme.
+inline constexpr const char* kRndvScheme = "put_zcopy";
+
 // Throws the right tensorwire error for a UCX status ("what: Input/output error").
 [[noreturn]] void throw_status(const std::string& what, ucs_status_t status);
 
