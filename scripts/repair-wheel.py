@@ -14,6 +14,10 @@
    rdma-core and its drivers, which a wheel cannot carry (docs/design.md, "The wheel").
 3. A check that every ELF file of the wheel resolves its NEEDED entries inside the wheel
    or to the base system auditwheel allows.
+
+The libucx wheel's libraries carry their debug information (libucp 10 MiB, of which about
+1 MiB is code): the wheel bundles copies stripped of it (strip --strip-debug, before
+auditwheel and patchelf touch them: strip after patchelf can break a file).
 """
 import glob
 import os
@@ -44,11 +48,24 @@ def ucx_libdir():
     return os.path.join(os.path.dirname(libucx.__file__), "lib")
 
 
-def ucx_module_dir():
-    path = os.path.join(ucx_libdir(), "ucx")
-    if not os.path.isdir(path):
-        sys.exit(f"repair-wheel: UCX's module directory {path} does not exist")
-    return path
+def stripped_ucx(dst):
+    """Copies of UCX's libraries and of its bundled modules (UCX_MODULES) in `dst`, stripped
+    of debug information, laid out as in the libucx wheel (lib*.so.0 links to the files);
+    returns `dst`."""
+    src = ucx_libdir()
+    if not os.path.isdir(os.path.join(src, "ucx")):
+        sys.exit(f"repair-wheel: UCX's module directory {os.path.join(src, 'ucx')} does not exist")
+    os.makedirs(os.path.join(dst, "ucx"))
+    files = [(f"{lib}.so.0", os.path.realpath(os.path.join(src, f"{lib}.so.0")))
+             for lib in ("libucp", "libuct", "libucs", "libucm")]
+    files += [(f"ucx/lib{m}.so.0", os.path.realpath(os.path.join(src, "ucx", f"lib{m}.so.0")))
+              for m in UCX_MODULES]
+    for link, real in files:
+        target = os.path.join(os.path.dirname(os.path.join(dst, link)), os.path.basename(real))
+        run("strip", "--strip-debug", "-o", target, real)
+        if os.path.basename(real) != os.path.basename(link):
+            os.symlink(os.path.basename(real), os.path.join(dst, link))
+    return dst
 
 
 def renamed(libs, soname):
@@ -61,10 +78,10 @@ def renamed(libs, soname):
     return found[0]
 
 
-def add_ucx_modules(libs):
+def add_ucx_modules(libs, ucx_dir):
     libucs = renamed(libs, "libucs.so.0")
     ext = libucs[libucs.index("."):]  # what libucs appends to a module's name
-    src_dir = ucx_module_dir()
+    src_dir = os.path.join(ucx_dir, "ucx")
     dst_dir = os.path.join(libs, "ucx")
     os.makedirs(dst_dir, exist_ok=True)
     for module in UCX_MODULES:
@@ -111,15 +128,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         # The installed extension has no RPATH: auditwheel looks for libucp.so.0 there first,
         # never in the system's UCX (Debian's libucx0, another version).
+        ucx_dir = stripped_ucx(os.path.join(tmp, "ucx"))
         env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
-            filter(None, [ucx_libdir(), os.environ.get("LD_LIBRARY_PATH")])))
+            filter(None, [ucx_dir, os.environ.get("LD_LIBRARY_PATH")])))
         run(sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", os.path.join(tmp, "repaired"), raw,
             stdout=subprocess.DEVNULL, env=env)
         [repaired] = glob.glob(os.path.join(tmp, "repaired", "*.whl"))
         run(sys.executable, "-m", "wheel", "unpack", "--dest", os.path.join(tmp, "tree"), repaired,
             stdout=subprocess.DEVNULL)
         [root] = glob.glob(os.path.join(tmp, "tree", "*"))
-        add_ucx_modules(os.path.join(root, "tensorwire.libs"))
+        add_ucx_modules(os.path.join(root, "tensorwire.libs"), ucx_dir)
         check_closure(root)
         os.makedirs(outdir, exist_ok=True)
         for old in glob.glob(os.path.join(outdir, "tensorwire-*.whl")):

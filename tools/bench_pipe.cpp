@@ -3,8 +3,11 @@
 // so every figure comes with its same-run ratio.
 //
 //   tensorwire bench pipe [--tls sm,tcp/tcp] [--sizes 1048576,67108864] [--iters N]
-//                         [--lat-iters N] [--lat-bytes N] [--modes consolidated,nc]
-//                         [--json PATH] [--no-reference]
+//                         [--min-bytes N] [--lat-iters N] [--lat-bytes N]
+//                         [--modes consolidated,nc] [--json PATH] [--no-reference]
+// Each size sends at least --iters messages and at least --min-bytes in all: 30 messages of
+// 64 KiB take a fraction of a millisecond, a window that measured start-up, not the pipe
+// (1-5 GB/s in runs that moved 9-10 GB/s over 3,000 messages).
 // bench/pipe/plot_bench_pipe.py draws the --json figures (throughput against ucx_perftest at
 // each size, latency distributions).
 // The peer is this same program, re-executed as `tensorwire bench-pipe-peer ...`.
@@ -145,6 +148,7 @@ int bench_pipe(int argc, char** argv) {
   std::vector<size_t> sizes = {1 << 20, 64 << 20};
   std::vector<std::string> modes = {"consolidated", "nc"};
   int iters = 30, lat_iters = 20000;
+  size_t min_bytes = size_t{256} << 20;
   size_t lat_bytes = 1024;
   std::string json_path;
   bool reference = true;
@@ -157,7 +161,8 @@ int bench_pipe(int argc, char** argv) {
   app.add_option("--modes", modes, "consolidated and/or nc, ','-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"consolidated", "nc"}));
-  app.add_option("--iters", iters, "throughput messages per size")->check(kPositive);
+  app.add_option("--iters", iters, "throughput messages per size, at least")->check(kPositive);
+  app.add_option("--min-bytes", min_bytes, "throughput bytes per size, at least");
   app.add_option("--lat-iters", lat_iters, "latency round trips")->check(kPositive);
   app.add_option("--lat-bytes", lat_bytes, "bytes of the latency dict (a multiple of 64)")
       ->check(kPositive);
@@ -177,24 +182,26 @@ int bench_pipe(int argc, char** argv) {
       opt.consolidated = mode != "nc";
       for (size_t size : sizes) {
         const int warm = 3;
+        const int n =
+            std::max(iters, static_cast<int>(std::min<size_t>(min_bytes / size, 1 << 20)));
         PipeListener listener(0, opt);
         Child peer({self, "bench-pipe-peer", "send", "127.0.0.1", std::to_string(listener.port()),
-                    std::to_string(size), std::to_string(iters + warm), mode},
+                    std::to_string(size), std::to_string(n + warm), mode},
                    tls, false);
         auto pipe = listener.accept(std::chrono::seconds(30));
         for (int i = 0; i < warm; ++i) pipe->recv(nullptr, std::chrono::seconds(30));
         auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) pipe->recv(nullptr, std::chrono::seconds(60));
+        for (int i = 0; i < n; ++i) pipe->recv(nullptr, std::chrono::seconds(60));
         double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         pipe->close();
         peer.wait();
         double ref = 0;
         if (reference && mode == "consolidated") {
-          auto v = perftest(tls, "tag_bw", size, std::max(iters, 20));
+          auto v = perftest(tls, "tag_bw", size, std::max(n, 20));
           if (v.size() >= 6) ref = v[5] * 1e6 / 1e9;  // overall MB/s -> GB/s
         }
-        rows.push_back({tls, "throughput", mode, size,
-                        static_cast<double>(size) * iters / secs / 1e9, ref, "GB/s"});
+        rows.push_back({tls, "throughput", mode, size, static_cast<double>(size) * n / secs / 1e9,
+                        ref, "GB/s"});
         std::fprintf(stderr, "  %-7s %-12s %9zu B  %.2f GB/s\n", tls.c_str(), mode.c_str(), size,
                      rows.back().ours);
       }
