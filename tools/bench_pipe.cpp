@@ -162,7 +162,8 @@ int bench_pipe(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"consolidated", "nc"}));
   app.add_option("--iters", iters, "throughput messages per size, at least")->check(kPositive);
-  app.add_option("--min-bytes", min_bytes, "throughput bytes per size, at least");
+  app.add_option("--min-bytes", min_bytes, "throughput bytes per size, at least")
+      ->check(kNonNegative);
   app.add_option("--lat-iters", lat_iters, "latency round trips")->check(kPositive);
   app.add_option("--lat-bytes", lat_bytes, "bytes of the latency dict (a multiple of 64)")
       ->check(kPositive);

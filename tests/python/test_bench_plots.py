@@ -72,7 +72,7 @@ def test_plotting_rejects_mismatched_series(tmp_path):
 def test_bench_pipe_json_plot(tmp_path, tensorwire_bin):
     out, png = tmp_path / "pipe.json", tmp_path / "pipe.png"
     subprocess.run([tensorwire_bin, "bench", "pipe", "--tls", "sm,tcp", "--modes", "consolidated", "--sizes",
-                    "4096,65536", "--iters", "3", "--lat-iters", "50", "--json", str(out)],
+                    "4096,65536", "--iters", "3", "--min-bytes", "0", "--lat-iters", "50", "--json", str(out)],
                    check=True, capture_output=True, timeout=240)
     run_script([os.path.join(BENCH, "pipe", "plot_bench_pipe.py"), str(out), str(png)])
     thr, lat = read_png(png)

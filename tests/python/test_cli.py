@@ -91,6 +91,8 @@ def test_bench_alone_prints_the_bench_help(tensorwire_bin):
     (["bench", "pipe", "--iters", "-5"], "--iters"),
     (["bench", "pipe", "--iters", "0"], "--iters"),
     (["bench", "pipe", "--lat-iters", "0"], "--lat-iters"),
+    (["bench", "pipe", "--min-bytes", "x"], "--min-bytes"),
+    (["bench", "pipe", "--min-bytes", "-1"], "--min-bytes"),
     (["bench", "pipe", "--sizes", "1024,-1"], "--sizes"),
     (["bench", "pipe", "--modes", "fast"], "--modes"),
     (["bench", "pipe", "--bogus"], "--bogus"),
