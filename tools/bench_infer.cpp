@@ -36,6 +36,7 @@
 #include "commands.h"
 #include "os/adaptive_spin.h"
 #include "os/futex.h"
+#include "os/process.h"
 #include "tensorwire/core/json.h"
 #include "tensorwire/inference/server.h"
 #include "tensorwire/inference/shared_memory_transport.h"
@@ -176,9 +177,11 @@ Child fork_child(const std::function<Report(int go_fd, int ready_fd)>& body) {
   int go[2], back[2];
   if (::pipe(go) != 0 || ::pipe(back) != 0) throw SystemError("pipe", errno);
   std::fflush(nullptr);
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw SystemError("fork", errno);
   if (pid == 0) {
+    os::die_with_parent(parent);  // a bench stopped by SIGKILL leaves no client behind
     ::close(go[1]);
     ::close(back[0]);
     Report r;
@@ -303,8 +306,10 @@ Json run_latency(const Options& o) {
   server.start();
 
   std::fflush(nullptr);
+  const pid_t parent = ::getpid();
   pid_t partner = ::fork();
-  if (partner == 0) {  // the other end of the ping-pong
+  if (partner == 0) {             // the other end of the ping-pong
+    os::die_with_parent(parent);  // it waits for ever otherwise
     os::AdaptiveSpin spin(o.spin);
     uint32_t seen = 0;
     while (true) {

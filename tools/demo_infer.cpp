@@ -1,7 +1,6 @@
 // The inference part of `tensorwire demo`: N actor processes ask one server for actions
 // through a SharedMemoryTransport, with a progress bar and a summary.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "os/process.h"
 #include "tensorwire/inference/server.h"
 #include "tensorwire/inference/shared_memory_transport.h"
 
@@ -82,8 +82,7 @@ DemoRow demo_infer(int actors, int steps) {
     pid_t pid = ::fork();
     if (pid == 0) {
       // An actor ends with the demo, however the demo ends.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
+      os::die_with_parent(parent);
       int code = 0;
       try {
         // An unrelated process would do the same: attach by name.

@@ -1,7 +1,6 @@
 #include "dataflow/workers.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <thread>
 
 #include "os/listeners.h"
+#include "os/process.h"
 #include "tensorwire/runtime/interrupt.h"
 #include "tensorwire/runtime/log.h"
 
@@ -53,8 +53,7 @@ int fork_process(const ForkHooks& hooks, const WorkerInfo* info, const std::stri
     g_is_worker = true;
   }
   g_parent_pid = parent;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(1);  // the parent went before the prctl took hold
+  os::die_with_parent(parent);
   // Its copies of the parent's listening sockets would keep their ports taken after their
   // owners closed them, for as long as this worker lives.
   os::release_inherited_listeners();

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,6 +64,11 @@ bool thread_exited(int tid) noexcept {
   char task[40];
   std::snprintf(task, sizeof task, "/proc/self/task/%d", tid);
   return ::access(task, F_OK) != 0 && errno == ENOENT;
+}
+
+void die_with_parent(int parent) noexcept {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
 }
 
 }  // namespace tensorwire::os

@@ -33,6 +33,11 @@ bool reap(int pid, std::chrono::milliseconds timeout, int* status = nullptr) noe
 // from a waitpid() status.
 std::string describe_exit(int status);
 
+// In a child just forked by process `parent`: SIGKILL when the thread that forked it exits
+// (also when the parent is SIGKILLed, which runs no clean-up), and _exit(1) at once if the
+// parent went before the request took hold. Only system calls: safe between fork and exec.
+void die_with_parent(int parent) noexcept;
+
 // The calling thread's id (gettid), and whether thread `tid` of this process has exited:
 // the parent-death signal a forked child sets fires when the thread that forked it exits.
 int current_thread_id() noexcept;

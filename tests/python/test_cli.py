@@ -1,6 +1,9 @@
 """The tensorwire command: demo and inspect."""
 import os
 import re
+import signal
+import subprocess
+import time
 import tomllib
 
 import numpy as np
@@ -138,3 +141,74 @@ def test_a_json_path_that_cannot_be_written_is_an_error_naming_it(tensorwire_bin
     r = run([tensorwire_bin, *args, "--json", "/nonexistent/figures.json"])
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "cannot write /nonexistent/figures.json" in r.stderr
+
+
+def _children_of(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _name(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("args, child", [
+    # The pipe peer, moving 64 KiB messages for as long as the bench is not stopped.
+    (["bench", "pipe", "--tls", "tcp", "--modes", "consolidated", "--sizes", "65536", "--min-bytes",
+      "1000000000000", "--no-reference"], None),
+    # The reference's server and client (the server waits for ever for a client that does
+    # not come), after a million 64-byte messages through the pipe.
+    (["bench", "pipe", "--tls", "tcp", "--modes", "consolidated", "--sizes", "64", "--min-bytes",
+      "1000000000", "--lat-iters", "1"], "ucx_perftest"),
+    # The latency partner (it waits for ever on a futex) and the client process.
+    (["bench", "infer", "--only", "latency", "--latency-requests", "100000000"], None),
+    # 16 forked actors calling in a loop.
+    (["bench", "infer", "--only", "actors", "--actors", "16", "--seconds", "60"], None),
+], ids=["pipe-peer", "pipe-reference", "infer-latency", "infer-actors"])
+def test_a_bench_stopped_by_sigkill_leaves_no_process_behind(tensorwire_bin, args, child):
+    # A bench killed by a timeout runs no clean-up: its children must go with it (an orphaned
+    # ucx_perftest server once spun a CPU for ever).
+    proc = subprocess.Popen([tensorwire_bin, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kids = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = _children_of(proc.pid)
+            if kids and (child is None or child in map(_name, kids)):
+                time.sleep(0.5)  # all of them started
+                kids = _children_of(proc.pid)
+                break
+            time.sleep(0.02)
+        assert kids and (child is None or child in map(_name, kids)), \
+            f"the bench started no {child or 'child'} process (exit status {proc.poll()})"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(k) for k in kids):
+        time.sleep(0.05)
+    left = [k for k in kids if _running(k)]
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+    assert not left, f"{len(left)} of {len(kids)} children outlived the SIGKILLed bench"
