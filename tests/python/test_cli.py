@@ -3,6 +3,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import tomllib
 
@@ -11,6 +12,10 @@ import pytest
 
 import tensorwire as tw
 from conftest import ROOT, run
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chaos"))
+
+from supervisor import children, comm  # noqa: E402  (/proc walks, written once)
 
 
 def test_demo_runs_and_round_trips(tensorwire_bin):
@@ -143,34 +148,12 @@ def test_a_json_path_that_cannot_be_written_is_an_error_naming_it(tensorwire_bin
     assert "cannot write /nonexistent/figures.json" in r.stderr
 
 
-def _children_of(pid):
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
 def _running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _name(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 @pytest.mark.parametrize("args, child", [
@@ -194,13 +177,13 @@ def test_a_bench_stopped_by_sigkill_leaves_no_process_behind(tensorwire_bin, arg
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            kids = _children_of(proc.pid)
-            if kids and (child is None or child in map(_name, kids)):
+            kids = children(proc.pid)
+            if kids and (child is None or child in map(comm, kids)):
                 time.sleep(0.5)  # all of them started
-                kids = _children_of(proc.pid)
+                kids = children(proc.pid)
                 break
             time.sleep(0.02)
-        assert kids and (child is None or child in map(_name, kids)), \
+        assert kids and (child is None or child in map(comm, kids)), \
             f"the bench started no {child or 'child'} process (exit status {proc.poll()})"
     finally:
         proc.kill()
