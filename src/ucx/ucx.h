@@ -46,10 +46,12 @@ using Clock = std::chrono::steady_clock;
 inline constexpr size_t kEagerMax = 80 * 1024;
 
 // How a rendezvous moves the data unless UCX_RNDV_SCHEME says: the sender writes into the
-// receiver's buffer. UCX 1.22 left to itself has the receiver read the sender's memory
-// (get_zcopy, by CMA over shared memory), which moved 1 MiB messages between two processes
-// at 5-11 GB/s where put_zcopy moved them at 13-14 (docs/benchmarks.md, 2026-12-07); over
-// TCP the two are level. Where no transport can put, UCX falls back to another scheme.
+// receiver's buffer. Between two processes of a host UCX 1.22 left to itself sends it in
+// fragments through its shared-memory FIFO (UCX_PROTO_INFO: "rendezvous fragmented copy-in
+// copy-out", sysv; it does not pick CMA for the pipe's endpoints), 1 MiB at 5-11 GB/s here;
+// put_zcopy writes it over the TCP lanes the endpoint also has, 12-14 GB/s
+// (docs/benchmarks.md, 2026-12-07). Between hosts the two are level. Where no transport can
+// put (UCX_TLS=sm), UCX falls back to another scheme.
 inline constexpr const char* kRndvScheme = "put_zcopy";
 
 // Throws the right tensorwire error for a UCX status ("what: Input/output error").
