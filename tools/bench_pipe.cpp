@@ -30,7 +30,6 @@
 #include "commands.h"
 #include "tensorwire/pipe/pipe.h"
 #include "tensorwire/tensorwire.h"
-#include "ucx/ucx.h"
 
 namespace tensorwire::tools {
 
@@ -40,21 +39,15 @@ namespace {
 // that UCX's libraries (the libucx wheel's binaries look for them beside themselves, then
 // take a system UCX of another version), else the one on PATH: the command installed from a
 // wheel runs where that UCX (its build machine's) is not.
-// It runs with the pipe's rendezvous scheme (ucx::kRndvScheme) unless UCX_RNDV_SCHEME says,
-// so that both sides of a ratio move large messages the same way.
 std::vector<std::string> ucx_perftest(std::vector<std::string> args) {
-  std::vector<std::string> env = {"env"};
-  if (std::getenv("UCX_RNDV_SCHEME") == nullptr)
-    env.push_back(std::string("UCX_RNDV_SCHEME=") + ucx::kRndvScheme);
 #ifdef TENSORWIRE_UCX_PERFTEST
   if (::access(TENSORWIRE_UCX_PERFTEST, X_OK) == 0) {
-    env.insert(env.end(), {"LD_LIBRARY_PATH=" TENSORWIRE_UCX_LIBDIR, TENSORWIRE_UCX_PERFTEST});
-    args.insert(args.begin(), env.begin(), env.end());
+    args.insert(args.begin(),
+                {"env", "LD_LIBRARY_PATH=" TENSORWIRE_UCX_LIBDIR, TENSORWIRE_UCX_PERFTEST});
     return args;
   }
 #endif
-  env.push_back("ucx_perftest");
-  args.insert(args.begin(), env.begin(), env.end());
+  args.insert(args.begin(), "ucx_perftest");
   return args;
 }
 

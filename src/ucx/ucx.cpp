@@ -260,7 +260,12 @@ Context::Context() : generation_(os::fork_generation()) {
   if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0')
     modify("TLS", "^posix");
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
-  if (std::getenv("UCX_RNDV_SCHEME") == nullptr) modify("RNDV_SCHEME", kRndvScheme);
+  // The rendezvous scheme stays UCX's (between processes of a host: fragments through the
+  // shared-memory FIFO). RNDV_SCHEME=put_zcopy moved 1 MiB 1.1-1.9x faster here, but it
+  // gives every local endpoint TCP lanes to write over, and with them a listener crashed
+  // (SIGSEGV) under clients abandoning their connects, a peer's close read as a broken
+  // connection, and a send awaited from a second event loop spun instead of raising
+  // (docs/benchmarks.md, 2026-12-07).
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

@@ -45,15 +45,6 @@ using Clock = std::chrono::steady_clock;
 // copy; the send completes when the peer has received). UCX_RNDV_THRESH overrides it.
 inline constexpr size_t kEagerMax = 80 * 1024;
 
-// How a rendezvous moves the data unless UCX_RNDV_SCHEME says: the sender writes into the
-// receiver's buffer. Between two processes of a host UCX 1.22 left to itself sends it in
-// fragments through its shared-memory FIFO (UCX_PROTO_INFO: "rendezvous fragmented copy-in
-// copy-out", sysv; UCX leaves CMA out of endpoints that detect peer failure, as every pipe
-// endpoint does), 1 MiB at 5-11 GB/s here; put_zcopy writes it over the TCP lanes the
-// endpoint also has, 12-14 GB/s (docs/benchmarks.md, 2026-12-07). Between hosts the two are
-// level. Where no transport can put (UCX_TLS=sm), UCX falls back to another scheme.
-inline constexpr const char* kRndvScheme = "put_zcopy";
-
 // Throws the right tensorwire error for a UCX status ("what: Input/output error").
 [[noreturn]] void throw_status(const std::string& what, ucs_status_t status);
 
