@@ -205,6 +205,15 @@ class _FdWaiter:
         await asyncio.shield(closing)
         return True
 
+    def check_loop(self, loop) -> None:
+        """RuntimeError when another thread's loop waits on the fds: they are watched by that
+        loop's selector and its waiters woken from its thread, so a waiter of ``loop`` would
+        never wake (both loops hung)."""
+        if self._waiters and self._own_loop() not in (None, loop):
+            raise RuntimeError(
+                "this pipe is awaited on another thread's event loop already: await a pipe "
+                "from one event loop at a time")
+
     async def wait(self, timeout: Optional[float] = None) -> None:
         """Until an fd is readable (or wake()), or ``timeout`` seconds. A timer of the
         loop's, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that
@@ -214,12 +223,7 @@ class _FdWaiter:
         # call costs about 0.2 us, at every wait of a pipe's async calls.)
         if self._closing is not None and await self.until_closed():
             return
-        if self._waiters and self._own_loop() not in (None, loop):
-            # The fds are watched by that loop's selector and its waiters woken from its
-            # thread: a waiter of this loop would never wake (both loops hung).
-            raise RuntimeError(
-                "this pipe is awaited on another thread's event loop already: await a pipe "
-                "from one event loop at a time")
+        self.check_loop(loop)
         fut = loop.create_future()
         if not self._waiters:
             self._loop = loop
@@ -490,6 +494,9 @@ class TensorDictPipe:
         # An aclose() under way: arm() would wait for the close's mutex on the loop.
         if self._waiter.closing and await self._waiter.until_closed():
             return
+        # Also where no fd is waited on below (a stalled send sleeps instead), which would
+        # poll on for ever beside the other loop's waiter.
+        self._waiter.check_loop(asyncio.get_running_loop())
         armed = self._impl.arm()
         if self._impl.events != seen:
             self._waiter.wake()

@@ -1460,6 +1460,36 @@ def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair):
     assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
 
 
+def test_a_send_stalled_from_a_second_event_loop_is_an_error_not_a_hang(pair):
+    # 64 KiB messages to a peer that reads none fill the shared-memory FIFO: the send waits
+    # with no fd to watch (UCX refuses to arm), and a second loop's send polled on for ever
+    # beside the first loop's waiter instead of raising.
+    accepted, connected = pair
+    waiting = threading.Event()
+    first_done = {}
+
+    def first_loop():
+        async def recv():
+            waiting.set()
+            return await connected.arecv()
+        first_done["got"] = asyncio.run(recv())
+
+    t = threading.Thread(target=first_loop)
+    t.start()
+    assert waiting.wait(10)
+    time.sleep(0.2)  # the first loop's arecv waits on the pipe's fds
+    chunk = tw.TensorDict({"x": np.zeros(8192)})  # 64 KiB, sent eagerly
+
+    async def second():
+        for _ in range(100_000):
+            await asyncio.wait_for(connected.asend(chunk), 30)
+    with pytest.raises(RuntimeError, match="awaited on another thread's event loop"):
+        asyncio.run(second())
+    accepted.send(small(7.0))  # the first loop's receive goes on
+    t.join(10)
+    assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
+
+
 def test_close_after_the_event_loop_was_closed_with_a_receive_pending(pair):
     # A test fixture's loop torn down with an arecv still waiting: close() raised "Event loop
     # is closed" (unregistering the fds from the closed loop) and left the pipe open.
