@@ -262,9 +262,8 @@ Context::Context() : generation_(os::fork_generation()) {
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
   // The rendezvous scheme stays UCX's (between processes of a host: fragments through the
   // shared-memory FIFO). RNDV_SCHEME=put_zcopy moved 1 MiB 1.1-1.9x faster here, but it
-  // gives every local endpoint TCP lanes to write over, and with them a listener crashed
-  // (SIGSEGV) under clients abandoning their connects, a peer's close read as a broken
-  // connection, and a send awaited from a second event loop spun instead of raising
+  // gives every local endpoint TCP lanes to write over, and with them a peer's close that
+  // comes with its exit reads as a broken connection (the lane's reset comes first)
   // (docs/benchmarks.md, 2026-12-07).
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
