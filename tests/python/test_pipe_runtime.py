@@ -1435,7 +1435,21 @@ def test_a_receive_cut_by_the_senders_close_ends(tmp_path, tls, delay, exits):
     assert r.returncode == 0 and "Fatal" not in r.stderr, r.stderr
 
 
-def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair):
+async def _send_big(pipe):  # a send that must wait: a rendezvous the peer does not take yet
+    await pipe.asend(big())
+
+
+async def _send_until_stalled(pipe):
+    # 64 KiB messages (sent eagerly) to a peer that reads none fill the shared-memory FIFO:
+    # the send then waits with no fd to watch (UCX refuses to arm), and a second loop's
+    # send polled on for ever beside the first loop's waiter instead of raising.
+    chunk = tw.TensorDict({"x": np.zeros(8192)})
+    for _ in range(100_000):
+        await asyncio.wait_for(pipe.asend(chunk), 30)
+
+
+@pytest.mark.parametrize("second", [_send_big, _send_until_stalled], ids=["rendezvous", "stalled"])
+def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair, second):
     # The fds are watched by the first loop's selector: a waiter of another thread's loop
     # never woke, and both loops hung.
     accepted, connected = pair
@@ -1452,41 +1466,8 @@ def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair):
     t.start()
     assert waiting.wait(10)
     time.sleep(0.2)  # the first loop's arecv waits on the pipe's fds
-
-    async def second():  # a send that must wait: a rendezvous the peer does not take yet
-        await connected.asend(big())
     with pytest.raises(RuntimeError, match="awaited on another thread's event loop"):
-        asyncio.run(second())
-    accepted.send(small(7.0))  # the first loop's receive goes on
-    t.join(10)
-    assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
-
-
-def test_a_send_stalled_from_a_second_event_loop_is_an_error_not_a_hang(pair):
-    # 64 KiB messages to a peer that reads none fill the shared-memory FIFO: the send waits
-    # with no fd to watch (UCX refuses to arm), and a second loop's send polled on for ever
-    # beside the first loop's waiter instead of raising.
-    accepted, connected = pair
-    waiting = threading.Event()
-    first_done = {}
-
-    def first_loop():
-        async def recv():
-            waiting.set()
-            return await connected.arecv()
-        first_done["got"] = asyncio.run(recv())
-
-    t = threading.Thread(target=first_loop)
-    t.start()
-    assert waiting.wait(10)
-    time.sleep(0.2)  # the first loop's arecv waits on the pipe's fds
-    chunk = tw.TensorDict({"x": np.zeros(8192)})  # 64 KiB, sent eagerly
-
-    async def second():
-        for _ in range(100_000):
-            await asyncio.wait_for(connected.asend(chunk), 30)
-    with pytest.raises(RuntimeError, match="awaited on another thread's event loop"):
-        asyncio.run(second())
+        asyncio.run(second(connected))
     accepted.send(small(7.0))  # the first loop's receive goes on
     t.join(10)
     assert not t.is_alive() and first_done["got"]["v"].tolist() == [7.0, 7.0]
