@@ -27,6 +27,9 @@ import sys
 import tempfile
 
 UCX_MODULES = ["uct_cma"]
+# UCX's own libraries (their file names' stems): what the wheel bundles stripped, and what a
+# bundled module's NEEDED entries are rewritten to.
+UCX_LIBS = ("libucp", "libuct", "libucs", "libucm")
 
 
 def run(*cmd, **kw):
@@ -57,7 +60,7 @@ def stripped_ucx(dst):
         sys.exit(f"repair-wheel: UCX's module directory {os.path.join(src, 'ucx')} does not exist")
     os.makedirs(os.path.join(dst, "ucx"))
     files = [(f"{lib}.so.0", os.path.realpath(os.path.join(src, f"{lib}.so.0")))
-             for lib in ("libucp", "libuct", "libucs", "libucm")]
+             for lib in UCX_LIBS]
     files += [(f"ucx/lib{m}.so.0", os.path.realpath(os.path.join(src, "ucx", f"lib{m}.so.0")))
               for m in UCX_MODULES]
     for link, real in files:
@@ -91,7 +94,7 @@ def add_ucx_modules(libs, ucx_dir):
         os.chmod(dst, 0o755)
         args = []
         for soname in elf_needed(dst):
-            if soname.startswith(("libucs.", "libuct.", "libucp.", "libucm.")):
+            if soname.partition(".")[0] in UCX_LIBS:
                 args += ["--replace-needed", soname, renamed(libs, soname)]
         run("patchelf", *args, "--set-rpath", "$ORIGIN/..", dst)
         print(f"repair-wheel: bundled UCX module {module} as {os.path.relpath(dst, os.path.dirname(libs))}")
