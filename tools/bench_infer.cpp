@@ -177,11 +177,9 @@ Child fork_child(const std::function<Report(int go_fd, int ready_fd)>& body) {
   int go[2], back[2];
   if (::pipe(go) != 0 || ::pipe(back) != 0) throw SystemError("pipe", errno);
   std::fflush(nullptr);
-  const pid_t parent = ::getpid();
-  pid_t pid = ::fork();
+  pid_t pid = os::fork_tied();  // a bench stopped by SIGKILL leaves no client behind
   if (pid < 0) throw SystemError("fork", errno);
   if (pid == 0) {
-    os::die_with_parent(parent);  // a bench stopped by SIGKILL leaves no client behind
     ::close(go[1]);
     ::close(back[0]);
     Report r;
@@ -306,10 +304,8 @@ Json run_latency(const Options& o) {
   server.start();
 
   std::fflush(nullptr);
-  const pid_t parent = ::getpid();
-  pid_t partner = ::fork();
-  if (partner == 0) {             // the other end of the ping-pong
-    os::die_with_parent(parent);  // it waits for ever otherwise
+  pid_t partner = os::fork_tied();  // it waits for ever otherwise
+  if (partner == 0) {               // the other end of the ping-pong
     os::AdaptiveSpin spin(o.spin);
     uint32_t seen = 0;
     while (true) {

@@ -1,6 +1,6 @@
 // A child process for the tools (the pipe peer, ucx_perftest), with UCX_TLS set in its
 // environment and, when asked, its stdout captured. Killed and reaped on destruction, and
-// killed with the tool when the tool dies (os::die_with_parent): a bench stopped by SIGKILL
+// killed with the tool when the tool dies (os::fork_tied): a bench stopped by SIGKILL
 // (a timeout) left its ucx_perftest server spinning a CPU for ever.
 #pragma once
 
@@ -61,16 +61,14 @@ struct Child {
     argv.push_back(nullptr);
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    const pid_t parent = ::getpid();
     std::fflush(nullptr);
-    pid = ::fork();
+    pid = os::fork_tied();
     if (pid < 0) {
       const int err = errno;
       if (capture) ::close(fds[0]), ::close(fds[1]);
       throw SystemError("fork for " + args[0], err);
     }
     if (pid == 0) {  // system calls only from here: the parent may have other threads
-      os::die_with_parent(parent);
       if (capture) ::dup2(fds[1], 1);  // dup2 clears O_CLOEXEC on the copy
       ::execve(path.c_str(), argv.data(), envp.data());
       ::_exit(127);

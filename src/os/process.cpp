@@ -71,4 +71,11 @@ void die_with_parent(int parent) noexcept {
   if (::getppid() != parent) ::_exit(1);
 }
 
+int fork_tied() noexcept {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) die_with_parent(parent);
+  return pid;
+}
+
 }  // namespace tensorwire::os

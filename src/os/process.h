@@ -37,6 +37,9 @@ std::string describe_exit(int status);
 // (also when the parent is SIGKILLed, which runs no clean-up), and _exit(1) at once if the
 // parent went before the request took hold. Only system calls: safe between fork and exec.
 void die_with_parent(int parent) noexcept;
+// fork(), with the child tied to the calling thread by die_with_parent: the child's pid in the
+// parent, 0 in the child, -1 (errno set) when fork failed.
+int fork_tied() noexcept;
 
 // The calling thread's id (gettid), and whether thread `tid` of this process has exited:
 // the parent-death signal a forked child sets fires when the thread that forked it exits.
