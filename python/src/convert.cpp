@@ -115,7 +115,8 @@ int64_t int_arg(nb::handle value, const char* name) {
   return v;
 }
 
-std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok) {
+std::optional<double> number_arg(nb::handle value, const char* name, bool none_ok,
+                                 const char* what) {
   if (value.is_none() && none_ok) return std::nullopt;
   // A float or an int, or what converts itself to a float (numpy's scalars); not a bool, and
   // not a str (float("1.5") is a parse, not a number).
@@ -123,16 +124,19 @@ std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_
                        (PyNumber_Check(value.ptr()) && nb::hasattr(value, "__float__"))) &&
                       !PyBool_Check(value.ptr()) && !PyUnicode_Check(value.ptr());
   if (!number)
-    throw TypeError(std::string(name) + (none_ok ? " must be None or" : " must be") +
-                    " a number of seconds, got " + py_type(value));
+    throw TypeError(std::string(name) + (none_ok ? " must be None or " : " must be ") + what +
+                    ", got " + py_type(value));
   const double s = PyFloat_AsDouble(value.ptr());
   if (s == -1.0 && PyErr_Occurred()) {  // an int too big for a double
     PyErr_Clear();
-    throw ValueError(std::string(name) +
-                     " must be a number of seconds within a float's range, "
-                     "got an int beyond it");
+    throw ValueError(std::string(name) + " must be " + what +
+                     " within a float's range, got an int beyond it");
   }
   return s;
+}
+
+std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok) {
+  return number_arg(value, name, none_ok, "a number of seconds");
 }
 
 Timeout timeout_arg(nb::handle value, const char* name, bool none_ok) {

@@ -88,8 +88,11 @@ T int_arg_as(nb::handle value, const char* name) {
   }
   return v;
 }
-// A number of seconds (an int, a float, a numpy scalar; not a bool), or None where
-// `none_ok`: TypeError "`name` must be [None or ]a number of seconds, got <type>" otherwise.
+// A number (an int, a float, a numpy scalar; not a bool), or None where `none_ok`:
+// TypeError "`name` must be [None or ]`what`, got <type>" otherwise.
+std::optional<double> number_arg(nb::handle value, const char* name, bool none_ok,
+                                 const char* what = "a number");
+// A number of seconds, as number_arg reads it.
 std::optional<double> seconds_arg(nb::handle value, const char* name, bool none_ok = true);
 // A timeout in seconds (None: for ever, where `none_ok`): Timeout::seconds's rules,
 // seconds_arg's types.

@@ -132,11 +132,13 @@ void bind_inference_server(nb::module_& m) {
           "__init__",
           [](PyServer* self, nb::object adapter, nb::handle response_keys,
              std::vector<std::shared_ptr<inf::Transport>> transports, nb::handle max_batch_size,
-             nb::handle min_batch_size, nb::handle timeout, nb::handle stats_window,
-             nb::handle policy_version_key, nb::handle policy_version) {
+             nb::handle min_batch_size, nb::handle timeout, nb::handle min_transport_share,
+             nb::handle stats_window, nb::handle policy_version_key, nb::handle policy_version) {
             inf::ServerOptions o{.max_batch_size = int_arg(max_batch_size, "max_batch_size"),
                                  .min_batch_size = int_arg(min_batch_size, "min_batch_size"),
                                  .timeout = timeout_arg(timeout, "timeout", false).duration(),
+                                 .min_transport_share =
+                                     *number_arg(min_transport_share, "min_transport_share", false),
                                  .stats_window_size = int_arg(stats_window, "stats_window_size"),
                                  .policy_version_key = std::nullopt,
                                  .policy_version = int_arg(policy_version, "policy_version")};
@@ -151,8 +153,9 @@ void bind_inference_server(nb::module_& m) {
           },
           nb::arg("adapter"), nb::arg("response_keys").none(), nb::arg("transports"),
           nb::arg("max_batch_size").none(), nb::arg("min_batch_size").none(),
-          nb::arg("timeout").none(), nb::arg("stats_window").none(),
-          nb::arg("policy_version_key").none(), nb::arg("policy_version").none())
+          nb::arg("timeout").none(), nb::arg("min_transport_share").none(),
+          nb::arg("stats_window").none(), nb::arg("policy_version_key").none(),
+          nb::arg("policy_version").none())
       .def("start",
            [](PyServer& s) {
              std::shared_ptr<inf::InferenceServer> server = s.get();

@@ -454,6 +454,12 @@ class InferenceServer:
         max_batch_size, min_batch_size, timeout: the batching rule (torchrl's): drain up
             to ``max_batch_size`` (at most 2**24, the most requests a transport holds in
             flight); below ``min_batch_size`` keep draining for up to ``timeout`` seconds.
+        min_transport_share: with several transports, the share of the requests (0 to 1,
+            at most an equal share each) that each transport whose actors are asking keeps:
+            a batch waits for one below it, up to ``timeout`` and a few of its usual
+            intervals. 0 (the default): a batch leaves with what is there, the most
+            throughput, and actors with a shorter round trip (local ones) get more. Meant
+            for actors that call in a loop (docs/inference.md, "Several transports").
         policy_version, policy_version_key: responses get the policy version under this
             key (for a SharedMemoryTransport only when its response spec declares it).
 
@@ -463,7 +469,8 @@ class InferenceServer:
     """
 
     def __init__(self, policy, transport: _Transport, *, max_batch_size: int = 64,
-                 min_batch_size: int = 1, timeout: float = 0.01, stats_window_size: int = 1024,
+                 min_batch_size: int = 1, timeout: float = 0.01, min_transport_share: float = 0.0,
+                 stats_window_size: int = 1024,
                  policy_version: int = 0, policy_version_key="policy_version",
                  input_type: str | None = None):
         if not callable(policy):
@@ -486,12 +493,13 @@ class InferenceServer:
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.timeout = timeout
+        self.min_transport_share = min_transport_share
         # The C++ server holds the adapter weakly (see inference_py.cpp): keep it here.
         self._adapter = _make_adapter(policy, input_type,
                                       any(t._tensordict_specs for t in transports))
         self._server = _C._InferenceServer(
             self._adapter, _response_keys(transports), [t._impl for t in transports],
-            max_batch_size, min_batch_size, timeout, stats_window_size,
+            max_batch_size, min_batch_size, timeout, min_transport_share, stats_window_size,
             policy_version_key, policy_version)
         _live_servers.add(self)
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "policy_output.h"
@@ -13,6 +14,21 @@ namespace {
 
 // The wait of one transport at a time while several are served.
 constexpr auto kSlice = std::chrono::microseconds(500);
+
+// Keeping shares (min_share > 0). What a part was given fades by this much with each drain
+// that took anything: its share is that of the last hundred or so drains.
+constexpr double kFade = 0.98;
+// A part is asking while its last request came within this many of its usual intervals
+// (and within a second): actors that stopped are not waited for beyond that.
+constexpr int kAskingGaps = 16;
+constexpr auto kLongestAsking = std::chrono::seconds(1);
+// A batch waits for a part below its share at most this many of its usual intervals.
+constexpr int kWaitGaps = 4;
+// A part is waited for while below its share times this (at most an equal share): what it
+// gets hovers around where the waits begin, a little under it as often as over.
+constexpr double kAimAbove = 1.15;
+// The shortest interval counted (a part whose requests came together has one of 0).
+constexpr auto kShortestGap = std::chrono::microseconds(20);
 
 // Whether two policy inputs can be concatenated along dim 0: same keys in the same order,
 // same dtypes and trailing shapes, same trailing batch dims.
@@ -68,8 +84,9 @@ TensorDict concat(const std::vector<const TensorDict*>& parts, int64_t total) {
 
 }  // namespace
 
-MultiTransport::MultiTransport(std::vector<std::shared_ptr<Transport>> parts)
-    : parts_(std::move(parts)) {
+MultiTransport::MultiTransport(std::vector<std::shared_ptr<Transport>> parts, double min_share,
+                               std::chrono::nanoseconds max_wait)
+    : parts_(std::move(parts)), min_share_(min_share), max_wait_(max_wait) {
   if (parts_.empty()) throw ValueError("InferenceServer: no transport given");
   for (size_t i = 0; i < parts_.size(); ++i) {
     if (!parts_[i])
@@ -81,6 +98,7 @@ MultiTransport::MultiTransport(std::vector<std::shared_ptr<Transport>> parts)
   }
   sub_.resize(parts_.size());
   part_groups_.resize(parts_.size());
+  pace_.resize(parts_.size());
 }
 
 Client MultiTransport::client() {
@@ -159,6 +177,7 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
   }
   const size_t n = parts_.size();
   const size_t start = next_++ % n;
+  got_.assign(n, 0);
   auto take = [&](size_t i, size_t limit) {
     Drained& s = sub_[i];
     const size_t before = s.size();
@@ -168,13 +187,69 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
       out.submitted_ns.push_back(s.submitted_ns[k]);
       where_.push_back({i, k});
     }
+    got_[i] += s.size() - before;
   };
   // A fair share each first, then what is left to whoever has more.
   const size_t share = std::max<size_t>(1, max_items / n);
-  for (size_t j = 0; j < n && out.size() < max_items; ++j)
-    take((start + j) % n, std::min(share, max_items - out.size()));
-  for (size_t j = 0; j < n && out.size() < max_items; ++j)
-    take((start + j) % n, max_items - out.size());
+  auto take_all = [&] {
+    for (size_t j = 0; j < n && out.size() < max_items; ++j)
+      take((start + j) % n, std::min(share, max_items - out.size()));
+    for (size_t j = 0; j < n && out.size() < max_items; ++j)
+      take((start + j) % n, max_items - out.size());
+  };
+  take_all();
+  if (min_share_ <= 0) return;
+  if (out.size() < max_items) {
+    if (const std::optional<size_t> p = lagging(got_, Clock::now())) {
+      // Its actors call in a loop and their next requests are on their way: the batch waits
+      // for them, and what comes from the others meanwhile waits for the next batch (which
+      // is what moves the shares). Taken, not only waited for: a remote transport's serving
+      // thread takes in requests that its connections have not handed over yet
+      // (RemoteTransport::drain).
+      const Deadline until = Deadline::after(std::min(
+          max_wait_, kWaitGaps * std::max<std::chrono::nanoseconds>(pace_[*p].gap, kShortestGap)));
+      while (got_[*p] == 0 && !until.passed()) {
+        parts_[*p]->wait_for_work(until.min(Deadline::after(kSlice)));
+        take(*p, std::min(share, max_items - out.size()));
+      }
+    }
+  }
+  account(got_, Clock::now());
+}
+
+std::optional<size_t> MultiTransport::lagging(const std::vector<size_t>& got,
+                                              Clock::time_point now) const {
+  auto asking = [&](const Pace& p) {
+    const auto window = std::min<std::chrono::nanoseconds>(
+        kLongestAsking, kAskingGaps * std::max<std::chrono::nanoseconds>(p.gap, kShortestGap));
+    return p.last && now - *p.last < window;
+  };
+  double total = 0;
+  size_t active = 0;
+  for (const Pace& p : pace_) {
+    total += p.recent;
+    active += asking(p) ? 1 : 0;
+  }
+  if (active < 2 || total <= 0) return std::nullopt;
+  const double equal = 1.0 / static_cast<double>(active);
+  const double floor = std::min(min_share_ * kAimAbove, equal);
+  for (size_t i = 0; i < pace_.size(); ++i)
+    if (got[i] == 0 && asking(pace_[i]) && pace_[i].recent < floor * total) return i;
+  return std::nullopt;
+}
+
+void MultiTransport::account(const std::vector<size_t>& got, Clock::time_point now) {
+  if (std::accumulate(got.begin(), got.end(), size_t{0}) == 0) return;
+  for (size_t i = 0; i < pace_.size(); ++i) {
+    Pace& p = pace_[i];
+    p.recent = p.recent * kFade + static_cast<double>(got[i]);
+    if (got[i] == 0) continue;
+    if (p.last) {
+      const auto interval = std::max<std::chrono::nanoseconds>(now - *p.last, kShortestGap);
+      p.gap = p.gap.count() == 0 ? interval : (7 * p.gap + interval) / 8;
+    }
+    p.last = now;
+  }
 }
 
 void MultiTransport::collate(const Drained& drained, std::vector<Group>& groups) {

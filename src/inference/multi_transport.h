@@ -2,8 +2,9 @@
 //
 // Each drain takes from every transport, fairly (a share of the batch each, the rest to
 // whoever has more, the starting transport rotating), so neither local nor remote actors
-// starve. Groups of equal structure from different transports are concatenated into one
-// policy input (one policy call per batch); each answer goes back through its own
+// starve (what it does not do by default is wait for a transport whose requests come
+// slower: see `min_share`). Groups of equal structure from different transports are concatenated
+// into one policy input (one policy call per batch); each answer goes back through its own
 // transport, from a view of its rows of the output. The server's batching timeout applies
 // to all. A wait returns at once when any transport has work; otherwise the server sleeps on
 // a transport whose requests other processes make ready (shared memory: there is no one fd
@@ -13,7 +14,9 @@
 // wake-up that races the check for work can cost, at a wake-up per slice while idle.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tensorwire/inference/transport.h"
@@ -22,8 +25,10 @@ namespace tensorwire::inference::detail {
 
 class MultiTransport final : public Transport {
  public:
-  // ValueError for no transport, a null one, or one given twice.
-  explicit MultiTransport(std::vector<std::shared_ptr<Transport>> parts);
+  // ValueError for no transport, a null one, or one given twice. `min_share` and
+  // `max_wait`: ServerOptions::min_transport_share and its timeout.
+  explicit MultiTransport(std::vector<std::shared_ptr<Transport>> parts, double min_share = 0,
+                          std::chrono::nanoseconds max_wait = std::chrono::milliseconds(10));
 
   const char* kind() const noexcept override { return "multi"; }
   Client client() override;  // the first transport's
@@ -51,7 +56,23 @@ class MultiTransport final : public Transport {
     size_t part, group;  // part_groups_[part][group]
     int64_t offset, n;   // its rows in the merged input
   };
+  using Clock = std::chrono::steady_clock;
+  // How each part has been served lately (serving thread only).
+  struct Pace {
+    double recent = 0;                      // requests taken, decayed by each drain that took any
+    std::optional<Clock::time_point> last;  // the last drain that took from it
+    std::chrono::nanoseconds gap{0};  // its usual interval between such drains (a moving mean)
+  };
+  // A part whose actors are asking but that is below its share and took nothing in this
+  // drain (`got`: what each part gave), if any.
+  std::optional<size_t> lagging(const std::vector<size_t>& got, Clock::time_point now) const;
+  void account(const std::vector<size_t>& got, Clock::time_point now);
+
   std::vector<std::shared_ptr<Transport>> parts_;
+  double min_share_;
+  std::chrono::nanoseconds max_wait_;
+  std::vector<Pace> pace_;
+  std::vector<size_t> got_;                           // by part: what the drain in progress took
   std::vector<std::shared_ptr<Transport>> sleep_on_;  // the parts that cannot notify_work
   size_t turn_ = 0;                                   // which of them the next wait is on
   std::vector<Drained> sub_;                          // what each part drained this batch

@@ -274,6 +274,9 @@ const ServerOptions& checked(const ServerOptions& o) {
     throw ValueError(
         "min_batch_size must be in [1, max_batch_size=" + std::to_string(o.max_batch_size) +
         "], got " + std::to_string(o.min_batch_size));
+  if (!(o.min_transport_share >= 0 && o.min_transport_share <= 1))  // NaN too
+    throw ValueError("min_transport_share must be in [0, 1], got " +
+                     std::to_string(o.min_transport_share));
   if (o.stats_window_size < 1)
     throw ValueError("stats_window_size must be at least 1, got " +
                      std::to_string(o.stats_window_size));
@@ -302,15 +305,19 @@ InferenceServer::InferenceServer(Policy policy, std::shared_ptr<Transport> trans
 }
 
 namespace {
-std::shared_ptr<Transport> served(std::vector<std::shared_ptr<Transport>> transports) {
+std::shared_ptr<Transport> served(std::vector<std::shared_ptr<Transport>> transports,
+                                  const ServerOptions& options) {
   if (transports.size() == 1 && transports[0]) return std::move(transports[0]);
-  return std::make_shared<detail::MultiTransport>(std::move(transports));
+  return std::make_shared<detail::MultiTransport>(
+      std::move(transports), checked(options).min_transport_share, options.timeout);
 }
 }  // namespace
 
 InferenceServer::InferenceServer(Policy policy, std::vector<std::shared_ptr<Transport>> transports,
                                  ServerOptions options)
-    : InferenceServer(std::move(policy), served(std::move(transports)), std::move(options)) {}
+    // `options` copied, not moved: the arguments are made in no set order, and served()
+    // reads them.
+    : InferenceServer(std::move(policy), served(std::move(transports), options), options) {}
 
 InferenceServer::~InferenceServer() {
   if (s_->worker.joinable() && s_->worker_generation != os::fork_generation()) {

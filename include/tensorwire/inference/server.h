@@ -40,6 +40,13 @@ struct ServerOptions {
   int64_t max_batch_size = 64;  // 1 to kMaxSlots (transport.h)
   int64_t min_batch_size = 1;   // 1 to max_batch_size
   std::chrono::nanoseconds timeout = std::chrono::milliseconds(10);
+  // With several transports: the share of the requests each transport whose actors are
+  // asking is kept at, at least (0 to 1; at most an equal share each). 0: none kept, a
+  // batch leaves with what is there (the most throughput; actors with a shorter round trip
+  // get more). Above 0 a batch waits for a transport below its share, up to `timeout` and
+  // a few of that transport's usual intervals: meant for actors that call in a loop, whose
+  // pace is their round trip (docs/inference.md, "Several transports").
+  double min_transport_share = 0;
   int64_t stats_window_size = 1024;  // >= 1: samples kept for the percentiles
   // Responses get this key set to the policy version: always for the transports without
   // a spec, and where the response spec declares it for the shared-memory transport.
@@ -62,7 +69,7 @@ struct ServerStats {
 class InferenceServer {
  public:
   // ValueError for max_batch_size < 1, min_batch_size outside [1, max_batch_size],
-  // stats_window_size < 1 or a negative timeout.
+  // min_transport_share outside [0, 1], stats_window_size < 1 or a negative timeout.
   InferenceServer(Policy policy, std::shared_ptr<Transport> transport, ServerOptions options = {});
   // Serves several transports as one (e.g. a SharedMemoryTransport for local actors and a
   // RemoteTransport for actors on other hosts): each batch takes from every transport

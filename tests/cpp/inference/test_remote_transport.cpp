@@ -534,6 +534,44 @@ TEST(SeveralTransports, NeitherSideStarvesWhenBothAreBusy) {
   EXPECT_GT(remote_done, 0);
 }
 
+// min_transport_share: a remote actor that pauses a millisecond between requests (all the
+// server sees is a transport whose requests come slower) keeps its share against a local
+// actor calling as fast as it can, which is held back to about 0.7 / 0.3 requests for each
+// of the remote one's. Counted once both sides have made a few requests (the server learns
+// the remote pace from them); the bound leaves room for waits that end at their bound on a
+// loaded machine (each lets one local request through). Without a share the local actor
+// takes thousands in that time.
+TEST(SeveralTransports, AMinimumShareHoldsTheFasterTransportBack) {
+  auto shm = make_shm(8);
+  auto remote = make_remote(8);
+  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 8, .min_transport_share = 0.3});
+  server.start();
+  Client far = connect_to(*remote);
+  std::atomic<bool> stop{false};
+  std::atomic<int> local{0};
+  std::thread fast([&, c = shm->client()]() mutable {
+    while (!stop) {
+      EXPECT_EQ(action0(c(observation(1), 5s)), 2);
+      ++local;
+    }
+  });
+  auto ask_far = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(action0(far(observation(float(i)), 5s)), 2.0f * i);
+      std::this_thread::sleep_for(1ms);
+    }
+  };
+  ask_far(10);
+  local = 0;
+  constexpr int kFar = 100;
+  ask_far(kFar);
+  stop = true;
+  fast.join();
+  EXPECT_GT(local, 0);
+  EXPECT_LT(local, 8 * kFar);
+}
+
 // One server over shared memory and a remote transport, kept busy by a local actor calling
 // in a loop, so that its serving thread drains all the time.
 struct BusyMixedServer {

@@ -557,6 +557,14 @@ TEST(InferenceServerOptions, InvalidBatchSizesAreRejected) {
   EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = 4, .min_batch_size = 5}),
                ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.min_batch_size = 0}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.min_transport_share = -0.1}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t, {.min_transport_share = 1.5}), ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, t,
+                               {.min_transport_share = std::numeric_limits<double>::quiet_NaN()}),
+               ValueError);
+  EXPECT_THROW(InferenceServer(double_policy, std::vector<std::shared_ptr<Transport>>{t},
+                               {.min_transport_share = 2}),
+               ValueError);
   EXPECT_THROW(InferenceServer(double_policy, t, {.max_batch_size = -3}), ValueError);
   // "No limit" said as the largest int: refused, not an allocation failure on the serving
   // thread (which ended the process).
