@@ -81,6 +81,7 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
     auto period = heartbeats_.start(peer.heartbeat_ms, options.liveness_timeout);
     if (period) heartbeat_period = *period;
   } catch (...) {
+    ucx::let_wireup_end(*worker, *ep, ucx::kAbandonedWireup);
     for (int i = 0; i < 50 && worker->progress(); ++i) {  // let a refusal reach the server
     }
     throw;

@@ -29,8 +29,17 @@ detail::PipeImpl& TensorDictPipe::impl() const {
 TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
                                        const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
+  // A handshake given up (timeout, interrupt, error) closes once the wire-up has ended
+  // (PipeImpl::close_abandoned): at most 0.1 s after the connect's timeout.
+  struct Abandon {
+    detail::PipeImpl* impl;
+    ~Abandon() {
+      if (impl) impl->close_abandoned();
+    }
+  } abandon{impl.get()};
   try {
     impl->handshake(/*as_server=*/false);
+    abandon.impl = nullptr;
   } catch (const TimeoutError& e) {
     // Connected, but nobody took the connection up: a listener not in accept() yet (a
     // program that connects to its own listener before accepting waits here).

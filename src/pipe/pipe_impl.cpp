@@ -303,6 +303,14 @@ void PipeImpl::wait_wireup(Deadline deadline) {
   reached_peer_ = true;
 }
 
+void PipeImpl::close_abandoned() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!wired_up_ && !closed_ && ep_) ucx::let_wireup_end(*worker_, *ep_, ucx::kAbandonedWireup);
+  }
+  close();
+}
+
 void PipeImpl::throw_if_unreached(const std::string& host, uint16_t port) const {
   if (!reached_peer_ && ep_)
     ep_->throw_if_unreached("connect", host, port, "a PipeListener or TensorDictServer");

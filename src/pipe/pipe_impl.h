@@ -89,6 +89,9 @@ class PipeImpl : public runtime::Beating {
   int peer_fd() const { return peer_watch_ ? peer_watch_->fd() : -1; }
 
   void close();
+  // A client that gave up on its handshake (its timeout, an interrupt, an error): lets the
+  // first endpoint's wire-up end (ucx::let_wireup_end), then closes.
+  void close_abandoned() noexcept;
   // Ends every wait of the pipe with ClosedError at once, from any thread, without closing
   // it: whoever waited then closes it (a listener's close() abandons the handshakes in
   // progress, and each handshake's thread closes its own pipe, side by side).

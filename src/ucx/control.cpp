@@ -119,4 +119,15 @@ void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* 
   wait_for(worker, ep, deadline, what, abandon, [&] { return flushed.done(); });
 }
 
+void let_wireup_end(Worker& worker, Endpoint& ep, std::chrono::milliseconds budget) noexcept {
+  try {
+    if (ep.error() != UCS_OK) return;  // failed: nothing more happens on it
+    Request flushed = ep.flush();
+    const Deadline deadline = Deadline::after(budget);
+    while (!flushed.done() && !deadline.passed())
+      if (!worker.progress()) worker.wait(std::chrono::milliseconds(1));
+  } catch (...) {  // the flush failed: the wire-up is over
+  }
+}
+
 }  // namespace tensorwire::ucx

@@ -65,5 +65,16 @@ Json recv_control(Worker& worker, Endpoint& ep, uint64_t tag, const wire::Limits
 // when a send pending across the move from its first lanes is replayed.
 void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* what,
                    std::stop_token abandon = {});
+// A client that gives up on its connection (its timeout, an interrupt, an error) lets the
+// wire-up of `ep` end, for at most `budget` (milliseconds where the server has taken the
+// connection up), before it closes: UCX 1.22's TCP transport could free an endpoint of the
+// server's that a connection request reached after the endpoint had failed, as when a
+// client went away mid-wire-up, and the server then died of SIGSEGV (docs/reliability.md).
+// No interrupt check, nothing thrown: this runs while an interrupt or an error is on its
+// way out.
+void let_wireup_end(Worker& worker, Endpoint& ep, std::chrono::milliseconds budget) noexcept;
+// The budget the clients give it: a connect given up returns at most this much after its
+// timeout.
+constexpr std::chrono::milliseconds kAbandonedWireup{100};
 
 }  // namespace tensorwire::ucx
