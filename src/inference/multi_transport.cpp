@@ -26,7 +26,7 @@ constexpr auto kLongestAsking = std::chrono::seconds(1);
 constexpr int kWaitGaps = 4;
 // A part is waited for while below its share times this (at most an equal share): what it
 // gets hovers around where the waits begin, a little under it as often as over.
-constexpr double kAimAbove = 1.15;
+constexpr double kAimAbove = 1.25;
 // The shortest interval counted (a part whose requests came together has one of 0).
 constexpr auto kShortestGap = std::chrono::microseconds(20);
 
