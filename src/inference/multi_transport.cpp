@@ -156,6 +156,7 @@ void MultiTransport::wait_for_work(Deadline deadline) {
 }
 
 void MultiTransport::interrupt() {
+  interrupts_.fetch_add(1, std::memory_order_acq_rel);  // ends a share's wait (drain())
   for (auto& p : parts_) p->interrupt();
 }
 
@@ -175,6 +176,9 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
     where_.clear();
     answered_.clear();
   }
+  // `max_items` more, on top of what `out` holds already (a batch that waits for
+  // min_batch_size drains again).
+  const size_t cap = out.size() + max_items;
   const size_t n = parts_.size();
   const size_t start = next_++ % n;
   got_.assign(n, 0);
@@ -191,26 +195,24 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
   };
   // A fair share each first, then what is left to whoever has more.
   const size_t share = std::max<size_t>(1, max_items / n);
-  auto take_all = [&] {
-    for (size_t j = 0; j < n && out.size() < max_items; ++j)
-      take((start + j) % n, std::min(share, max_items - out.size()));
-    for (size_t j = 0; j < n && out.size() < max_items; ++j)
-      take((start + j) % n, max_items - out.size());
-  };
-  take_all();
+  for (size_t j = 0; j < n && out.size() < cap; ++j)
+    take((start + j) % n, std::min(share, cap - out.size()));
+  for (size_t j = 0; j < n && out.size() < cap; ++j) take((start + j) % n, cap - out.size());
   if (min_share_ <= 0) return;
-  if (out.size() < max_items) {
+  if (out.size() < cap) {
     if (const std::optional<size_t> p = lagging(got_, Clock::now())) {
       // Its actors call in a loop and their next requests are on their way: the batch waits
       // for them, and what comes from the others meanwhile waits for the next batch (which
       // is what moves the shares). Taken, not only waited for: a remote transport's serving
       // thread takes in requests that its connections have not handed over yet
-      // (RemoteTransport::drain).
+      // (RemoteTransport::drain). Over at interrupt() (a shutdown) or when it closes.
       const Deadline until = Deadline::after(std::min(
           max_wait_, kWaitGaps * std::max<std::chrono::nanoseconds>(pace_[*p].gap, kShortestGap)));
-      while (got_[*p] == 0 && !until.passed()) {
+      const uint64_t seen = interrupts_.load(std::memory_order_acquire);
+      while (got_[*p] == 0 && !until.passed() && !parts_[*p]->closed() &&
+             interrupts_.load(std::memory_order_acquire) == seen) {
         parts_[*p]->wait_for_work(until.min(Deadline::after(kSlice)));
-        take(*p, std::min(share, max_items - out.size()));
+        take(*p, std::min(share, cap - out.size()));
       }
     }
   }
@@ -232,10 +234,14 @@ std::optional<size_t> MultiTransport::lagging(const std::vector<size_t>& got,
   }
   if (active < 2 || total <= 0) return std::nullopt;
   const double equal = 1.0 / static_cast<double>(active);
-  const double floor = std::min(min_share_ * kAimAbove, equal);
+  const double floor = std::min(min_share_ * kAimAbove, equal) * total;
+  // The one furthest below its share, when several are.
+  std::optional<size_t> behind;
   for (size_t i = 0; i < pace_.size(); ++i)
-    if (got[i] == 0 && asking(pace_[i]) && pace_[i].recent < floor * total) return i;
-  return std::nullopt;
+    if (got[i] == 0 && asking(pace_[i]) && pace_[i].recent < floor &&
+        (!behind || pace_[i].recent < pace_[*behind].recent))
+      behind = i;
+  return behind;
 }
 
 void MultiTransport::account(const std::vector<size_t>& got, Clock::time_point now) {

@@ -14,6 +14,7 @@
 // wake-up that races the check for work can cost, at a wake-up per slice while idle.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -73,6 +74,7 @@ class MultiTransport final : public Transport {
   std::chrono::nanoseconds max_wait_;
   std::vector<Pace> pace_;
   std::vector<size_t> got_;                           // by part: what the drain in progress took
+  std::atomic<uint64_t> interrupts_{0};               // interrupt() calls: each ends a share's wait
   std::vector<std::shared_ptr<Transport>> sleep_on_;  // the parts that cannot notify_work
   size_t turn_ = 0;                                   // which of them the next wait is on
   std::vector<Drained> sub_;                          // what each part drained this batch

@@ -44,9 +44,11 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
   const uint64_t ctl = remote::tag(remote::Kind::Control);
   const wire::Limits limits;
   const char* what = "remote inference connect";
+  bool wired = false;  // the wire-up is over
   try {
     try {
       ucx::wait_wired_up(*worker, *ep, deadline, what);
+      wired = true;
     } catch (const Error&) {
       ep->throw_if_unreached(what, host, port, "a RemoteTransport");
       throw;
@@ -81,7 +83,7 @@ RemoteLink::RemoteLink(const std::string& host, uint16_t port, const RemoteClien
     auto period = heartbeats_.start(peer.heartbeat_ms, options.liveness_timeout);
     if (period) heartbeat_period = *period;
   } catch (...) {
-    ucx::let_wireup_end(*worker, *ep, ucx::kAbandonedWireup);
+    if (!wired) ucx::let_wireup_end(*worker, *ep, ucx::kAbandonedWireup);
     for (int i = 0; i < 50 && worker->progress(); ++i) {  // let a refusal reach the server
     }
     throw;

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "multi_transport.h"
@@ -276,7 +277,7 @@ const ServerOptions& checked(const ServerOptions& o) {
         "], got " + std::to_string(o.min_batch_size));
   if (!(o.min_transport_share >= 0 && o.min_transport_share <= 1))  // NaN too
     throw ValueError("min_transport_share must be in [0, 1], got " +
-                     std::to_string(o.min_transport_share));
+                     (std::ostringstream() << o.min_transport_share).str());
   if (o.stats_window_size < 1)
     throw ValueError("stats_window_size must be at least 1, got " +
                      std::to_string(o.stats_window_size));

@@ -30,7 +30,8 @@ TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
                                        const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
   // A handshake given up (timeout, interrupt, error) closes once the wire-up has ended
-  // (PipeImpl::close_abandoned): at most 0.1 s after the connect's timeout.
+  // (PipeImpl::close_abandoned): at most 0.1 s, and 0.2 s more to drain an endpoint that
+  // failed meanwhile (ucx::Endpoint::close).
   struct Abandon {
     detail::PipeImpl* impl;
     ~Abandon() {

@@ -73,8 +73,8 @@ void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* 
 // No interrupt check, nothing thrown: this runs while an interrupt or an error is on its
 // way out.
 void let_wireup_end(Worker& worker, Endpoint& ep, std::chrono::milliseconds budget) noexcept;
-// The budget the clients give it: a connect given up returns at most this much after its
-// timeout.
+// The budget the clients give it (a connect given up returns this much after its timeout,
+// and up to 0.2 s more when the endpoint fails meanwhile: Endpoint::close drains it).
 constexpr std::chrono::milliseconds kAbandonedWireup{100};
 
 }  // namespace tensorwire::ucx

@@ -559,7 +559,9 @@ def test_connect_to_a_listener_that_never_accepts_times_out_cleanly(tls):
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="handshake"):
         tw.TensorDictPipe.connect("127.0.0.1", listener.port, timeout=1)
-    assert time.monotonic() - t0 < 5
+    # A connect given up lets its wire-up end first (at most 0.1 s, 0.3 s with a failed
+    # endpoint's drain): the rest is slack for a loaded machine.
+    assert time.monotonic() - t0 < 3
     listener.close()
 
 

@@ -50,7 +50,7 @@ class TensorDictPipe {
   // when the connection ends before the server took it up, TimeoutError when the handshake
   // does not complete in time, HandshakeError when the server refuses it (a wrong or
   // missing auth_key, another `consolidated` mode). A handshake given up lets UCX's wire-up
-  // end first, for at most 0.1 s more (docs/reliability.md).
+  // end first: the call returns up to 0.3 s after its timeout (docs/reliability.md).
   static TensorDictPipe connect(const std::string& host, uint16_t port,
                                 const PipeOptions& options = {});
   // Listens on `port` (0 = a free port, reported to `on_listening`), waits for the first

@@ -572,6 +572,56 @@ TEST(SeveralTransports, AMinimumShareHoldsTheFasterTransportBack) {
   EXPECT_LT(local, 8 * kFar);
 }
 
+// A batch that waits for min_batch_size drains again for what is missing: requests that
+// come later, from the other transport, complete it (a second drain took nothing, and the
+// batch left short at its timeout, when the total was counted against what was missing).
+TEST(SeveralTransports, ABatchWaitingForMinBatchSizeTakesWhatComesLaterFromAnyTransport) {
+  auto shm = make_shm(8);
+  auto remote = make_remote(8);
+  BatchRecorder batches;
+  InferenceServer server(batches.policy(), std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 4, .min_batch_size = 4, .timeout = 20s});
+  server.start();
+  Client local = shm->client(), far = connect_to(*remote);
+  std::vector<Future> futures;
+  for (int i = 0; i < 2; ++i) futures.push_back(local.submit(observation(float(i))));
+  std::this_thread::sleep_for(100ms);  // the server has drained these two and waits
+  for (int i = 2; i < 4; ++i) futures.push_back(far.submit(observation(float(i))));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(action0(futures[i].result(10s)), 2.0f * i);
+  EXPECT_EQ(batches.seen(), (std::vector<int64_t>{4}));
+}
+
+// A batch waiting for a transport below its share (min_transport_share) ends its wait at
+// shutdown: the remote actor asks every 0.8 s, so each wait may last up to 3.2 s (4 of its
+// intervals), and shutdown() comes in the middle of one.
+TEST(SeveralTransports, ShutdownEndsAWaitForATransportBelowItsShare) {
+  auto shm = make_shm(8);
+  auto remote = make_remote(8);
+  InferenceServer server(double_policy, std::vector<std::shared_ptr<Transport>>{shm, remote},
+                         {.max_batch_size = 8, .timeout = 30s, .min_transport_share = 0.5});
+  server.start();
+  Client far = connect_to(*remote);
+  std::atomic<bool> stop{false};
+  std::thread fast([&, c = shm->client()]() mutable {
+    while (!stop) {
+      try {
+        c(observation(1), 10s);
+      } catch (const ClosedError&) {
+        return;  // the server shut down
+      }
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(action0(far(observation(float(i)), 10s)), 2.0f * i);
+    std::this_thread::sleep_for(800ms);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(server.shutdown(10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  stop = true;
+  fast.join();
+}
+
 // One server over shared memory and a remote transport, kept busy by a local actor calling
 // in a loop, so that its serving thread drains all the time.
 struct BusyMixedServer {
