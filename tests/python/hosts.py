@@ -19,10 +19,14 @@ kernel sends a FIN or an RST, and the host's own address and routes stay). Nothi
 to the machine's own network namespace, and no address is used that is not one of these
 namespaces' (or loopback).
 
-Names carry this process's pid (twh<pid>x<n>...), so parallel runs do not collide. close()
-(the context manager, the fixtures, and atexit for an interrupted run) kills every process
-still running in the namespaces and deletes them; a run that was killed outright leaves
-namespaces named after a pid that no longer exists, and the next Hosts() removes those.
+Names carry this process's pid and its pid namespace (twh<pid>i<namespace>x<n>...), so
+parallel runs do not collide. close() (the context manager, the fixtures, and atexit for an
+interrupted run) kills every process still running in the namespaces and deletes them; a
+run that was killed outright leaves namespaces named after a pid that no longer exists, and
+the next Hosts() of the same pid namespace removes those. A run in another pid namespace
+(a CI job in a container beside a run on the host) cannot tell whether that pid lives, and
+leaves them alone: looking its pid up in its own /proc, a run deleted the namespaces of a
+live run beside it.
 
 Tests must run as root (as `make test` does).
 """
@@ -52,12 +56,21 @@ def _netns_list():
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _pid_of(name):
-    """The pid in a name made here (twh<pid>x<n>...), or None."""
+def _pid_namespace():
+    """This process's pid namespace (its inode number)."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _owner_of(name):
+    """(pid, pid namespace) of the run that made namespace `name` (twh<pid>i<ns>x<n>...; an
+    earlier form without the namespace gives None for it), or None when not made here."""
     if not name.startswith(PREFIX):
         return None
-    digits = name[len(PREFIX):].split("x", 1)[0]
-    return int(digits) if digits.isdigit() else None
+    owner = name[len(PREFIX):].split("x", 1)[0]
+    pid, _, ns = owner.partition("i")
+    if not pid.isdigit() or (ns and not ns.isdigit()):
+        return None
+    return int(pid), (int(ns) if ns else None)
 
 
 def _gone(pid):
@@ -92,10 +105,16 @@ def _delete(ns):
 
 
 def remove_stale():
-    """Deletes namespaces left by runs whose process no longer exists."""
+    """Deletes namespaces left by runs of this pid namespace whose process no longer exists."""
+    here = _pid_namespace()
     for ns in _netns_list():
-        pid = _pid_of(ns)
-        if pid is not None and pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+        owner = _owner_of(ns)
+        if owner is None:
+            continue
+        pid, pid_ns = owner
+        if pid_ns not in (here, None) or pid == os.getpid():
+            continue
+        if not os.path.exists(f"/proc/{pid}"):
             _delete(ns)
 
 
@@ -207,7 +226,7 @@ class Hosts:
         if shutil.which("ip") is None:
             raise RuntimeError("simulated hosts need the `ip` command (Debian package iproute2)")
         remove_stale()
-        self._tag = f"{PREFIX}{os.getpid()}x{next(_counter)}"
+        self._tag = f"{PREFIX}{os.getpid()}i{_pid_namespace()}x{next(_counter)}"
         self._procs = []
         self._namespaces = []
         self.switch = f"{self._tag}sw"

@@ -136,6 +136,21 @@ time.sleep(600)
     assert not alive, [open(f"/proc/{pid}/stat").read() for pid in alive]
 
 
+def test_namespaces_of_a_run_in_another_pid_namespace_are_left_alone():
+    # A run in another pid namespace (a CI job in a container beside a run on the host):
+    # its pid means nothing in this /proc, so whether it lives cannot be told here. Looking
+    # it up anyway, a run deleted the namespaces of a live run beside it.
+    other = hosts_mod._pid_namespace() + 1
+    name = f"{hosts_mod.PREFIX}{2 ** 22 + 7}i{other}x0h0"  # above the largest pid Linux gives
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        hosts_mod.remove_stale()
+        assert name in _netns_list()
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    assert name not in _netns_list()
+
+
 def _zombie(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
