@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <string>
 
 #include "policy_output.h"
@@ -200,7 +199,7 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
   for (size_t j = 0; j < n && out.size() < cap; ++j) take((start + j) % n, cap - out.size());
   if (min_share_ <= 0) return;
   if (out.size() < cap) {
-    if (const std::optional<size_t> p = lagging(got_, Clock::now())) {
+    if (const std::optional<size_t> p = lagging(Clock::now())) {
       // Its actors call in a loop and their next requests are on their way: the batch waits
       // for them, and what comes from the others meanwhile waits for the next batch (which
       // is what moves the shares). Taken, not only waited for: a remote transport's serving
@@ -216,11 +215,10 @@ void MultiTransport::drain(size_t max_items, Drained& out) {
       }
     }
   }
-  account(got_, Clock::now());
+  account(Clock::now());
 }
 
-std::optional<size_t> MultiTransport::lagging(const std::vector<size_t>& got,
-                                              Clock::time_point now) const {
+std::optional<size_t> MultiTransport::lagging(Clock::time_point now) const {
   auto asking = [&](const Pace& p) {
     const auto window = std::min<std::chrono::nanoseconds>(
         kLongestAsking, kAskingGaps * std::max<std::chrono::nanoseconds>(p.gap, kShortestGap));
@@ -238,18 +236,18 @@ std::optional<size_t> MultiTransport::lagging(const std::vector<size_t>& got,
   // The one furthest below its share, when several are.
   std::optional<size_t> behind;
   for (size_t i = 0; i < pace_.size(); ++i)
-    if (got[i] == 0 && asking(pace_[i]) && pace_[i].recent < floor &&
+    if (got_[i] == 0 && asking(pace_[i]) && pace_[i].recent < floor &&
         (!behind || pace_[i].recent < pace_[*behind].recent))
       behind = i;
   return behind;
 }
 
-void MultiTransport::account(const std::vector<size_t>& got, Clock::time_point now) {
-  if (std::accumulate(got.begin(), got.end(), size_t{0}) == 0) return;
+void MultiTransport::account(Clock::time_point now) {
+  if (std::all_of(got_.begin(), got_.end(), [](size_t g) { return g == 0; })) return;
   for (size_t i = 0; i < pace_.size(); ++i) {
     Pace& p = pace_[i];
-    p.recent = p.recent * kFade + static_cast<double>(got[i]);
-    if (got[i] == 0) continue;
+    p.recent = p.recent * kFade + static_cast<double>(got_[i]);
+    if (got_[i] == 0) continue;
     if (p.last) {
       const auto interval = std::max<std::chrono::nanoseconds>(now - *p.last, kShortestGap);
       p.gap = p.gap.count() == 0 ? interval : (7 * p.gap + interval) / 8;

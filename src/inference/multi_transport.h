@@ -65,9 +65,10 @@ class MultiTransport final : public Transport {
     std::chrono::nanoseconds gap{0};  // its usual interval between such drains (a moving mean)
   };
   // A part whose actors are asking but that is below its share and took nothing in this
-  // drain (`got`: what each part gave), if any.
-  std::optional<size_t> lagging(const std::vector<size_t>& got, Clock::time_point now) const;
-  void account(const std::vector<size_t>& got, Clock::time_point now);
+  // drain (got_), if any: the one furthest below.
+  std::optional<size_t> lagging(Clock::time_point now) const;
+  // Adds this drain's got_ to each part's Pace.
+  void account(Clock::time_point now);
 
   std::vector<std::shared_ptr<Transport>> parts_;
   double min_share_;

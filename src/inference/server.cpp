@@ -309,8 +309,9 @@ namespace {
 std::shared_ptr<Transport> served(std::vector<std::shared_ptr<Transport>> transports,
                                   const ServerOptions& options) {
   if (transports.size() == 1 && transports[0]) return std::move(transports[0]);
-  return std::make_shared<detail::MultiTransport>(
-      std::move(transports), checked(options).min_transport_share, options.timeout);
+  // The options are checked by the constructor this one delegates to.
+  return std::make_shared<detail::MultiTransport>(std::move(transports),
+                                                  options.min_transport_share, options.timeout);
 }
 }  // namespace
 

@@ -29,31 +29,28 @@ detail::PipeImpl& TensorDictPipe::impl() const {
 TensorDictPipe TensorDictPipe::connect(const std::string& host, uint16_t port,
                                        const PipeOptions& options) {
   auto impl = std::make_shared<detail::PipeImpl>(host, port, options);
-  // A handshake given up (timeout, interrupt, error) closes once the wire-up has ended
-  // (PipeImpl::close_abandoned): at most 0.1 s, and 0.2 s more to drain an endpoint that
-  // failed meanwhile (ucx::Endpoint::close).
-  struct Abandon {
-    detail::PipeImpl* impl;
-    ~Abandon() {
-      if (impl) impl->close_abandoned();
-    }
-  } abandon{impl.get()};
   try {
-    impl->handshake(/*as_server=*/false);
-    abandon.impl = nullptr;
-  } catch (const TimeoutError& e) {
-    // Connected, but nobody took the connection up: a listener not in accept() yet (a
-    // program that connects to its own listener before accepting waits here).
-    if (!impl->reached_peer())
-      throw TimeoutError(std::string(e.what()) + ": nothing at " + host + ":" +
-                         std::to_string(port) +
-                         " took the connection up (a PipeListener takes connections only in "
-                         "accept(), a TensorDictServer while it serves), or the host is "
-                         "unreachable");
-    throw;
-  } catch (const Error&) {
-    // The connection failed before UCX reached the listener: refused, or ended early.
-    if (!impl->reached_peer()) impl->throw_if_unreached(host, port);
+    try {
+      impl->handshake(/*as_server=*/false);
+    } catch (const TimeoutError& e) {
+      // Connected, but nobody took the connection up: a listener not in accept() yet (a
+      // program that connects to its own listener before accepting waits here).
+      if (!impl->reached_peer())
+        throw TimeoutError(std::string(e.what()) + ": nothing at " + host + ":" +
+                           std::to_string(port) +
+                           " took the connection up (a PipeListener takes connections only "
+                           "in accept(), a TensorDictServer while it serves), or the host is "
+                           "unreachable");
+      throw;
+    } catch (const Error&) {
+      // The connection failed before UCX reached the listener: refused, or ended early.
+      if (!impl->reached_peer()) impl->throw_if_unreached(host, port);
+      throw;
+    }
+  } catch (...) {
+    // A handshake given up (timeout, interrupt, error) closes once the wire-up has ended
+    // (PipeImpl::close_abandoned), as the remote inference client's does.
+    impl->close_abandoned();
     throw;
   }
   return TensorDictPipe(std::move(impl));
