@@ -489,17 +489,27 @@ bool PipeImpl::post_send(const TensorDict& td, bool turn) {
   pieces_.emplace_back(m.header_bytes.data(), m.header_bytes.size());
   pieces_.emplace_back(reinterpret_cast<const std::byte*>(m.metadata.data()), m.metadata.size());
   if (inline_payload) pieces_.insert(pieces_.end(), m.payload.begin(), m.payload.end());
+  // The message's last send waits for the receiver's match now and then (kUnmatchedBytes).
+  const uint64_t bytes = m.header_bytes.size() + m.metadata.size() + m.header.payload_bytes;
+  const bool matched =
+      unmatched_bytes_ + bytes >= kUnmatchedBytes || unmatched_messages_ + 1 >= kUnmatchedMessages;
+  unmatched_bytes_ = matched ? 0 : unmatched_bytes_ + bytes;
+  unmatched_messages_ = matched ? 0 : unmatched_messages_ + 1;
+  // Leaves gathered for an inline payload (encoder_for) go as one message, as the receiver
+  // takes a consolidated payload into one buffer; otherwise one message a non-empty leaf.
+  const bool gathered = !inline_payload && options_.consolidated && m.payload.size() > 1;
+  separate_.clear();
+  if (!inline_payload && !gathered)
+    for (auto piece : m.payload)
+      if (!piece.empty()) separate_.push_back(piece);
+  using Done = ucx::Endpoint::Done;
+  const auto done = [&](bool last) { return matched && last ? Done::Matched : Done::Local; };
   send_reqs_.clear();
-  send_reqs_.push_back(ep_->send(kFrameTag, pieces_, frame_iov_));
-  if (!inline_payload) {
-    if (options_.consolidated && m.payload.size() > 1)
-      // Leaves gathered for an inline payload (encoder_for): one message, as the receiver
-      // takes a consolidated payload into one buffer.
-      send_reqs_.push_back(ep_->send(kPayloadTag, m.payload, payload_iov_));
-    else
-      for (auto piece : m.payload)
-        if (!piece.empty()) send_reqs_.push_back(ep_->send(kPayloadTag, piece));
-  }
+  send_reqs_.push_back(
+      ep_->send(kFrameTag, pieces_, frame_iov_, done(!gathered && separate_.empty())));
+  if (gathered) send_reqs_.push_back(ep_->send(kPayloadTag, m.payload, payload_iov_, done(true)));
+  for (size_t i = 0; i < separate_.size(); ++i)
+    send_reqs_.push_back(ep_->send(kPayloadTag, separate_[i], done(i + 1 == separate_.size())));
   sending_ = true;
   sending_td_ = &td;
   return true;

@@ -44,8 +44,20 @@ inline constexpr size_t kInlineMax = 64 * 1024;  // the most a frame carries inl
 // stays inline.
 inline constexpr size_t kInlineSplit = 8 * 1024;
 // A frame (header, metadata, inline payload) is sent eagerly when it fits: send() then
-// returns without waiting for the peer (docs/pipe.md).
+// returns without waiting for the peer (docs/pipe.md), unless it is one sent synchronously
+// (kUnmatchedBytes).
 static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
+// How far a sender may run ahead of its receiver. UCX moves an eager message into the
+// receiver's memory whenever the receiver's worker progresses, matched or not: a receiver
+// slower than its senders (a TensorDictServer with four clients) kept every message it had
+// not asked for yet in UCX's unexpected queue, 1.5 to 4 GiB of 64 KiB messages in a few
+// seconds, and copied each twice, cold (docs/benchmarks.md). So once this many bytes or
+// messages were sent since the last acknowledged one, the next message's last send is
+// synchronous (ucx::Endpoint::Done::Matched): send() returns once the receiver has matched
+// it, so at most about kUnmatchedBytes of a pipe wait unasked in the receiver. A receiver
+// that keeps up matches at once, and the wait is one acknowledgement in a MiB.
+inline constexpr uint64_t kUnmatchedBytes = 1 << 20;
+inline constexpr uint32_t kUnmatchedMessages = 256;
 
 // Why a pipe became unusable, which decides who is told and what is thrown.
 enum class Fault {
@@ -237,9 +249,13 @@ class PipeImpl : public runtime::Beating {
   ucx::Request close_msg_;
   std::chrono::steady_clock::time_point linger_until_{};
   std::vector<std::span<const std::byte>> pieces_;
+  std::vector<std::span<const std::byte>> separate_;  // payload pieces sent one a message
   std::vector<ucp_dt_iov_t> frame_iov_;
   std::vector<ucp_dt_iov_t> payload_iov_;
   std::vector<ucx::Request> send_reqs_;
+  // Sent since the last message sent synchronously (kUnmatchedBytes).
+  uint64_t unmatched_bytes_ = 0;
+  uint32_t unmatched_messages_ = 0;
   size_t inline_max_ = kInlineMax;  // the largest payload sent inline (set by the handshake)
 
   // receive state

@@ -744,20 +744,30 @@ Endpoint::~Endpoint() {
   close(true, std::chrono::milliseconds(1000));
 }
 
+namespace {
+
+ucs_status_ptr_t tag_send(ucp_ep_h ep, const void* buffer, size_t count, uint64_t tag,
+                          const ucp_request_param_t& param, Endpoint::Done done) {
+  return done == Endpoint::Done::Matched ? ucp_tag_send_sync_nbx(ep, buffer, count, tag, &param)
+                                         : ucp_tag_send_nbx(ep, buffer, count, tag, &param);
+}
+
+}  // namespace
+
 Request Endpoint::send(uint64_t tag, std::span<const std::span<const std::byte>> pieces,
-                       std::vector<ucp_dt_iov_t>& iov) {
+                       std::vector<ucp_dt_iov_t>& iov, Done done) {
   iov.clear();
   for (auto p : pieces)
     if (!p.empty()) iov.push_back({const_cast<std::byte*>(p.data()), p.size()});
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
   param.datatype = ucp_dt_make_iov();
-  return Request(ucp_tag_send_nbx(ep_, iov.data(), iov.size(), tag, &param), false);
+  return Request(tag_send(ep_, iov.data(), iov.size(), tag, param, done), false);
 }
 
-Request Endpoint::send(uint64_t tag, std::span<const std::byte> bytes) {
+Request Endpoint::send(uint64_t tag, std::span<const std::byte> bytes, Done done) {
   ucp_request_param_t param{};
-  return Request(ucp_tag_send_nbx(ep_, bytes.data(), bytes.size(), tag, &param), false);
+  return Request(tag_send(ep_, bytes.data(), bytes.size(), tag, param, done), false);
 }
 
 std::optional<std::pair<size_t, ucp_tag_message_h>> Endpoint::probe(uint64_t tag) {

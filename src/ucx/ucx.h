@@ -228,9 +228,14 @@ class Endpoint {
   // ucp_ep_print_info (UCX 1.13 has no query for them).
   std::string transports() const;
 
+  // When a send's request completes: once its bytes are out of the caller's buffer
+  // (Local), or once the receiver has matched it with a receive (Matched: UCX's synchronous
+  // send, an acknowledgement from the peer). Matched is what bounds how much a sender can
+  // leave in a slow receiver's unexpected queue (pipe_impl.cpp, post_send).
+  enum class Done { Local, Matched };
   Request send(uint64_t tag, std::span<const std::span<const std::byte>> pieces,
-               std::vector<ucp_dt_iov_t>& iov_storage);
-  Request send(uint64_t tag, std::span<const std::byte> bytes);
+               std::vector<ucp_dt_iov_t>& iov_storage, Done done = Done::Local);
+  Request send(uint64_t tag, std::span<const std::byte> bytes, Done done = Done::Local);
   // Pops the next message with this tag, if one has arrived: its length and handle.
   std::optional<std::pair<size_t, ucp_tag_message_h>> probe(uint64_t tag);
   // Pops the next message whose tag matches `tag` on the bits of `mask`.
