@@ -1484,3 +1484,58 @@ def test_close_after_the_event_loop_was_closed_with_a_receive_pending(pair):
     accepted.close()
     assert accepted.closed
     task._log_destroy_pending = False  # asyncio's own warning about the task left pending
+
+
+# ---- flow control ---------------------------------------------------------------------
+
+STREAMING_CLIENT = """
+import sys
+import numpy as np
+import tensorwire as tw
+td = tw.TensorDict({"x": np.full(64 * 1024, 7, dtype=np.uint8)}, batch_size=[])
+with tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=60) as pipe:
+    for _ in range(int(sys.argv[2])):
+        pipe.send(td, timeout=60)
+"""
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_a_server_slower_than_its_clients_holds_about_a_mib_of_each_not_everything_sent(tmp_path):
+    # UCX takes eager messages into the receiver whenever its worker progresses, asked for or
+    # not: a server slower than its four clients held what they had sent and it had not
+    # received yet (GiBs over longer runs). Each pipe's sender now waits once it is a MiB
+    # ahead (docs/pipe.md, "How far a sender runs ahead").
+    client = script(tmp_path, "client.py", STREAMING_CLIENT)
+    clients, messages = 4, 3000  # 188 MiB a client
+    got = []
+
+    async def main():
+        async with tw.TensorDictServer(0) as server:
+            async def handler(pipe):
+                async for td in pipe:
+                    assert td["x"][-1] == 7
+                    got.append(1)
+
+            serving = asyncio.ensure_future(server.serve(handler))
+            procs = [start(client, server.port, messages) for _ in range(clients)]
+            before = peak = _rss_mib()
+            try:
+                while len(got) < clients * messages and all(p.poll() in (None, 0) for p in procs):
+                    await asyncio.sleep(0.01)
+                    peak = max(peak, _rss_mib())
+            finally:
+                grown = peak - before
+                for p in procs:
+                    p.wait(timeout=60)
+                server.close()
+                await serving
+            return grown, [p.returncode for p in procs], [p.stderr.read() for p in procs]
+
+    grown, codes, errors = asyncio.run(main())
+    assert codes == [0] * clients, errors
+    assert len(got) == clients * messages
+    assert grown < 48, f"the server grew by {grown:.0f} MiB while receiving"
