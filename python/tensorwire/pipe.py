@@ -364,8 +364,10 @@ class TensorDictPipe:
 
         Returns once the message is handed over: ``td`` may then be changed. Up to 64 KiB
         of tensor data (and 16 KiB of metadata), UCX copies the message and ``send``
-        returns without waiting for the peer; a larger one goes straight from ``td``'s
-        memory to the receiver, and ``send`` returns when the peer has received it. ``timeout``: seconds (None: no limit, 0:
+        returns without waiting for the peer, except that a sender runs at most about 1 MiB
+        or 256 messages ahead of its receiver (the message that reaches that waits until
+        the peer has taken it); a larger one goes straight from ``td``'s memory to the
+        receiver, and ``send`` returns when the peer has received it. ``timeout``: seconds (None: no limit, 0:
         try once); TimeoutError when it passes. A send that timed out (or was interrupted
         by Ctrl-C) is still in flight: call ``send`` again with the same TensorDict to
         finish it (it arrives once); a different TensorDict is sent after it, and is not

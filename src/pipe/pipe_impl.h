@@ -48,14 +48,11 @@ inline constexpr size_t kInlineSplit = 8 * 1024;
 // (kUnmatchedBytes).
 static_assert(kInlineMax + 16 * 1024 <= ucx::kEagerMax);
 // How far a sender may run ahead of its receiver. UCX moves an eager message into the
-// receiver's memory whenever the receiver's worker progresses, matched or not: a receiver
-// slower than its senders (a TensorDictServer with four clients) kept every message it had
-// not asked for yet in UCX's unexpected queue, 1.5 to 4 GiB of 64 KiB messages in a few
-// seconds, and copied each twice, cold (docs/benchmarks.md). So once this many bytes or
-// messages were sent since the last acknowledged one, the next message's last send is
-// synchronous (ucx::Endpoint::Done::Matched): send() returns once the receiver has matched
-// it, so at most about kUnmatchedBytes of a pipe wait unasked in the receiver. A receiver
-// that keeps up matches at once, and the wait is one acknowledgement in a MiB.
+// receiver's memory whenever the receiver's worker progresses, asked for or not, so a
+// receiver slower than its senders held all they sent (docs/pipe.md, "How far a sender
+// runs ahead"). The message that brings what was sent since the last synchronous one to
+// this many bytes or messages is sent synchronously (its last send: Done::Matched), and
+// its send() returns once the receiver has matched it.
 inline constexpr uint64_t kUnmatchedBytes = 1 << 20;
 inline constexpr uint32_t kUnmatchedMessages = 256;
 
@@ -183,8 +180,9 @@ class PipeImpl : public runtime::Beating {
   void start_liveness(int64_t peer_heartbeat_ms, bool same_host);
   // Whether a message on `tag` is one this pipe reads, now (check_alive). Under mu_.
   bool reads_tag(uint64_t tag) const;
-  // close() with a send in flight whose close message could not leave (pipe_liveness.cpp):
-  // true when the liveness thread took the rest of the close over.
+  // close() with a send in flight (its close message stuck behind it, or a synchronous or
+  // rendezvous send the peer has not taken yet: pipe_liveness.cpp): true when the liveness
+  // thread took the rest of the close over.
   bool linger(ucx::Request& close_msg);  // under mu_
   // On the liveness thread, under mu_: one turn of a lingering close; once it is over, the
   // pipe's own reference and the message's storages, to let go of outside mu_.

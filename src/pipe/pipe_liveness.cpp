@@ -72,17 +72,15 @@ void PipeImpl::beat() noexcept {
 // have left (the peer's next receive gets that message whole, the one after it
 // ClosedError), the peer is gone, or the liveness timeout (its default when off) passed,
 // holding the message's storages meanwhile. Not during the destructor (nothing owns the
-// pipe then) or before the endpoint's wire-up is over.
+// pipe then) or before the endpoint's wire-up is over. Also when the close message left
+// but a send is still in flight: a message sent synchronously (kUnmatchedBytes) that the
+// peer has not matched yet, or a rendezvous it has not pulled. Its bytes may have left, but
+// closing at once is by force (close_endpoint), which over TCP can reset the connection
+// under them.
 bool PipeImpl::linger(ucx::Request& close_msg) {
-  bool stuck = false;
-  try {
-    stuck = !close_msg.done();
-  } catch (const Error&) {
-  }
   // A receive of ours in flight writes into the caller's dict, which nothing holds once
   // close() returns: only the forced close ends it.
-  if (!stuck || !sends_in_flight() || state_ != RecvState::Idle || !wired_up_ || peer_lost_ ||
-      peer_gone())
+  if (!sends_in_flight() || state_ != RecvState::Idle || !wired_up_ || peer_lost_ || peer_gone())
     return false;
   auto self = std::static_pointer_cast<PipeImpl>(weak_from_this().lock());
   if (!self) return false;

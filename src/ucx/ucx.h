@@ -41,8 +41,9 @@ using Clock = std::chrono::steady_clock;
 
 // Messages up to this size are sent eagerly: UCX copies them and the send completes
 // without waiting for the peer to receive (the pipe's frames with their inline payload fit,
-// so a send followed by a receive works on both sides). Larger ones use rendezvous (zero
-// copy; the send completes when the peer has received). UCX_RNDV_THRESH overrides it.
+// so a send followed by a receive works on both sides), unless sent with Done::Matched.
+// Larger ones use rendezvous (zero copy; the send completes when the peer has received).
+// UCX_RNDV_THRESH overrides it.
 inline constexpr size_t kEagerMax = 80 * 1024;
 
 // Throws the right tensorwire error for a UCX status ("what: Input/output error").

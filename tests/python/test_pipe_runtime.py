@@ -1448,11 +1448,20 @@ async def _send_until_stalled(pipe):
         await asyncio.wait_for(pipe.asend(chunk), 30)
 
 
+@pytest.fixture
+def pair_with_a_small_fifo(monkeypatch):
+    # A shared-memory FIFO (256 elements of 8 KiB by default) smaller than what a sender may
+    # send ahead of its receiver (1 MiB, docs/pipe.md): the FIFO fills first.
+    monkeypatch.setenv("UCX_MM_FIFO_SIZE", "64")
+    yield from both_ends()
+
+
 @pytest.mark.parametrize("second", [_send_big, _send_until_stalled], ids=["rendezvous", "stalled"])
-def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair, second):
+def test_a_pipe_awaited_from_a_second_event_loop_is_an_error_not_a_hang(pair_with_a_small_fifo,
+                                                                      second):
     # The fds are watched by the first loop's selector: a waiter of another thread's loop
     # never woke, and both loops hung.
-    accepted, connected = pair
+    accepted, connected = pair_with_a_small_fifo
     waiting = threading.Event()
     first_done = {}
 

@@ -63,8 +63,10 @@ class TensorDictPipe {
   // Returns once UCX has taken the message: `td` may be modified afterwards. A message
   // with at most 64 KiB of tensor data and 16 KiB of metadata is copied by UCX and send()
   // returns without waiting for the peer, so a send followed by a recv works on both
-  // sides. A larger payload travels by rendezvous, straight from `td`'s memory into the
-  // receiver's: send() returns when the peer has received it (docs/pipe.md).
+  // sides; but a sender runs at most about 1 MiB or 256 messages ahead of its receiver:
+  // the message that reaches that returns once the peer has taken it. A larger payload
+  // travels by rendezvous, straight from `td`'s memory into the receiver's: send() returns
+  // when the peer has received it (docs/pipe.md, "When send() returns").
   //
   // Resuming: a send that timed out or was interrupted stays in flight, still reading
   // `td`'s memory: the pipe keeps that memory alive (`td` may be dropped), but leave it
