@@ -497,19 +497,23 @@ bool PipeImpl::post_send(const TensorDict& td, bool turn) {
   unmatched_messages_ = matched ? 0 : unmatched_messages_ + 1;
   // Leaves gathered for an inline payload (encoder_for) go as one message, as the receiver
   // takes a consolidated payload into one buffer; otherwise one message a non-empty leaf.
+  // The message's last send is the frame when none follows it.
   const bool gathered = !inline_payload && options_.consolidated && m.payload.size() > 1;
-  separate_.clear();
-  if (!inline_payload && !gathered)
-    for (auto piece : m.payload)
-      if (!piece.empty()) separate_.push_back(piece);
+  const bool one_a_leaf = !inline_payload && !gathered;
+  size_t last_leaf = m.payload.size();  // none
+  if (one_a_leaf)
+    for (size_t i = 0; i < m.payload.size(); ++i)
+      if (!m.payload[i].empty()) last_leaf = i;
   using Done = ucx::Endpoint::Done;
   const auto done = [&](bool last) { return matched && last ? Done::Matched : Done::Local; };
   send_reqs_.clear();
   send_reqs_.push_back(
-      ep_->send(kFrameTag, pieces_, frame_iov_, done(!gathered && separate_.empty())));
+      ep_->send(kFrameTag, pieces_, frame_iov_, done(!gathered && last_leaf == m.payload.size())));
   if (gathered) send_reqs_.push_back(ep_->send(kPayloadTag, m.payload, payload_iov_, done(true)));
-  for (size_t i = 0; i < separate_.size(); ++i)
-    send_reqs_.push_back(ep_->send(kPayloadTag, separate_[i], done(i + 1 == separate_.size())));
+  if (one_a_leaf)
+    for (size_t i = 0; i < m.payload.size(); ++i)
+      if (!m.payload[i].empty())
+        send_reqs_.push_back(ep_->send(kPayloadTag, m.payload[i], done(i == last_leaf)));
   sending_ = true;
   sending_td_ = &td;
   return true;

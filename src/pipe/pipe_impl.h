@@ -247,7 +247,6 @@ class PipeImpl : public runtime::Beating {
   ucx::Request close_msg_;
   std::chrono::steady_clock::time_point linger_until_{};
   std::vector<std::span<const std::byte>> pieces_;
-  std::vector<std::span<const std::byte>> separate_;  // payload pieces sent one a message
   std::vector<ucp_dt_iov_t> frame_iov_;
   std::vector<ucp_dt_iov_t> payload_iov_;
   std::vector<ucx::Request> send_reqs_;
