@@ -260,6 +260,15 @@ Context::Context() : generation_(os::fork_generation()) {
   if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0')
     modify("TLS", "^posix");
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
+  // A TCP data lane's connect() is blocking by default, and when the peer goes away just
+  // after it (its process killed mid-wire-up) UCX 1.22 frees the endpoint it then hands over
+  // as a lane: a use after free, the listener's SIGSEGV of docs/reliability.md. The failed
+  // first send of the connection request reconnects within the same call; the refused
+  // reconnect marks the endpoint failed and queues its destruction, and the call still
+  // gives it its TX role and returns success (tcp_ep.c, uct_tcp_ep_connect). A non-blocking
+  // connect returns before any of that, so the failure reaches the endpoint's error handler
+  // like any other. Not fixed upstream as of UCX 1.22.0 and master (2026-08).
+  if (std::getenv("UCX_TCP_CONN_NB") == nullptr) modify("TCP_CONN_NB", "y");
   // The rendezvous scheme stays UCX's (between processes of a host: fragments through the
   // shared-memory FIFO). RNDV_SCHEME=put_zcopy moved 1 MiB 1.1-1.9x faster here, but it
   // gives every local endpoint TCP lanes to write over, and with them a peer's close that

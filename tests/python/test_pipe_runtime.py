@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import NOBODY, PYTHONPATH, connected_pipes
+from conftest import NOBODY, PYTHONPATH, ROOT, connected_pipes
 
 ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
 
@@ -158,6 +158,72 @@ def test_clients_abandoning_their_connects_never_abort_the_listener(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     assert "listener alive [0, 0]" in r.stdout and r.stdout.count("abandoned") == 2, r.stdout
+
+
+# A listener that accepts until it has received one message; then "received <x>".
+RECEIVE_ONE = """
+import sys
+import tensorwire as tw
+with tw.PipeListener(0) as listener:
+    print(listener.port, flush=True)
+    while True:
+        pipe = listener.accept(timeout=60)
+        if pipe is None:
+            sys.exit("no client came")
+        with pipe:
+            print("received", float(pipe.recv(timeout=30)["x"][0]), flush=True)
+            break
+"""
+
+# A client of the port in argv[1] that tries up to four connects, then sends one message.
+SEND_ONE = """
+import sys
+import numpy as np
+import tensorwire as tw
+for attempt in range(4):
+    try:
+        with tw.TensorDictPipe.connect("127.0.0.1", int(sys.argv[1]), timeout=10) as pipe:
+            pipe.send(tw.TensorDict({"x": np.full(4, 7.0, np.float32)}), timeout=30)
+            print("sent on attempt", attempt, flush=True)
+            break
+    except ConnectionError as e:
+        print("attempt", attempt, "failed:", type(e).__name__, flush=True)
+"""
+
+TCP_FAULT_SHIM = os.path.join(ROOT, "build", "tests", "cpp", "pipe", "libtcp_fault_shim.so")
+
+
+def test_a_client_dying_just_after_the_tcp_handshake_never_crashes_the_listener(tmp_path):
+    """The listener's first TCP data-lane connect to its client completes, its first send
+    meets a reset and the reconnect is refused: what a client killed mid-wire-up looks like
+    to it (tests/cpp/pipe/tcp_fault_shim.c injects it). With UCX's default blocking connect,
+    UCX 1.22 then freed the endpoint it had made a lane, and the listener died of SIGSEGV
+    (it does with UCX_TCP_CONN_NB=n here); tensorwire connects non-blocking. The client's
+    connect fails promptly, and its next one is accepted by the same listener."""
+    assert os.path.exists(TCP_FAULT_SHIM), f"{TCP_FAULT_SHIM} is built by `make build`"
+    # UCX picks which side connects a TCP lane by comparing addresses (for one host, the
+    # ports): the listener's lower ports make it the side that connects.
+    tcp = dict(ENV, UCX_TLS="tcp")
+    listener = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", script(tmp_path, "receive_one.py", RECEIVE_ONE)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(tcp, UCX_TCP_PORT_RANGE="20000-20100", LD_PRELOAD=TCP_FAULT_SHIM,
+                 TW_FAULT_DEAD_PORT="9"))
+    try:
+        port = int(listener.stdout.readline())
+        client = subprocess.run(
+            [sys.executable, script(tmp_path, "send_one.py", SEND_ONE), str(port)],
+            capture_output=True, text=True, timeout=120,
+            env=dict(tcp, UCX_TCP_PORT_RANGE="40000-40100"))
+        out, err = listener.communicate(timeout=60)
+    finally:
+        listener.kill()
+        listener.communicate()
+    assert listener.returncode == 0, (listener.returncode, err[-3000:])
+    assert out.strip() == "received 7.0", out
+    # The fault reached the first connect, and the second went through.
+    assert client.stdout.splitlines()[0].startswith("attempt 0 failed"), client.stdout
+    assert client.stdout.splitlines()[-1] == "sent on attempt 1", (client.stdout, client.stderr)
 
 
 def test_sigint_interrupts_a_blocking_recv_promptly_and_the_pipe_stays_usable(tmp_path):
