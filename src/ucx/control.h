@@ -67,9 +67,10 @@ void wait_wired_up(Worker& worker, Endpoint& ep, Deadline deadline, const char* 
                    std::stop_token abandon = {});
 // A client that gives up on its connection (its timeout, an interrupt, an error) lets the
 // wire-up of `ep` end, for at most `budget` (milliseconds where the server has taken the
-// connection up), before it closes: UCX 1.22's TCP transport could free an endpoint of the
-// server's that a connection request reached after the endpoint had failed, as when a
-// client went away mid-wire-up, and the server then died of SIGSEGV (docs/reliability.md).
+// connection up), before it closes. A client that went away mid-wire-up made UCX 1.22 free a
+// TCP lane of the server's under it (SIGSEGV; docs/reliability.md). Non-blocking TCP
+// connects (Context) close that for good; this wait stays as the defence of a process whose
+// UCX_TCP_CONN_NB=n reopens it, and costs only a connect already given up.
 // No interrupt check, nothing thrown: this runs while an interrupt or an error is on its
 // way out.
 void let_wireup_end(Worker& worker, Endpoint& ep, std::chrono::milliseconds budget) noexcept;

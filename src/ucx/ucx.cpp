@@ -260,15 +260,12 @@ Context::Context() : generation_(os::fork_generation()) {
   if (const char* tls = std::getenv("UCX_TLS"); tls == nullptr || *tls == '\0')
     modify("TLS", "^posix");
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) modify("RNDV_THRESH", std::to_string(kEagerMax));
-  // A TCP data lane's connect() is blocking by default, and when the peer goes away just
-  // after it (its process killed mid-wire-up) UCX 1.22 frees the endpoint it then hands over
-  // as a lane: a use after free, the listener's SIGSEGV of docs/reliability.md. The failed
-  // first send of the connection request reconnects within the same call; the refused
-  // reconnect marks the endpoint failed and queues its destruction, and the call still
-  // gives it its TX role and returns success (tcp_ep.c, uct_tcp_ep_connect). A non-blocking
-  // connect returns before any of that, so the failure reaches the endpoint's error handler
-  // like any other. Not fixed upstream as of UCX 1.22.0 and master (2026-08).
-  if (std::getenv("UCX_TCP_CONN_NB") == nullptr) modify("TCP_CONN_NB", "y");
+  // UCX 1.22 frees a TCP lane whose blocking connect's peer went away mid-wire-up (a
+  // listener's SIGSEGV when a client is killed then; docs/reliability.md, "Closed for
+  // clients that die too"). Non-blocking connects hand every such failure to the endpoint's
+  // error handler. The user's UCX_TCP_CONN_NB wins (=n reopens it).
+  if (std::getenv("UCX_TCP_CONN_NB") == nullptr && tls_enables({}, {"tcp"}))
+    modify("TCP_CONN_NB", "y");
   // The rendezvous scheme stays UCX's (between processes of a host: fragments through the
   // shared-memory FIFO). RNDV_SCHEME=put_zcopy moved 1 MiB 1.1-1.9x faster here, but it
   // gives every local endpoint TCP lanes to write over, and with them a peer's close that
@@ -652,7 +649,9 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 
 // UCX reports a client's refused socket (nothing listens at the address) as "not
 // connected" (UCX 1.13), or as "connection reset" or "unreachable" (UCX 1.22, by the state
-// its connection manager had reached), and so too a connection the server's side took and
+// its connection manager had reached), or, where the refused connect was a TCP data lane's
+// and connects are non-blocking (Context), as "endpoint timeout"; and so too a connection
+// the server's side took and
 // closed before answering (its handshake timed out, it closed; or what listens is not a
 // tensorwire server): a probe of the address tells them apart. Any other failure before
 // the wire-up completed means the connection ended early too, or the host could not be
@@ -665,7 +664,7 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
                       " refused the connection: it could not take another client (its log "
                       "says why: too few file descriptors, threads or memory)");
   if ((error_ == UCS_ERR_NOT_CONNECTED || error_ == UCS_ERR_CONNECTION_RESET ||
-       error_ == UCS_ERR_UNREACHABLE) &&
+       error_ == UCS_ERR_UNREACHABLE || error_ == UCS_ERR_ENDPOINT_TIMEOUT) &&
       os::probe_tcp(peer_address_.host, peer_address_.port, std::chrono::milliseconds(500)) ==
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);

@@ -20,11 +20,14 @@
 #include <sys/socket.h>
 
 static atomic_int connects = 0;
+/* The socket whose next send fails. Armed by its number: nothing closes it before that send
+ * in the flow this injects into, so the number is not reused meanwhile. */
 static atomic_int armed_fd = -1;
 
 int connect(int fd, const struct sockaddr* addr, socklen_t len) {
-  int (*real)(int, const struct sockaddr*, socklen_t) =
-      (int (*)(int, const struct sockaddr*, socklen_t))dlsym(RTLD_NEXT, "connect");
+  static int (*_Atomic real)(int, const struct sockaddr*, socklen_t) = NULL;
+  if (real == NULL)
+    real = (int (*)(int, const struct sockaddr*, socklen_t))dlsym(RTLD_NEXT, "connect");
   const char* dead_port = getenv("TW_FAULT_DEAD_PORT");
   if (dead_port == NULL || addr == NULL || addr->sa_family != AF_INET) return real(fd, addr, len);
   const int n = atomic_fetch_add(&connects, 1) + 1;
@@ -42,8 +45,8 @@ int connect(int fd, const struct sockaddr* addr, socklen_t len) {
 }
 
 ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  ssize_t (*real)(int, const void*, size_t, int) =
-      (ssize_t(*)(int, const void*, size_t, int))dlsym(RTLD_NEXT, "send");
+  static ssize_t (*_Atomic real)(int, const void*, size_t, int) = NULL;
+  if (real == NULL) real = (ssize_t(*)(int, const void*, size_t, int))dlsym(RTLD_NEXT, "send");
   int expected = fd;
   if (fd >= 0 && atomic_compare_exchange_strong(&armed_fd, &expected, -1)) {
     errno = ECONNRESET;
