@@ -117,6 +117,11 @@ bool tls_enables(std::initializer_list<std::string_view> groups,
   if (exclude) return !whole && singles < each.size();
   return whole || singles > 0;
 }
+
+// Whether UCX_TLS lets UCX use TCP (connections by address start over it).
+bool tcp_enabled() {
+  return tls_enables({}, {"tcp"});
+}
 }  // namespace
 
 bool shared_memory_enabled() {
@@ -264,8 +269,7 @@ Context::Context() : generation_(os::fork_generation()) {
   // listener's SIGSEGV when a client is killed then; docs/reliability.md, "Closed for
   // clients that die too"). Non-blocking connects hand every such failure to the endpoint's
   // error handler. The user's UCX_TCP_CONN_NB wins (=n reopens it).
-  if (std::getenv("UCX_TCP_CONN_NB") == nullptr && tls_enables({}, {"tcp"}))
-    modify("TCP_CONN_NB", "y");
+  if (std::getenv("UCX_TCP_CONN_NB") == nullptr && tcp_enabled()) modify("TCP_CONN_NB", "y");
   // The rendezvous scheme stays UCX's (between processes of a host: fragments through the
   // shared-memory FIFO). RNDV_SCHEME=put_zcopy moved 1 MiB 1.1-1.9x faster here, but it
   // gives every local endpoint TCP lanes to write over, and with them a peer's close that
@@ -651,11 +655,11 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 // connected" (UCX 1.13), or as "connection reset" or "unreachable" (UCX 1.22, by the state
 // its connection manager had reached), or, where the refused connect was a TCP data lane's
 // and connects are non-blocking (Context), as "endpoint timeout"; and so too a connection
-// the server's side took and
-// closed before answering (its handshake timed out, it closed; or what listens is not a
-// tensorwire server): a probe of the address tells them apart. Any other failure before
-// the wire-up completed means the connection ended early too, or the host could not be
-// reached. A refusal's hint ("is a ... listening there?") would misdescribe all of those.
+// the server's side took and closed before answering (its handshake timed out, it closed;
+// or what listens is not a tensorwire server): a probe of the address tells them apart.
+// Any other failure before the wire-up completed means the connection ended early too, or
+// the host could not be reached. A refusal's hint ("is a ... listening there?") would
+// misdescribe all of those.
 void Endpoint::throw_if_unreached(const std::string& what, const std::string& host, uint16_t port,
                                   const std::string& listener) const {
   if (error_ == UCS_OK) return;
@@ -669,10 +673,9 @@ void Endpoint::throw_if_unreached(const std::string& what, const std::string& ho
           os::TcpProbe::Refused)
     throw ConnectionRefused(host, port, listener);
   // Connections by address start over TCP: a UCX_TLS without it cannot make one.
-  std::string setting = tls_enables({}, {"tcp"})
-                            ? ""
-                            : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
-                                  " has no tcp, which connecting by address needs)";
+  std::string setting = tcp_enabled() ? ""
+                                      : " (and UCX_TLS=" + std::string(std::getenv("UCX_TLS")) +
+                                            " has no tcp, which connecting by address needs)";
   // Two processes of different users on one host: UCX picks its shared-memory transports,
   // which the kernel refuses between users (segments, cross-memory attach), and the wire-up
   // fails with this, whatever the server is.

@@ -58,9 +58,9 @@ def start(path, *args):
                             stderr=subprocess.PIPE, text=True, env=ENV)
 
 
-def run(path, *args, timeout=120):
+def run(path, *args, timeout=120, env=ENV):
     return subprocess.run([sys.executable, path, *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)
+                          env=env, timeout=timeout)
 
 
 # A peer that connects to the port in argv[1], says "ready" and stays (until killed).
@@ -219,10 +219,8 @@ def test_a_client_dying_just_after_the_tcp_handshake_never_crashes_the_listener(
                  TW_FAULT_DEAD_PORT=str(dead.getsockname()[1])))
     try:
         port = int(listener.stdout.readline())
-        client = subprocess.run(
-            [sys.executable, script(tmp_path, "send_one.py", SEND_ONE), str(port)],
-            capture_output=True, text=True, timeout=80,
-            env=dict(tcp, UCX_TCP_PORT_RANGE="30000-30100"))
+        client = run(script(tmp_path, "send_one.py", SEND_ONE), port, timeout=80,
+                     env=dict(tcp, UCX_TCP_PORT_RANGE="30000-30100"))
         out = listener.communicate(timeout=20)[0]
     finally:
         listener.kill()
