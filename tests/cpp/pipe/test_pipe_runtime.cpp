@@ -534,7 +534,14 @@ TEST(PipeRuntime, ASenderRunsAtMostAMebibyteOrTwoHundredFiftySixMessagesAhead) {
     size_t ahead = 0;
     bool in_order = true;
     for (size_t i = 0; i < n && in_order; ++i) {
-      if (i % (large ? 1 : 10) == 0) std::this_thread::sleep_for(2ms);  // slower than the sender
+      if (i % (large ? 1 : 10) == 0) {
+        // Slower than the sender: a pause, then (where sends are slow: a TSan build) up to
+        // 50 ms more until the sender is a few messages ahead.
+        std::this_thread::sleep_for(2ms);
+        for (const auto until = std::chrono::steady_clock::now() + 50ms;
+             sent.load() < i + 3 && std::chrono::steady_clock::now() < until;)
+          std::this_thread::sleep_for(1ms);
+      }
       TensorDict& got = p.accepted->recv(nullptr, 20s);
       in_order = large ? got.get("x").data<uint8_t>()[64 * 1024 - 1] == static_cast<uint8_t>(i)
                        : got.get("v").data<float>()[1] == static_cast<float>(i);
