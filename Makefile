@@ -7,11 +7,17 @@ BUILD := build
 JOBS ?= $(shell nproc)
 # Per fuzz target (5 targets: `make fuzz` fuzzes for 5 x FUZZ_SECONDS).
 FUZZ_SECONDS ?= 30
-# ccache, where the machine has it, makes rebuilds in fresh build folders cheap.
-CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-WHEEL_CCACHE := $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+# ccache (scripts/install-deps.sh installs it) compiles each file once for build/ and the
+# wheel: the wheel's build is configured like build/ (`wheel` below), in a folder as deep,
+# and ccache hashes paths relative to the repository (CCACHE_BASEDIR) and not the build
+# folder's name (CCACHE_NOHASHDIR), so `make test` compiles the library three times instead
+# of four. `=`, not `:=`: looked up when a recipe runs, after `deps` has installed ccache.
+CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+WHEEL_CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
 DIST := dist
-CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
+CMAKE_COMMON = -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) $(CCACHE)
 
 .PHONY: all deps build demo docs typecheck test test-cpp test-python test-wheel wheel test-sanitize test-tsan fuzz chaos test-chaos format format-check bench clean
 
@@ -34,7 +40,7 @@ demo: build
 
 # The Python suite runs against the installed wheel (test-wheel), as a user gets the package;
 # `make test-python` runs it against the source tree.
-test: build format-check test-cpp test-wheel test-chaos typecheck docs test-sanitize fuzz
+test: build format-check test-cpp test-wheel test-chaos typecheck docs test-sanitize test-tsan fuzz
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -46,10 +52,15 @@ test-python: build
 
 # A manylinux wheel and an sdist in dist/: scikit-build-core builds (build-wheel/, incremental),
 # then scripts/repair-wheel.py bundles the native libraries (auditwheel) and UCX's modules.
+# The compilers and -Werror of build/ (scikit-build-core would take Python's g++ and gcc
+# names, and pyproject.toml turns -Werror off for other compilers): the same command lines,
+# which ccache then answers from build/'s objects.
 wheel: deps
 	@rm -rf $(DIST) && mkdir -p $(DIST)/raw
-	@set -o pipefail; CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m build --no-isolation --sdist --wheel \
-	  --outdir $(DIST)/raw $(WHEEL_CCACHE) . 2>&1 | { grep -v -E "^\[[0-9]+/[0-9]+\]|^\*|^-- " || true; }
+	@set -o pipefail; CC=$${CC:-cc} CXX=$${CXX:-c++} CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	  $(PY) -m build --no-isolation --sdist --wheel --outdir $(DIST)/raw \
+	  -C cmake.define.TENSORWIRE_WERROR=ON $(WHEEL_CCACHE) . 2>&1 \
+	  | { grep -v -E "^\[[0-9]+/[0-9]+\]|^\*|^-- " || true; }
 	@ls $(DIST)/raw/tensorwire-*.whl $(DIST)/raw/tensorwire-*.tar.gz >/dev/null
 	@$(PY) scripts/repair-wheel.py $(DIST)/raw/tensorwire-*.whl $(DIST)
 	@mv $(DIST)/raw/tensorwire-*.tar.gz $(DIST)/ && rm -rf $(DIST)/raw
@@ -90,9 +101,11 @@ docs: build
 # another thread of the parent at the fork): they hung 2 of 567 in a CI run. They run in
 # every other pass. (Runners fork replacements of dead workers from a single-threaded fork
 # server, src/dataflow/fork_server.h, so those are safe here.)
+# Without the tensorwire command (TOOLS=OFF), which no C++ test runs; the examples the tests
+# run are built.
 test-sanitize: deps
 	@cmake -S . -B $(BUILD)-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
-	  -DTENSORWIRE_SANITIZE=address,undefined -DTENSORWIRE_BENCH=OFF >/dev/null
+	  -DTENSORWIRE_SANITIZE=address,undefined -DTENSORWIRE_BENCH=OFF -DTENSORWIRE_TOOLS=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
 	@# fast_unwind_on_malloc=0: a leak's stack goes through libraries built without frame
 	@# pointers (UCX), which the suppressions in tests/sanitize/lsan.supp must see.
@@ -101,10 +114,11 @@ test-sanitize: deps
 	  UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -LE forked-child
 
-# Concurrent code under ThreadSanitizer.
+# Concurrent code (the tests labelled concurrent) under ThreadSanitizer; part of `make test`.
+# Suppressions: tests/cpp/*/tsan.supp, each saying why.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
-	  -DTENSORWIRE_SANITIZE=thread -DTENSORWIRE_BENCH=OFF >/dev/null
+	  -DTENSORWIRE_SANITIZE=thread -DTENSORWIRE_BENCH=OFF -DTENSORWIRE_TOOLS=OFF >/dev/null
 	@cmake --build $(BUILD)-tsan -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
 	@# UCX's memory hooks crash TSan's allocator when a thread exits: tests run without them.
 	@# forked-child: tests that run code in a fork of the threaded test process, where TSan's
@@ -134,4 +148,4 @@ bench: build
 	@PYTHONPATH=python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz $(BUILD)-wheel $(DIST) python/tensorwire/_C*.so
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz $(BUILD)-wheel $(BUILD)-wheel-venv $(DIST) python/tensorwire/_C*.so
