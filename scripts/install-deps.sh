@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
+  ccache                          # build/'s objects reused by the wheel's build (Makefile)
   libzmq3-dev cppzmq-dev          # ZeroMQ engine (dataflow runners)
   nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev

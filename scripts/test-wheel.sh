@@ -3,7 +3,7 @@
 # environment of its own, with the Python test suite (tests/python) and the wheel's own checks
 # (tests/wheel) run against the installed package.
 #
-# The environment (build-wheel/venv) has no system site packages and never sees python/:
+# The environment (build-wheel-venv/) has no system site packages and never sees python/:
 # the tests run with `python -P` (no current directory on sys.path) and no PYTHONPATH, and
 # tests/wheel checks that `tensorwire` is the installed copy. Its dependencies (the wheel's
 # `test` extra: torch, tensordict, torchrl, tensorpack...) install once per machine, which
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${WHEEL_VENV:-build-wheel/venv}
+VENV=${WHEEL_VENV:-build-wheel-venv}
 PY=${PYTHON:-python3}
 shopt -s nullglob
 wheels=(dist/tensorwire-*-manylinux*.whl)
