@@ -9,9 +9,11 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 30
 # ccache (scripts/install-deps.sh installs it) compiles each file once for build/ and the
 # wheel: the wheel's build is configured like build/ (`wheel` below), in a folder as deep,
-# and ccache hashes paths relative to the repository (CCACHE_BASEDIR) and not the build
-# folder's name (CCACHE_NOHASHDIR), so `make test` compiles the library three times instead
-# of four. `=`, not `:=`: looked up when a recipe runs, after `deps` has installed ccache.
+# ccache rewrites absolute paths under the repository (CCACHE_BASEDIR) relative to the
+# build folder (hence the same depth) and leaves the folder's own path out of the hash
+# (CCACHE_NOHASHDIR), so `make test` compiles the library four times (build/, ASan, TSan,
+# fuzzers) instead of five. `=`, not `:=`: looked up when a recipe runs, after `deps` has
+# installed ccache.
 CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 WHEEL_CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
 export CCACHE_BASEDIR := $(CURDIR)

@@ -7,7 +7,7 @@ its extension is the one `make build` compiles into it; `tensorwire` on the venv
 build/tools/tensorwire (python/tensorwire/__main__.py).
 
 Why not `pip install -e .`: scikit-build-core's editable install compiles the whole library
-a second time (a Release build of its own), and its import hook goes before sys.path, so
+a second time (a build of its own), and its import hook goes before sys.path, so
 `PYTHONPATH=python` (how the tests and another checkout sharing the venv run) would no
 longer choose which tensorwire is imported. This is the classic editable install instead: a
 .pth line naming python/, which PYTHONPATH still overrides, plus the package's metadata and

@@ -539,7 +539,7 @@ TEST(PipeRuntime, ASenderRunsAtMostAMebibyteOrTwoHundredFiftySixMessagesAhead) {
         // 50 ms more until the sender is a few messages ahead.
         std::this_thread::sleep_for(2ms);
         for (const auto until = std::chrono::steady_clock::now() + 50ms;
-             sent.load() < i + 3 && std::chrono::steady_clock::now() < until;)
+             sent.load() < std::min(i + 3, n) && std::chrono::steady_clock::now() < until;)
           std::this_thread::sleep_for(1ms);
       }
       TensorDict& got = p.accepted->recv(nullptr, 20s);
