@@ -412,8 +412,11 @@ class TensorDictPipe:
         self._check_open("send")
         wire_td = self._to_send(td)
         resumed = self._impl.sending(wire_td)
-        if not self._impl.poll_send(0):  # this one or another that was abandoned or timed
-            await self._send_done(self._impl.events)  # out: it completes first
+        seen = self._impl.events
+        if self._impl.poll_send(0):  # this one or another that was abandoned or timed
+            self._pass_on(seen)  # out: it completes first
+        else:
+            await self._send_done(self._impl.events)
         self._unfinished = None
         if resumed:
             return  # delivered once
@@ -428,7 +431,9 @@ class TensorDictPipe:
         seen = self._impl.events
         done = self._impl.poll_send(budget)
         self._send_spin.outcome(budget > 0, done)
-        if not done:
+        if done:
+            self._pass_on(seen)
+        else:
             await self._send_done(seen)
         self._unfinished = None
 
@@ -437,8 +442,18 @@ class TensorDictPipe:
             await self._wait(seen)
             seen = self._impl.events
             if self._impl.poll_send(0):
+                self._pass_on(seen)
                 self._unfinished = None
                 return
+
+    def _pass_on(self, seen: int) -> None:
+        """After a poll that completed this coroutine's call: if it took events (the pipe's
+        event count moved since ``seen``), they may be what another coroutine of this pipe
+        sleeps for (the receive it progressed completed a send, or the reverse), and the fd
+        will not fire for them again: wake it to look. Without this, an asend() and an
+        arecv() of one pipe could each sleep on the other's event for ever."""
+        if self._impl.events != seen:
+            self._waiter.wake()
 
     def _to_send(self, td) -> TensorDict:
         """``td`` as a tensorwire.TensorDict: the conversion made for it before when its send
@@ -475,6 +490,7 @@ class TensorDictPipe:
                 await self._wait(seen)
                 seen = self._impl.events
                 got = self._impl.poll_recv(td, 0)
+            self._pass_on(seen)
             self._recv_owes_yield = True
         finally:
             self._receiving = False
