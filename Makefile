@@ -117,7 +117,7 @@ test-sanitize: deps
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -LE forked-child
 
 # Concurrent code (the tests labelled concurrent) under ThreadSanitizer; part of `make test`.
-# Suppressions: tests/cpp/*/tsan.supp, each saying why.
+# Suppressions: tests/sanitize/tsan.supp, each saying why.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug \
 	  -DTENSORWIRE_SANITIZE=thread -DTENSORWIRE_BENCH=OFF -DTENSORWIRE_TOOLS=OFF >/dev/null
@@ -125,8 +125,8 @@ test-tsan: deps
 	@# UCX's memory hooks crash TSan's allocator when a thread exits: tests run without them.
 	@# forked-child: tests that run code in a fork of the threaded test process, where TSan's
 	@# allocator (not fork-safe) can deadlock; they run in every other pass.
-	@cd $(BUILD)-tsan && UCX_MEM_EVENTS=no ctest --output-on-failure -j $(JOBS) --timeout 600 \
-	  -L concurrent -LE forked-child
+	@cd $(BUILD)-tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS=suppressions=$(abspath tests/sanitize/tsan.supp) \
+	  ctest --output-on-failure -j $(JOBS) --timeout 600 -L concurrent -LE forked-child
 
 # libFuzzer under ASan/UBSan, FUZZ_SECONDS per target: the decoder, the datapoint format, the
 # pipe handshake, the inference socket frames, the remote inference frames; seeds from

@@ -50,7 +50,7 @@ bool sent_anything(const TcpInfo& t) {
 
 // A duplicate of `fd` (close-on-exec), or -1. Another thread (UCX's) may close `fd` meanwhile:
 // the callers check the duplicate again. A function of its own, named in the pipe tests'
-// TSan suppressions (tests/cpp/pipe/tsan.supp) with the other looks at such fds.
+// TSan suppressions (tests/sanitize/tsan.supp) with the other looks at such fds.
 int duplicate(int fd) {
   return ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
 }
