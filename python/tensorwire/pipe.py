@@ -412,11 +412,8 @@ class TensorDictPipe:
         self._check_open("send")
         wire_td = self._to_send(td)
         resumed = self._impl.sending(wire_td)
-        seen = self._impl.events
-        if self._impl.poll_send(0):  # this one or another that was abandoned or timed
-            self._pass_on(seen)  # out: it completes first
-        else:
-            await self._send_done(self._impl.events)
+        # This one or another that was abandoned or timed out: it completes first.
+        await self._finish_send()
         self._unfinished = None
         if resumed:
             return  # delivered once
@@ -424,34 +421,35 @@ class TensorDictPipe:
             # A blocking send() of another thread holds the pipe's turn, or left its send in
             # flight (it timed out): progress that one, then look again after a short sleep
             # (that thread progresses the pipe too, and the fd may stay quiet for this loop).
+            seen = self._impl.events
             self._impl.poll_send(0)
+            self._pass_on(seen)
             await asyncio.sleep(_STALL_SLEEP_S)
         self._unfinished = (td, wire_td)  # a retry after a cancellation finishes it
-        budget = self._send_spin.budget()
-        seen = self._impl.events
-        done = self._impl.poll_send(budget)
-        self._send_spin.outcome(budget > 0, done)
-        if done:
-            self._pass_on(seen)
-        else:
-            await self._send_done(seen)
+        await self._finish_send(self._send_spin)
         self._unfinished = None
 
-    async def _send_done(self, seen: int) -> None:
-        while True:
+    async def _finish_send(self, spin: Optional[_Spin] = None) -> None:
+        """Progresses the send in flight until it completes: one poll (spinning as ``spin``
+        learnt, which is told whether that caught it), then polls as the fds say."""
+        budget = spin.budget() if spin is not None else 0
+        seen = self._impl.events
+        done = self._impl.poll_send(budget)
+        if spin is not None:
+            spin.outcome(budget > 0, done)
+        while not done:
             await self._wait(seen)
             seen = self._impl.events
-            if self._impl.poll_send(0):
-                self._pass_on(seen)
-                self._unfinished = None
-                return
+            done = self._impl.poll_send(0)
+        self._pass_on(seen)
 
     def _pass_on(self, seen: int) -> None:
-        """After a poll that completed this coroutine's call: if it took events (the pipe's
-        event count moved since ``seen``), they may be what another coroutine of this pipe
-        sleeps for (the receive it progressed completed a send, or the reverse), and the fd
-        will not fire for them again: wake it to look. Without this, an asend() and an
-        arecv() of one pipe could each sleep on the other's event for ever."""
+        """After every poll (or arm) of this coroutine, whether its call completed or goes to
+        sleep: if it took events (the pipe's event count moved since ``seen``), they may be
+        what another coroutine of this pipe sleeps for (the receive it progressed completed
+        a send, or the reverse), and the fd will not fire for them again: wake it to look.
+        Without this, an asend() and an arecv() of one pipe could each sleep on the other's
+        event for ever."""
         if self._impl.events != seen:
             self._waiter.wake()
 
@@ -516,8 +514,7 @@ class TensorDictPipe:
         # poll on for ever beside the other loop's waiter.
         self._waiter.check_loop(asyncio.get_running_loop())
         armed = self._impl.arm()
-        if self._impl.events != seen:
-            self._waiter.wake()
+        self._pass_on(seen)
         if armed:
             self._stalls = 0
             await self._waiter.wait()
