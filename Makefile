@@ -14,8 +14,9 @@ FUZZ_SECONDS ?= 30
 # (CCACHE_NOHASHDIR), so `make test` compiles the library four times (build/, ASan, TSan,
 # fuzzers) instead of five. `=`, not `:=`: looked up when a recipe runs, after `deps` has
 # installed ccache.
-CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-WHEEL_CCACHE = $(shell command -v ccache >/dev/null 2>&1 && echo -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+LAUNCHERS = $(if $(shell command -v ccache),CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache)
+CCACHE = $(addprefix -D,$(LAUNCHERS))
+WHEEL_CCACHE = $(addprefix -C cmake.define.,$(LAUNCHERS))
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := true
 DIST := dist
