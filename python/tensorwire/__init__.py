@@ -3,7 +3,7 @@
 The core is C++ (``tensorwire._C``); leaves come back as zero-copy numpy arrays (or torch
 tensors through ``td.torch()``) over the same memory as the C++ storage.
 """
-from . import _bundled_libs  # noqa: F401  (first: settings the wheel's UCX reads when _C loads it)
+from . import _ucx_env  # noqa: F401  (first: the settings UCX reads when _C loads it)
 from ._C import (ClosedError, NonTensorStack, ProtocolError, RemoteTraceback, TensorDict, load, release_storage_cache,
                  set_storage_cache_limit, stack, storage_cache_stats)
 from . import _pickling  # noqa: F401  (registers how a TensorDict pickles)
