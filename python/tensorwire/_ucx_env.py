@@ -2,12 +2,15 @@
 reads them as it loads. Imported first by ``tensorwire/__init__.py``; a value the user set
 wins. Processes started from here inherit them.
 
-``UCX_MEM_MMAP_HOOK_MODE=reloc``. UCX 1.22 installs its memory hooks (``mmap``, ``munmap``
-and six more) by rewriting the first bytes of each function ("bistro" mode), waiting 50 ms
-after each while it calls ``sched_yield`` in a loop: 0.4 s and a busy CPU at every
-``import tensorwire``, 100 CPU-seconds for 256 actor processes started together. reloc mode
-installs the same hooks through the relocation tables in microseconds, and UCX gets the
-same memory events from them (docs/pipe.md, "Process start").
+``UCX_MEM_EVENTS=no``. UCX 1.22 installs its memory hooks as libucs loads, by rewriting the
+first bytes of ``mmap``, ``munmap`` and six more functions of the process ("bistro"),
+waiting 50 ms after each while it calls ``sched_yield`` in a loop: 0.4 s and a busy CPU at
+every ``import tensorwire``, 100 CPU-seconds for 256 actor processes started together. The
+hooks feed a registration cache that only RDMA transports use (InfiniBand: not in the
+wheel); shared memory and TCP register no memory. Their other mode, through the relocation
+tables, is no way out: it puts UCX's own malloc into the process, whose lock a ``fork()``
+copies held (forked children of the test suite spun in it for ever). So they are off, as
+they already were in forked children (docs/pipe.md, "Process start").
 
 ``UCX_MODULE_DIR``, in a wheel. A wheel carries its own UCX (``tensorwire.libs/``, placed
 there by auditwheel) and UCX's transport modules (``tensorwire.libs/ucx/``). libucs looks
@@ -19,7 +22,7 @@ there is no such directory and it is left alone.
 """
 import os
 
-os.environ.setdefault("UCX_MEM_MMAP_HOOK_MODE", "reloc")
+os.environ.setdefault("UCX_MEM_EVENTS", "no")
 
 UCX_MODULE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tensorwire.libs",
                               "ucx")
