@@ -757,6 +757,18 @@ Endpoint::~Endpoint() {
 
 namespace {
 
+// Every buffer tensorwire hands UCX is host memory (a TensorDict's leaves are on the CPU,
+// checked where they are made). Said on every send and receive, so UCX never asks what
+// memory a buffer is in: it asks its memory-type cache, which needs the memory events
+// that tensorwire turns off (docs/pipe.md, "Process start"), and without it a UCX that has
+// its CUDA modules loaded asks the CUDA driver on every call.
+ucp_request_param_t host_param() {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.memory_type = UCS_MEMORY_TYPE_HOST;
+  return param;
+}
+
 ucs_status_ptr_t tag_send(ucp_ep_h ep, const void* buffer, size_t count, uint64_t tag,
                           const ucp_request_param_t& param, Endpoint::Done done) {
   return done == Endpoint::Done::Matched ? ucp_tag_send_sync_nbx(ep, buffer, count, tag, &param)
@@ -770,15 +782,14 @@ Request Endpoint::send(uint64_t tag, std::span<const std::span<const std::byte>>
   iov.clear();
   for (auto p : pieces)
     if (!p.empty()) iov.push_back({const_cast<std::byte*>(p.data()), p.size()});
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  ucp_request_param_t param = host_param();
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
   param.datatype = ucp_dt_make_iov();
   return Request(tag_send(ep_, iov.data(), iov.size(), tag, param, done), false);
 }
 
 Request Endpoint::send(uint64_t tag, std::span<const std::byte> bytes, Done done) {
-  ucp_request_param_t param{};
-  return Request(tag_send(ep_, bytes.data(), bytes.size(), tag, param, done), false);
+  return Request(tag_send(ep_, bytes.data(), bytes.size(), tag, host_param(), done), false);
 }
 
 std::optional<std::pair<size_t, ucp_tag_message_h>> Endpoint::probe(uint64_t tag) {
@@ -818,8 +829,8 @@ void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* 
 // ucp_tag_recv_request_test() reports length 0 for some completed requests; so every
 // receive completes through the callback (no immediate completion), which always has it.
 ucp_request_param_t recv_param(size_t* length) {
-  ucp_request_param_t param{};
-  param.op_attr_mask =
+  ucp_request_param_t param = host_param();
+  param.op_attr_mask |=
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &on_recv;
   param.user_data = length;
@@ -881,11 +892,7 @@ void Endpoint::discard_unexpected() {
     if (!msg) return;
     scratch.resize(info.length);
     size_t got = 0;
-    ucp_request_param_t param{};
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
-    param.user_data = &got;
+    ucp_request_param_t param = recv_param(&got);
     ucs_status_ptr_t p =
         ucp_tag_msg_recv_nbx(worker_.handle(), scratch.data(), scratch.size(), msg, &param);
     if (UCS_PTR_IS_ERR(p)) return;
