@@ -135,12 +135,12 @@ def test_python_numbers_follow_torch_and_numpy_scalars_keep_their_dtype():
 
 
 def test_torch_conjugate_and_negative_views_are_stored_with_their_values():
-    torch = pytest.importorskip("torch")
+    import torch
     x = torch.tensor([1 + 2j, 3 + 4j])
     td = tw.TensorDict({"c": x.conj(), "n": x.conj().imag})
     np.testing.assert_array_equal(td["c"], x.conj().resolve_conj().numpy())  # was x
     np.testing.assert_array_equal(td["n"], [-2.0, -4.0])  # was [2, 4]
-    tensordict = pytest.importorskip("tensordict")
+    import tensordict
     back = tw.TensorDict.from_tensordict(tensordict.TensorDict({"c": x.conj()}, batch_size=[]))
     np.testing.assert_array_equal(back["c"], [1 - 2j, 3 - 4j])
 
@@ -148,8 +148,8 @@ def test_torch_conjugate_and_negative_views_are_stored_with_their_values():
 @pytest.mark.parametrize("device", ["cpu", "torch.device"])
 def test_a_tensordict_with_a_device_keeps_it(device):
     # td.device is a torch.device: converting it once failed with std::bad_cast.
-    torch = pytest.importorskip("torch")
-    tensordict = pytest.importorskip("tensordict")
+    import torch
+    import tensordict
     dev = torch.device("cpu") if device == "torch.device" else "cpu"
     td = tensordict.TensorDict({"x": torch.arange(3.0)}, batch_size=[3], device=dev)
     for source in (td, td.consolidate()):
