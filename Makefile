@@ -11,8 +11,8 @@ FUZZ_SECONDS ?= 30
 # wheel: the wheel's build is configured like build/ (`wheel` below), in a folder as deep,
 # ccache rewrites absolute paths under the repository (CCACHE_BASEDIR) relative to the
 # build folder (hence the same depth) and leaves the folder's own path out of the hash
-# (CCACHE_NOHASHDIR), so `make test` compiles the library four times (build/, ASan, TSan,
-# fuzzers) instead of five. `=`, not `:=`: looked up when a recipe runs, after `deps` has
+# (CCACHE_NOHASHDIR), so `make test` compiles the library three times (build/, ASan, TSan)
+# and its core and wire layers a fourth (the fuzzers) instead of five times. `=`, not `:=`: looked up when a recipe runs, after `deps` has
 # installed ccache.
 LAUNCHERS = $(if $(shell command -v ccache),CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache)
 CCACHE = $(addprefix -D,$(LAUNCHERS))
@@ -130,14 +130,15 @@ test-tsan: deps
 	  ctest --output-on-failure -j $(JOBS) --timeout 600 -L concurrent -LE forked-child
 
 # libFuzzer under ASan/UBSan, FUZZ_SECONDS per target: the decoder, the datapoint format, the
-# pipe handshake, the inference socket frames, the remote inference frames; seeds from
+# pipe handshake, the inference socket frames, the remote inference frames. Only the fuzzers
+# and what they fuzz are built (the target `fuzzers`, tests/fuzz/CMakeLists.txt); seeds from
 # fuzz_make_corpus and tests/fuzz,
 # regressions replayed from tests/fuzz/regressions (tests/fuzz/run.sh).
 fuzz: deps
 	@cmake -S . -B $(BUILD)-fuzz $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENSORWIRE_FUZZ=ON -DTENSORWIRE_TESTS=OFF \
 	  -DTENSORWIRE_TOOLS=OFF -DTENSORWIRE_BENCH=OFF >/dev/null
-	@cmake --build $(BUILD)-fuzz -j $(JOBS) | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
+	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzzers | grep -v -E "^\[[0-9]+/[0-9]+\]" || true
 	@tests/fuzz/run.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
 
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cpp')
