@@ -986,8 +986,11 @@ if sys.argv[2] == "deep":
 else:
     td = tw.TensorDict({"a": np.ones(10000)})
 try:
+    # The deep dict's 1.6 MB go by rendezvous: its second send waits for a receive the
+    # receiver never makes, and ends in this timeout (then the pipe is closed or dropped
+    # with that send in flight).
     for _ in range(3):
-        pipe.send(td, timeout=10)
+        pipe.send(td, timeout=3)
     # Small sends may all have returned before the receiver refused the first: the pipe's
     # next call sees its close.
     pipe.recv(timeout=30)
