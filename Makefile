@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 JOBS ?= $(shell nproc)
 # C++ tests ctest runs at once in build/ (make test-cpp): twice the CPUs. They mostly wait
-# (for peer processes, sockets, timeouts): two at a time kept two CPUs 40-60% busy, and four
+# (for peer processes, sockets, timeouts): two at a time kept two CPUs 32-59% busy, and four
 # took the suite from 73-75 s to 40-41 s (docs/benchmarks.md). Not under the sanitizers,
 # whose tests use the CPUs: ASan's four at a time gained 18% and missed a 300 ms bound.
 TEST_JOBS ?= $(shell echo $$(( 2 * $(JOBS) )))
@@ -17,8 +17,8 @@ FUZZ_SECONDS ?= 30
 # ccache rewrites absolute paths under the repository (CCACHE_BASEDIR) relative to the
 # build folder (hence the same depth) and leaves the folder's own path out of the hash
 # (CCACHE_NOHASHDIR), so `make test` compiles the library three times (build/, ASan, TSan)
-# and its core and wire layers a fourth (the fuzzers) instead of five times. `=`, not `:=`: looked up when a recipe runs, after `deps` has
-# installed ccache.
+# and its core and wire layers a fourth (the fuzzers) instead of five times. `=`, not `:=`:
+# looked up when a recipe runs, after `deps` has installed ccache.
 LAUNCHERS = $(if $(shell command -v ccache),CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache)
 CCACHE = $(addprefix -D,$(LAUNCHERS))
 WHEEL_CCACHE = $(addprefix -C cmake.define.,$(LAUNCHERS))
